@@ -1,0 +1,1 @@
+"""Output heads. Import them from `keras_softmax_heads` directly."""

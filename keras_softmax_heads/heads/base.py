@@ -1,0 +1,290 @@
+"""The head contract shared by every output head of keras-softmax-heads.
+
+See `docs/head_contract.md` for the reasoning. In short, a head is a Keras
+layer mapping context vectors `h` of shape `[..., d]` to a distribution over a
+vocabulary of `V` words, and exposes:
+
+* `call(h)` -> exact normalised log-probabilities `[..., V]` (float32), or
+  probabilities when built with `return_probabilities=True`;
+* `log_probs(h)` -> the same log-probabilities whatever `return_probabilities`;
+* `log_likelihood(h, targets)` -> exact `log p(targets | h)` of shape
+  `targets.shape`, validated targets, computed without the full `[..., V]`
+  tensor where the head allows it (hierarchical softmax);
+* `training_loss(h, targets, training=True)` -> the per-token training
+  objective, shape `targets.shape`; `-log_likelihood` for exact heads, the
+  sampled / noise-contrastive / self-normalised objective for the others.
+
+`ksh.HeadModel` trains any head with `model.fit` through `training_loss`;
+exact heads also work as the last layer of a `keras.Sequential` with
+`SparseCategoricalCrossentropy(from_logits=True)`.
+"""
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+
+def check_targets(targets, vocab_size):
+    """Casts word ids to int32 and checks that they lie in `[0, vocab_size)`.
+
+    Eagerly and in `tf.function` graphs an out-of-range id raises
+    `InvalidArgumentError` (TensorFlow's gather on GPU would silently return
+    0 instead). Under XLA (`jit_compile=True`) assertions are compiled away;
+    use `nan_if_invalid` on the result so that such ids give NaN, not a number.
+    """
+    targets = ops.cast(ops.convert_to_tensor(targets), "int32")
+    checks = [
+        tf.debugging.assert_less(
+            targets,
+            tf.constant(vocab_size, tf.int32),
+            message=f"targets must be word ids in [0, vocab_size={vocab_size})",
+        ),
+        tf.debugging.assert_non_negative(
+            targets, message="targets must be non-negative word ids"
+        ),
+    ]
+    with tf.control_dependencies(checks):
+        return tf.identity(targets)
+
+
+def nan_if_invalid(values, targets, vocab_size):
+    """`values` with NaN wherever `targets` is outside `[0, vocab_size)`."""
+    valid = ops.logical_and(targets >= 0, targets < vocab_size)
+    return ops.where(valid, values, ops.full_like(values, float("nan")))
+
+
+def gather_targets(values, targets):
+    """`values[..., targets]` along the last axis: `[..., V]` -> `targets.shape`."""
+    idx = ops.clip(targets, 0, ops.shape(values)[-1] - 1)
+    picked = ops.take_along_axis(values, ops.expand_dims(idx, -1), axis=-1)
+    return ops.squeeze(picked, -1)
+
+
+@keras.saving.register_keras_serializable(package="keras_softmax_heads")
+class SoftmaxHead(keras.layers.Layer):
+    """Base class of all output heads: a linear map to `V` scores, then a head.
+
+    Subclasses implement `log_probs(h)` (exact normalised log-probabilities)
+    and override `log_likelihood` / `training_loss` where the head has a
+    cheaper exact likelihood or a different training objective.
+
+    The linear scores are `z = h W + b` with `W` of shape `[d, V]` owned by the
+    head (`kernel`) or tied to an input `keras.layers.Embedding` of shape
+    `[V, d]` (then `W = E^T`). They are computed in the layer's compute dtype
+    (fast under mixed precision) and returned in float32: every normalisation
+    happens in float32.
+
+    Args:
+        vocab_size: int, the number of words `V`. May be omitted when
+            `token_embedding` is given.
+        token_embedding: optional `keras.layers.Embedding` (or
+            `keras.layers.ReversibleEmbedding`) whose `[V, d]` matrix is used,
+            transposed, as the output projection (weight tying).
+        use_bias: bool, whether to add a per-word output bias.
+        kernel_initializer: initializer of the owned `[d, V]` kernel.
+        bias_initializer: initializer of the `[V]` bias.
+        return_probabilities: bool. If `True`, `call` returns probabilities
+            instead of log-probabilities (other methods are unaffected).
+        **kwargs: standard `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        vocab_size=None,
+        token_embedding=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        return_probabilities=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if vocab_size is None and token_embedding is None:
+            raise ValueError(
+                "One of `vocab_size` or `token_embedding` must be set. "
+                "Received: vocab_size=None, token_embedding=None"
+            )
+        if token_embedding is not None:
+            if not hasattr(token_embedding, "input_dim") or not hasattr(
+                token_embedding, "output_dim"
+            ):
+                raise ValueError(
+                    "`token_embedding` must be a keras.layers.Embedding. "
+                    f"Received: token_embedding={token_embedding!r}"
+                )
+            if vocab_size is not None and vocab_size != token_embedding.input_dim:
+                raise ValueError(
+                    "`vocab_size` must equal the input dimension of "
+                    "`token_embedding`. Received: "
+                    f"vocab_size={vocab_size}, "
+                    f"token_embedding.input_dim={token_embedding.input_dim}"
+                )
+            vocab_size = token_embedding.input_dim
+        if int(vocab_size) != vocab_size or vocab_size < 2:
+            raise ValueError(
+                "`vocab_size` must be an integer >= 2. "
+                f"Received: vocab_size={vocab_size}"
+            )
+        self.vocab_size = int(vocab_size)
+        self.token_embedding = token_embedding
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.return_probabilities = bool(return_probabilities)
+        self.supports_masking = True
+
+    # ------------------------------------------------------------------ build
+    def build(self, input_shape):
+        input_dim = input_shape[-1]
+        if input_dim is None:
+            raise ValueError(
+                f"{self.__class__.__name__} needs a known last dimension of the "
+                f"context vectors. Received: input_shape={input_shape}"
+            )
+        self.input_dim = int(input_dim)
+        self.input_spec = keras.InputSpec(min_ndim=2, axes={-1: self.input_dim})
+        self.kernel = None
+        if self.token_embedding is not None:
+            emb_dim = self.token_embedding.output_dim
+            if emb_dim != self.input_dim:
+                raise ValueError(
+                    "The tied `token_embedding` has output_dim="
+                    f"{emb_dim} but the context vectors have last dimension "
+                    f"{self.input_dim}. Received: input_shape={input_shape}"
+                )
+            if not self.token_embedding.built:
+                self.token_embedding.build((None,))
+        else:
+            self.kernel = self.add_weight(
+                name="kernel",
+                shape=(self.input_dim, self.vocab_size),
+                initializer=self.kernel_initializer,
+            )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(self.vocab_size,),
+                initializer=self.bias_initializer,
+            )
+        self.build_head(input_shape)
+
+    def build_head(self, input_shape):
+        """Hook for subclasses: create the head's own weights."""
+
+    # ---------------------------------------------------------------- helpers
+    def _check_inputs(self, inputs):
+        inputs = ops.convert_to_tensor(inputs)
+        if not self.built:
+            self.build(tuple(inputs.shape))
+        last = inputs.shape[-1]
+        if last is not None and last != self.input_dim:
+            raise ValueError(
+                f"{self.__class__.__name__} was built for context vectors of "
+                f"dimension {self.input_dim}. Received: inputs with last "
+                f"dimension {last} (shape {tuple(inputs.shape)})"
+            )
+        return inputs
+
+    @property
+    def accumulation_dtype(self):
+        """float32 (float64 when the layer computes in float64)."""
+        return "float64" if self.compute_dtype == "float64" else "float32"
+
+    def output_kernel(self):
+        """The `[d, V]` output projection, in the compute dtype."""
+        if self.token_embedding is not None:
+            kernel = ops.transpose(self.token_embedding.embeddings)
+        else:
+            kernel = self.kernel
+        return ops.cast(kernel, self.compute_dtype)
+
+    def logits(self, inputs):
+        """Linear scores `z = h W + b`, shape `[..., V]`.
+
+        The product runs in the compute dtype (fast under mixed precision);
+        the result is returned in `accumulation_dtype` (float32).
+        """
+        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
+        z = ops.cast(ops.matmul(inputs, self.output_kernel()), self.accumulation_dtype)
+        if self.bias is not None:
+            z = z + ops.cast(self.bias, self.accumulation_dtype)
+        return z
+
+    # --------------------------------------------------------------- contract
+    def log_probs(self, inputs):
+        """Exact normalised log-probabilities, float32 `[..., V]`."""
+        raise NotImplementedError
+
+    def call(self, inputs):
+        log_p = self.log_probs(inputs)
+        if self.return_probabilities:
+            return ops.exp(log_p)
+        return log_p
+
+    def log_likelihood(self, inputs, targets):
+        """Exact `log p(targets | inputs)`.
+
+        Args:
+            inputs: context vectors `[..., d]`.
+            targets: integer word ids, shape `[...]` (the leading shape of
+                `inputs`), values in `[0, V)`.
+
+        Returns:
+            float32 tensor of shape `targets.shape`.
+        """
+        targets = check_targets(targets, self.vocab_size)
+        ll = gather_targets(self.log_probs(inputs), targets)
+        return nan_if_invalid(ll, targets, self.vocab_size)
+
+    def training_loss(self, inputs, targets, training=True):
+        """Per-token training objective, shape `targets.shape`.
+
+        For exact heads this is the negative log-likelihood. Heads that train
+        with a different objective (sampling, NCE, self-normalisation)
+        override it; their evaluation still uses `log_likelihood`.
+        """
+        del training
+        return -self.log_likelihood(inputs, targets)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.vocab_size,)
+
+    def compute_output_spec(self, inputs):
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape), dtype=self.accumulation_dtype
+        )
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    # ------------------------------------------------------------ serialising
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocab_size": self.vocab_size,
+                "token_embedding": (
+                    keras.layers.serialize(self.token_embedding)
+                    if self.token_embedding is not None
+                    else None
+                ),
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+                "return_probabilities": self.return_probabilities,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        embedding = config.get("token_embedding")
+        if isinstance(embedding, dict):
+            config["token_embedding"] = keras.layers.deserialize(embedding)
+        return cls(**config)

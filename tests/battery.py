@@ -1,0 +1,301 @@
+"""The shared test battery that every head of the library runs.
+
+Usage, in a head's test module::
+
+    from battery import HeadBattery
+
+    class TestPLIFBattery(HeadBattery):
+        cases = {
+            "default": lambda vocab, dim: ksh.PLIFSoftmax(vocab, num_knots=50),
+        }
+
+Each case is a factory `(vocab_size, input_dim) -> fresh head`. The battery
+checks: shapes and normalisation, `log_likelihood`/`training_loss` shapes and
+consistency, a directional finite-difference gradient check in float64,
+`get_config` round trip, `.keras` save/load, a `jit_compile=True` fit step,
+`mixed_float16` / `mixed_bfloat16`, that `fit` lowers the loss, extreme
+inputs, and clear errors for bad inputs.
+
+Class attributes a subclass may set:
+    cases: dict name -> factory.
+    exact_training_loss: `training_loss == -log_likelihood` (exact heads).
+    sequential_fit: the head also trains as the last layer of a
+        `keras.Sequential` with `SparseCategoricalCrossentropy(from_logits=True)`.
+    vocab_size, input_dim: tiny sizes.
+    grad_rtol: tolerance of the float64 finite-difference check.
+    fit_epochs: epochs of the "loss goes down" test.
+    extreme_scale: |logit| scale reached by the extreme-input test.
+"""
+
+import os
+import tempfile
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_softmax_heads as ksh
+
+
+class HeadBattery:
+    cases = {}
+    exact_training_loss = True
+    sequential_fit = True
+    vocab_size = 13
+    input_dim = 6
+    grad_rtol = 1e-5
+    fit_epochs = 30
+    extreme_scale = 1e4
+
+    # ------------------------------------------------------------ utilities
+    def make(self, case, **overrides):
+        return self.cases[case](self.vocab_size, self.input_dim, **overrides)
+
+    def inputs(self, shape=(3, 4), seed=0, dtype="float32"):
+        rng = np.random.default_rng(seed)
+        return rng.normal(size=shape + (self.input_dim,)).astype(dtype)
+
+    def targets(self, shape=(3, 4), seed=1):
+        rng = np.random.default_rng(seed)
+        return rng.integers(0, self.vocab_size, size=shape).astype("int32")
+
+    def built(self, case, seed=0, **overrides):
+        """A head built and with all weights randomised (not the init)."""
+        keras.utils.set_random_seed(seed)
+        head = self.make(case, **overrides)
+        head(self.inputs())
+        rng = np.random.default_rng(seed + 100)
+        for w in head.weights:
+            if "int" in str(w.dtype) or not w.trainable:
+                continue
+            value = np.asarray(w.numpy())
+            w.assign((value + 0.3 * rng.normal(size=value.shape)).astype(value.dtype))
+        return head
+
+    # ------------------------------------------------------------ the tests
+    def test_shapes_and_normalisation(self, case):
+        head = self.built(case)
+        for shape in [(5,), (3, 4)]:
+            log_p = np.asarray(head(self.inputs(shape)))
+            assert log_p.shape == shape + (self.vocab_size,)
+            assert log_p.dtype == np.float32
+            assert np.all(np.isfinite(log_p))
+            lse = np.log(np.exp(log_p.astype("float64")).sum(-1))
+            np.testing.assert_allclose(lse, 0.0, atol=1e-5)
+            np.testing.assert_allclose(
+                np.asarray(head.log_probs(self.inputs(shape))), log_p, atol=1e-6
+            )
+
+    def test_log_likelihood_and_training_loss(self, case):
+        head = self.built(case)
+        h, t = self.inputs(), self.targets()
+        log_p = np.asarray(head(h))
+        ll = np.asarray(head.log_likelihood(h, t))
+        assert ll.shape == t.shape
+        expected = np.take_along_axis(log_p, t[..., None], -1)[..., 0]
+        np.testing.assert_allclose(ll, expected, atol=1e-5)
+        loss = np.asarray(head.training_loss(h, t, training=True))
+        assert loss.shape == t.shape
+        assert np.all(np.isfinite(loss))
+        if self.exact_training_loss:
+            np.testing.assert_allclose(loss, -ll, atol=1e-5)
+
+    def test_gradients_finite_difference(self, case):
+        """Directional derivatives of the loss vs central differences, float64."""
+        keras.config.set_dtype_policy("float64")
+        head = self.built(case)
+        h = tf.constant(self.inputs(dtype="float64"))
+        t = self.targets()
+        weights = np.random.default_rng(3).normal(size=t.shape)
+
+        def objective():
+            ll = head.log_likelihood(h, t)
+            return tf.reduce_sum(tf.cast(ll, tf.float64) * weights)
+
+        variables = [w for w in head.trainable_weights]
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            value = objective()
+        grads = tape.gradient(value, [h] + variables)
+        rng = np.random.default_rng(4)
+        eps = 1e-6
+        for var, grad in zip([h] + variables, grads):
+            name = getattr(var, "path", "inputs")
+            assert grad is not None, f"no gradient for {name}"
+            grad = tf.convert_to_tensor(grad)
+            direction = rng.normal(size=var.shape)
+            analytic = float(np.sum(np.asarray(grad) * direction))
+            if var is h:
+                h0 = h
+                h = h0 + eps * direction
+                up = float(objective())
+                h = h0 - eps * direction
+                down = float(objective())
+                h = h0
+            else:
+                v0 = var.numpy()
+                var.assign(v0 + eps * direction)
+                up = float(objective())
+                var.assign(v0 - eps * direction)
+                down = float(objective())
+                var.assign(v0)
+            numeric = (up - down) / (2 * eps)
+            np.testing.assert_allclose(
+                analytic,
+                numeric,
+                rtol=self.grad_rtol,
+                atol=self.grad_rtol,
+                err_msg=f"gradient mismatch for {name}",
+            )
+
+    def test_config_round_trip(self, case):
+        head = self.built(case)
+        config = head.get_config()
+        clone = head.__class__.from_config(config)
+        assert clone.get_config() == config
+        h = self.inputs()
+        clone(h)
+        clone.set_weights(head.get_weights())
+        np.testing.assert_array_equal(np.asarray(clone(h)), np.asarray(head(h)))
+
+    def test_keras_save_load(self, case):
+        head = self.built(case)
+        inputs = keras.Input((4, self.input_dim))
+        model = keras.Model(inputs, head(inputs))
+        h = self.inputs()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "head.keras")
+            model.save(path)
+            loaded = keras.models.load_model(path)
+        np.testing.assert_array_equal(
+            loaded.predict(h, verbose=0), model.predict(h, verbose=0)
+        )
+
+    def _head_model(self, head):
+        backbone = keras.Sequential(
+            [keras.layers.Embedding(self.vocab_size, self.input_dim)]
+        )
+        return ksh.HeadModel(backbone, head)
+
+    def _tokens(self, n=16, length=6, seed=0):
+        rng = np.random.default_rng(seed)
+        x = rng.integers(0, self.vocab_size, size=(n, length)).astype("int32")
+        return x, np.roll(x, -1, axis=1)
+
+    def test_jit_compile_fit_step(self, case):
+        keras.utils.set_random_seed(0)
+        model = self._head_model(self.make(case))
+        model.compile(optimizer="adam", jit_compile=True)
+        x, y = self._tokens()
+        history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"][-1])
+        logs = model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+        assert np.isfinite(logs["loss"])
+
+    @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+    def test_mixed_precision(self, case, policy):
+        keras.config.set_dtype_policy(policy)
+        keras.utils.set_random_seed(0)
+        head = self.make(case)
+        h = self.inputs()
+        log_p = np.asarray(head(h))
+        assert log_p.dtype == np.float32, "log-probs must be accumulated in float32"
+        assert np.all(np.isfinite(log_p))
+        lse = np.log(np.exp(log_p.astype("float64")).sum(-1))
+        np.testing.assert_allclose(lse, 0.0, atol=1e-4)
+        ll = np.asarray(head.log_likelihood(h, self.targets()))
+        assert ll.dtype == np.float32 and np.all(np.isfinite(ll))
+        model = self._head_model(head)
+        model.compile(optimizer="adam")
+        x, y = self._tokens()
+        history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"][-1])
+
+    def test_fit_reduces_loss(self, case):
+        keras.utils.set_random_seed(0)
+        x, y = self._tokens(n=32, length=6)
+        # A learnable deterministic task: predict the next token of a cycle.
+        x = (np.arange(6)[None, :] + np.arange(32)[:, None]) % self.vocab_size
+        y = (x + 1) % self.vocab_size
+        model = self._head_model(self.make(case))
+        model.compile(optimizer=keras.optimizers.Adam(0.05))
+        before = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
+        model.fit(x, y, batch_size=8, epochs=self.fit_epochs, verbose=0)
+        after = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
+        assert after < 0.7 * before, (before, after)
+        if self.sequential_fit:
+            keras.utils.set_random_seed(0)
+            seq = keras.Sequential(
+                [
+                    keras.Input((6,), dtype="int32"),
+                    keras.layers.Embedding(self.vocab_size, self.input_dim),
+                    self.make(case),
+                ]
+            )
+            seq.compile(
+                keras.optimizers.Adam(0.05),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["sparse_categorical_accuracy"],
+            )
+            first = seq.evaluate(x, y, verbose=0)[0]
+            seq.fit(x, y, batch_size=8, epochs=self.fit_epochs, verbose=0)
+            last = seq.evaluate(x, y, verbose=0)[0]
+            assert last < 0.7 * first, (first, last)
+
+    def test_extreme_inputs(self, case):
+        head = self.built(case)
+        h = self.inputs()
+        scale = self.extreme_scale / max(
+            float(np.abs(np.asarray(head.logits(h))).max()), 1e-6
+        )
+        big = h * scale
+        assert np.abs(np.asarray(head.logits(big))).max() > 0.5 * self.extreme_scale
+        log_p = np.asarray(head(big))
+        assert np.all(np.isfinite(log_p)), "non-finite log-probs at |logit|~1e4"
+        assert np.all(log_p <= 1e-5)
+        ll = np.asarray(head.log_likelihood(big, self.targets()))
+        assert np.all(np.isfinite(ll))
+
+    def test_bad_inputs(self, case):
+        head = self.built(case)
+        wrong = np.zeros((2, self.input_dim + 1), "float32")
+        with pytest.raises(ValueError, match=str(self.input_dim)):
+            head(wrong)
+        with pytest.raises(ValueError):
+            head.log_likelihood(wrong, np.zeros((2,), "int32"))
+        h = self.inputs((2,))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="vocab_size"):
+            head.log_likelihood(h, np.array([0, self.vocab_size]))
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            head.log_likelihood(h, np.array([-1, 0]))
+        jitted = tf.function(head.log_likelihood, jit_compile=True)
+        out = np.asarray(jitted(h, np.array([0, self.vocab_size])))
+        assert np.isfinite(out[0]) and np.isnan(out[1])
+
+    def test_tied_embedding(self, case):
+        emb = keras.layers.Embedding(self.vocab_size, self.input_dim)
+        try:
+            head = self.cases[case](None, None, token_embedding=emb)
+        except TypeError:
+            pytest.skip("head does not support tied embeddings")
+        tokens = keras.Input((4,), dtype="int32")
+        model = keras.Model(tokens, head(emb(tokens)))
+        x = self._tokens(n=3, length=4)[0]
+        out = model.predict(x, verbose=0)
+        assert out.shape == (3, 4, self.vocab_size)
+        assert head.kernel is None
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tied.keras")
+            model.save(path)
+            loaded = keras.models.load_model(path)
+        np.testing.assert_array_equal(loaded.predict(x, verbose=0), out)
+        loaded_head = loaded.layers[-1]
+        assert loaded_head.token_embedding is loaded.get_layer(emb.name)
+        bad = keras.layers.Embedding(self.vocab_size + 1, self.input_dim)
+        with pytest.raises(ValueError, match="vocab_size"):
+            self.cases[case](self.vocab_size, None, token_embedding=bad)
+        wrong_dim = keras.layers.Embedding(self.vocab_size, self.input_dim + 2)
+        head = self.cases[case](None, None, token_embedding=wrong_dim)
+        with pytest.raises(ValueError, match="output_dim"):
+            head(self.inputs())

@@ -1,0 +1,43 @@
+"""Shared pytest configuration for keras-softmax-heads."""
+
+import os
+import pathlib
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import pytest  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _shared_data_dir():
+    env = os.environ.get("KSH_SHARED_DATA")
+    if env:
+        return pathlib.Path(env)
+    return REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data_dir():
+    """`../shared/data` (or $KSH_SHARED_DATA); skips the test when absent."""
+    path = _shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"shared data not found at {path}")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _reset_keras_state():
+    import keras
+
+    keras.config.set_dtype_policy("float32")
+    keras.utils.clear_session()
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrises `case` over the `cases` of a `battery.HeadBattery` class."""
+    if "case" in metafunc.fixturenames and metafunc.cls is not None:
+        metafunc.parametrize("case", sorted(getattr(metafunc.cls, "cases", {})))

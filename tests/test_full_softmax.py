@@ -1,0 +1,50 @@
+import keras
+import numpy as np
+import pytest
+from battery import HeadBattery
+
+import keras_softmax_heads as ksh
+
+
+def numpy_log_softmax(z):
+    z = z.astype("float64")
+    m = z.max(-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
+
+
+class TestFullSoftmaxBattery(HeadBattery):
+    cases = {
+        "bias": lambda v, d, **kw: ksh.FullSoftmax(v, **kw),
+        "no_bias": lambda v, d, **kw: ksh.FullSoftmax(v, use_bias=False, **kw),
+    }
+
+
+def test_numpy_reference():
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(5, 7, 8)).astype("float32")
+    head = ksh.FullSoftmax(11, bias_initializer="random_normal")
+    out = np.asarray(head(h))
+    z = h @ head.kernel.numpy() + head.bias.numpy()
+    np.testing.assert_allclose(out, numpy_log_softmax(z), atol=1e-5)
+
+
+def test_tied_weights_share_the_embedding():
+    emb = keras.layers.Embedding(9, 4)
+    emb.build((None,))
+    head = ksh.FullSoftmax(token_embedding=emb, use_bias=False)
+    h = np.random.default_rng(0).normal(size=(3, 4)).astype("float32")
+    expected = numpy_log_softmax(h @ emb.embeddings.numpy().T)
+    np.testing.assert_allclose(np.asarray(head(h)), expected, atol=1e-5)
+    assert [w.path for w in head.trainable_weights] == [emb.embeddings.path]
+
+
+def test_return_probabilities():
+    head = ksh.FullSoftmax(6, return_probabilities=True)
+    p = np.asarray(head(np.ones((2, 3), "float32")))
+    np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab_size", [0, 1, 2.5, -3])
+def test_bad_vocab_size(vocab_size):
+    with pytest.raises(ValueError, match="Received: vocab_size"):
+        ksh.FullSoftmax(vocab_size)
