@@ -5,6 +5,7 @@ log-probabilities `[..., V]`; see `docs/head_contract.md`.
 """
 
 from keras_softmax_heads.head_model import HeadModel
+from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
 from keras_softmax_heads.heads.base import SoftmaxHead
 from keras_softmax_heads.heads.full_softmax import FullSoftmax
 

@@ -288,3 +288,22 @@ class SoftmaxHead(keras.layers.Layer):
         if isinstance(embedding, dict):
             config["token_embedding"] = keras.layers.deserialize(embedding)
         return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="keras_softmax_heads")
+class PointwiseSoftmaxHead(SoftmaxHead):
+    """A head of the form `log p = log_softmax(g(h W + b))`, `g` pointwise.
+
+    Linear-Softmax (`g` = identity), sigsoftmax and its siblings, and the
+    learnable monotonic functions (MLP, PLIF) share this form. Subclasses
+    implement `score_transform(z)`; the layer normalises in float32.
+    Keeping `g` separate from the normalisation lets a chunked exact loss
+    (tiles over the vocabulary) be written once for all of them.
+    """
+
+    def score_transform(self, z):
+        """The pointwise output function `g(z)`; identity by default."""
+        return z
+
+    def log_probs(self, inputs):
+        return ops.log_softmax(self.score_transform(self.logits(inputs)), axis=-1)

@@ -1,13 +1,11 @@
 """Linear-Softmax: the baseline head."""
 
 import keras
-from keras import ops
-
-from keras_softmax_heads.heads.base import SoftmaxHead
+from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
-class FullSoftmax(SoftmaxHead):
+class FullSoftmax(PointwiseSoftmaxHead):
     """Linear-Softmax output head.
 
     `log p(w | h) = z_w - logsumexp(z)` with `z = h W + b`, computed in
@@ -43,6 +41,3 @@ class FullSoftmax(SoftmaxHead):
     References:
         - The softmax bottleneck: Yang et al., 2018. https://arxiv.org/abs/1711.03953
     """
-
-    def log_probs(self, inputs):
-        return ops.log_softmax(self.logits(inputs), axis=-1)
