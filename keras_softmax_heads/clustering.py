@@ -179,6 +179,8 @@ def _as_counts(counts, vocab_size=None, name="counts"):
 def _as_int_array(values, name):
     """Converts to an int64 array, rejecting float / bool / object input."""
     array = np.asarray(values)
+    if array.size == 0 and array.dtype == np.float64:  # `[]` -> float64
+        array = array.astype(np.int64)
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise ValueError(
             f"`{name}` must contain integers. Received: {name} with "
