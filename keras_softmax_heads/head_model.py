@@ -20,7 +20,8 @@ class HeadModel(keras.Model):
     * `evaluate` reports `loss` = exact mean negative log-likelihood from
       `head.log_likelihood(h, y)` (cheap for hierarchical heads) and
       `perplexity = exp(loss)`. Metrics given to `compile(metrics=...)` are
-      computed on the full log-probabilities, in evaluation only.
+      computed on the full log-probabilities `[..., V]` (an extra head
+      forward pass per step): leave them out for very large vocabularies.
 
     Args:
         backbone: a `keras.layers.Layer` or `keras.Model` mapping inputs to
@@ -48,15 +49,12 @@ class HeadModel(keras.Model):
     def call(self, inputs, training=None):
         return self.head(self.backbone(inputs, training=training))
 
-    @property
-    def metrics(self):
-        return [self._nll_tracker] + [
-            m for m in super().metrics if m.name not in ("loss", "compile_metrics")
-        ] + ([self._compile_metrics] if self._has_compiled_metrics() else [])
-
-    def _has_compiled_metrics(self):
-        cm = getattr(self, "_compile_metrics", None)
-        return cm is not None and bool(getattr(cm, "_user_metrics", None) or getattr(cm, "_metrics", None))
+    def build(self, input_shape):
+        if not self.backbone.built:
+            self.backbone.build(input_shape)
+        if not self.head.built:
+            self.head.build(self.backbone.compute_output_shape(input_shape))
+        self.built = True
 
     def _token_mean(self, per_token, y, sample_weight):
         per_token = ops.cast(per_token, "float32")
@@ -70,7 +68,21 @@ class HeadModel(keras.Model):
         count = ops.sum(weight)
         return total / ops.maximum(count, 1e-12), count
 
+    def _check_compiled_loss(self):
+        if getattr(self, "loss", None) is not None:
+            raise ValueError(
+                "HeadModel trains with `head.training_loss` and evaluates with "
+                "`head.log_likelihood`; do not pass `loss` to compile(). "
+                f"Received: loss={self.loss!r}"
+            )
+
+    def _wants_metrics(self):
+        # compile(metrics=...) adds Keras' "compile_metrics" container.
+        return any(m.name == "compile_metrics" for m in super().metrics)
+
     def train_step(self, data):
+        self._check_compiled_loss()
+        self.built = True
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
             h = self.backbone(x, training=True)
@@ -86,16 +98,22 @@ class HeadModel(keras.Model):
         variables = self.trainable_variables
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply_gradients(zip(grads, variables))
-        return {"loss": self._nll_tracker.result()}
+        logs = {}
+        if self._wants_metrics():
+            logs = self.compute_metrics(x, y, self.head(h), sample_weight)
+        logs["loss"] = self._nll_tracker.result()
+        return logs
 
     def test_step(self, data):
+        self._check_compiled_loss()
+        self.built = True
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         h = self.backbone(x, training=False)
         nll = -self.head.log_likelihood(h, y)
         loss, count = self._token_mean(nll, y, sample_weight)
         self._nll_tracker.update_state(loss, sample_weight=count)
         logs = {}
-        if self._has_compiled_metrics():
+        if self._wants_metrics():
             y_pred = self.head(h)
             logs = self.compute_metrics(x, y, y_pred, sample_weight)
             logs.pop("loss", None)

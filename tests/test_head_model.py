@@ -1,0 +1,65 @@
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_softmax_heads as ksh
+
+
+def _model(vocab=11, dim=5):
+    keras.utils.set_random_seed(0)
+    backbone = keras.Sequential([keras.Input((6,), dtype="int32"),
+                                 keras.layers.Embedding(vocab, dim)])
+    return ksh.HeadModel(backbone, ksh.FullSoftmax(vocab))
+
+
+def _data(n=8, vocab=11):
+    x = np.random.default_rng(0).integers(0, vocab, size=(n, 6))
+    return x, np.roll(x, -1, axis=1)
+
+
+def test_evaluate_is_exact_mean_nll_with_sample_weight():
+    model = _model()
+    model.compile("sgd")
+    x, y = _data()
+    weights = (np.random.default_rng(1).random(y.shape) > 0.3).astype("float32")
+    logs = model.evaluate(x, y, sample_weight=weights, batch_size=8, verbose=0,
+                          return_dict=True)
+    log_p = model.predict(x, verbose=0)
+    ll = np.take_along_axis(log_p, y[..., None], -1)[..., 0]
+    expected = -(ll * weights).sum() / weights.sum()
+    assert logs["loss"] == pytest.approx(expected, rel=1e-5)
+    assert logs["perplexity"] == pytest.approx(np.exp(expected), rel=1e-5)
+
+
+def test_fit_matches_sequential_with_sparse_crossentropy():
+    """HeadModel's training loss for an exact head is the usual token-mean NLL."""
+    x, y = _data()
+    model = _model()
+    model.compile(keras.optimizers.SGD(0.5))
+    model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    keras.utils.set_random_seed(0)
+    seq = keras.Sequential([keras.Input((6,), dtype="int32"),
+                            keras.layers.Embedding(11, 5), ksh.FullSoftmax(11)])
+    seq.compile(keras.optimizers.SGD(0.5),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    seq.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), seq.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_compile_metrics_and_loss_argument(tmp_path):
+    model = _model()
+    model.compile("adam", metrics=["sparse_categorical_accuracy"])
+    x, y = _data()
+    model.fit(x, y, epochs=1, verbose=0)
+    logs = model.evaluate(x, y, verbose=0, return_dict=True)
+    assert set(logs) == {"loss", "perplexity", "sparse_categorical_accuracy"}
+    path = os.path.join(tmp_path, "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    model.compile("adam", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match="do not pass `loss`"):
+        model.fit(x, y, epochs=1, verbose=0)
