@@ -39,6 +39,7 @@ class LMCorpus:
 
     Example:
 
+    >>> from keras_softmax_heads.data import load_dataset
     >>> corpus = load_dataset("synthetic", vocab_size=500, num_train_tokens=20_000)
     >>> corpus.train.dtype, corpus.vocab_size
     (dtype('int32'), 500)

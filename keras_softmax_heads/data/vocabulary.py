@@ -188,8 +188,13 @@ class Vocabulary:
 
         Example:
 
-        >>> vocab.save("/tmp/vocab.txt")
-        >>> Vocabulary.load("/tmp/vocab.txt") == vocab
+        >>> import os, tempfile
+        >>> vocab = Vocabulary(["<eos>", "the"], counts=[2, 1])
+        >>> path = os.path.join(tempfile.mkdtemp(), "vocab.txt")
+        >>> vocab.save(path)
+        >>> open(path).read()
+        '<eos>\\t2\\nthe\\t1\\n'
+        >>> Vocabulary.load(path) == vocab
         True
         """
         with open(path, "w", encoding="utf-8", newline="\n") as f:
@@ -313,8 +318,12 @@ def _cut_and_order(types, values, min_count, max_size, unk_token):
     return tokens, final_counts
 
 
-def _cut_and_order_with_map(types, values, min_count, max_size, unk_token):
-    """Like `_cut_and_order`, also returning `remap[i]` = new id of `types[i]`."""
+def _cut_and_order_with_map(types, values, min_count, max_size, unk_token, ensure_unk=False):
+    """Like `_cut_and_order`, also returning `remap[i]` = new id of `types[i]`.
+
+    With `ensure_unk`, `unk_token` is added (count 0 if nothing is dropped)
+    even when the cut-off keeps every type.
+    """
     if min_count < 1:
         raise ValueError(f"`min_count` must be >= 1. Received: min_count={min_count}")
     if max_size is not None and max_size < 1:
@@ -326,7 +335,9 @@ def _cut_and_order_with_map(types, values, min_count, max_size, unk_token):
         keep = keep[:max_size]
     dropped = keep.size < n
     add_unk = False
-    if dropped:
+    if ensure_unk and unk_token is None:
+        raise ValueError("`ensure_unk=True` needs an `unk_token`.")
+    if dropped or ensure_unk:
         if unk_token is None:
             raise ValueError(
                 "The vocabulary cut-off drops tokens but `unk_token` is None; "
@@ -344,7 +355,7 @@ def _cut_and_order_with_map(types, values, min_count, max_size, unk_token):
         new_counts = np.append(new_counts, 0)
     remap = np.full(n, -1, dtype=np.int64)
     remap[keep] = np.arange(keep.size)
-    if dropped:
+    if keep.size < n:  # (re-checked: making room for <unk> may drop one more)
         unk_new = new_tokens.index(unk_token)
         # Any provisional `unk_token` type that was cut is merged too.
         oov = remap < 0

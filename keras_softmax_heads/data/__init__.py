@@ -1,0 +1,61 @@
+"""Language-modeling data: corpora, vocabulary, `tf.data` batchings.
+
+* `load_dataset(name, data_dir=None, **kwargs)` -> `LMCorpus` for
+  `"synthetic"` (default), `"ptb"`, `"wikitext2"`, `"lm1b"`.
+* `Vocabulary`: token <-> id with training counts; save/load as text.
+* `make_stream_dataset` (contiguous BPTT streams), `make_ngram_dataset`
+  (fixed windows), `word_counts`.
+* TFDS builders `ptb_lm` and `wikitext2_lm` are registered on import.
+
+See `docs/data.md`.
+"""
+
+from keras_softmax_heads.data.batching import (
+    batchify,
+    make_ngram_dataset,
+    make_stream_dataset,
+    num_stream_windows,
+    word_counts,
+)
+from keras_softmax_heads.data.corpus import LMCorpus
+from keras_softmax_heads.data.lm1b import load_lm1b
+from keras_softmax_heads.data.load import DATASET_NAMES, load_dataset
+from keras_softmax_heads.data.synthetic import MarkovLanguageModel, make_synthetic_corpus
+from keras_softmax_heads.data.text import (
+    PTB_FILES,
+    WIKITEXT2_FILES,
+    ChecksumMismatchError,
+    DatasetDownloadError,
+    load_ptb,
+    load_text_corpus,
+    load_wikitext2,
+)
+from keras_softmax_heads.data.tfds_builders import PtbLm, Wikitext2Lm, load_tfds_corpus
+from keras_softmax_heads.data.vocabulary import EOS_TOKEN, UNK_TOKEN, Vocabulary
+
+__all__ = [
+    "DATASET_NAMES",
+    "EOS_TOKEN",
+    "PTB_FILES",
+    "UNK_TOKEN",
+    "WIKITEXT2_FILES",
+    "ChecksumMismatchError",
+    "DatasetDownloadError",
+    "LMCorpus",
+    "MarkovLanguageModel",
+    "PtbLm",
+    "Vocabulary",
+    "Wikitext2Lm",
+    "batchify",
+    "load_dataset",
+    "load_lm1b",
+    "load_ptb",
+    "load_text_corpus",
+    "load_tfds_corpus",
+    "load_wikitext2",
+    "make_ngram_dataset",
+    "make_stream_dataset",
+    "make_synthetic_corpus",
+    "num_stream_windows",
+    "word_counts",
+]
