@@ -1,0 +1,154 @@
+"""Distribution strategies: mirrored (2 logical CPUs), multi-worker, TPU path."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_softmax_heads import training
+from keras_softmax_heads.models import registry
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "examples" / "train_lm.py"
+
+TINY = dict(
+    dataset_options=dict(vocab_size=40, num_train_tokens=3000,
+                         num_valid_tokens=400, num_test_tokens=401),
+    embedding_dim=8, hidden_size=8, num_layers=1, batch_size=4, bptt=6,
+    epochs=1, steps_per_epoch=4, verbose=0, num_diagnostic_contexts=32,
+    tensorboard=False, eval_batch_size=4,
+)
+
+
+def _env(**extra):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
+               CUDA_VISIBLE_DEVICES="")
+    env.update(extra)
+    return env
+
+
+def _python(code, timeout=300):
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=_env(), timeout=timeout, cwd=str(REPO))
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_mirrored_two_replicas_equals_one_device(tmp_path):
+    """MirroredStrategy over 2 logical CPUs: each replica carries its own
+    streams' LSTM state, so training equals single-device training."""
+    sampled = "sampled_softmax" in registry.available_heads()
+    code = f"""
+        import json, numpy as np, tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        import keras
+        from keras_softmax_heads import training
+        base = training.get_config(**{TINY!r})
+        out = {{}}
+        for strategy in ("default", "mirrored"):
+            r = training.train_and_evaluate(
+                base.replace(strategy=strategy), {str(tmp_path)!r} + "/" + strategy)
+            out[strategy] = {{"test": r["test"]["nll"], "replicas": r["model"]["num_replicas"],
+                             "loss": r["history"][-1]["train_loss"]}}
+        w = [keras.saving.load_model({str(tmp_path)!r} + f"/{{s}}/model.keras").get_weights()
+             for s in ("default", "mirrored")]
+        out["max_weight_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(*w))
+        if {sampled!r}:
+            r = training.train_and_evaluate(
+                base.replace(strategy="mirrored", head="sampled_softmax"),
+                {str(tmp_path)!r} + "/sampled")
+            out["sampled"] = r["test"]["nll"]
+        print(json.dumps(out))
+    """
+    out = _python(code)
+    assert out["default"]["replicas"] == 1 and out["mirrored"]["replicas"] == 2
+    assert out["max_weight_diff"] < 1e-5
+    assert out["mirrored"]["test"] == pytest.approx(out["default"]["test"], rel=1e-5)
+    assert out["mirrored"]["loss"] == pytest.approx(out["default"]["loss"], rel=1e-5)
+    if sampled:
+        assert np.isfinite(out["sampled"])
+
+
+def _free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_multi_worker_two_local_processes(tmp_path):
+    """MultiWorkerMirroredStrategy, two worker processes on 127.0.0.1."""
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    flags = [
+        f"--model_dir={tmp_path}", "--strategy=multi_worker",
+        "--dataset_options=vocab_size=40,num_train_tokens=3000,num_valid_tokens=400,"
+        "num_test_tokens=401",
+        "--embedding_dim=8", "--hidden_size=8", "--num_layers=1", "--batch_size=4",
+        "--bptt=6", "--epochs=1", "--steps_per_epoch=3", "--verbose=0",
+        "--num_diagnostic_contexts=32", "--checkpoint_every=2",
+    ]
+    procs = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        procs.append(subprocess.Popen(
+            [sys.executable, str(SCRIPT), *flags], env=_env(TF_CONFIG=tf_config),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO)))
+    outputs = [p.communicate(timeout=400) for p in procs]
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-4000:]
+    chief = keras.saving.load_model(tmp_path / "model.keras").get_weights()
+    worker = keras.saving.load_model(
+        tmp_path / "workers" / "worker_1" / "model.keras").get_weights()
+    for a, b in zip(chief, worker):
+        np.testing.assert_array_equal(a, b)
+    results = [json.loads((d / "results.json").read_text())
+               for d in (tmp_path, tmp_path / "workers" / "worker_1")]
+    assert results[0]["model"]["num_replicas"] == 2
+    assert results[0]["test"]["nll"] == pytest.approx(results[1]["test"]["nll"], rel=1e-6)
+
+
+def test_tpu_path_static_shapes_under_xla(tmp_path):
+    """What a TPU needs, short of a TPU: static shapes everywhere (full
+    windows / drop_remainder) and the whole train + eval compiled by XLA,
+    several steps per execution."""
+    from keras_softmax_heads.data import load_dataset
+
+    for model in ("lstm", "ngram"):
+        config = training.get_config(**TINY).replace(
+            model=model, ngram_order=3, jit_compile=True, steps_per_execution=2)
+        corpus = load_dataset("synthetic", **config.dataset_options)
+        steps = training._train_steps_per_epoch(config, corpus)
+        spec = training._train_dataset(config, corpus, 0, steps, 0).element_spec
+        for s in tf.nest.flatten(spec):
+            assert s.shape.is_fully_defined(), (model, spec)
+        assert spec[0].shape[0] == config.batch_size
+    # The LSTM (carried state in variables, while loops) compiled by XLA.
+    results = training.train_and_evaluate(config.replace(model="lstm"), str(tmp_path))
+    assert np.isfinite(results["test"]["nll"])
+    assert results["training"]["global_steps"] == 4
+
+
+def test_tpu_strategy_without_tpu_raises_clear_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), f"--model_dir={tmp_path}", "--strategy=tpu",
+         "--tpu=local"],
+        capture_output=True, text=True, env=_env(), timeout=120, cwd=str(REPO))
+    assert proc.returncode != 0
+    assert "Could not connect to the TPU 'local'" in proc.stderr
+    assert "tpu_scripts/README.md" in proc.stderr

@@ -1,0 +1,257 @@
+"""`train_and_evaluate` and `examples/train_lm.py`: smoke, exactness, resume."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_softmax_heads as ksh
+from keras_softmax_heads import training
+from keras_softmax_heads.models import LSTMLanguageModel
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "examples" / "train_lm.py"
+
+TINY_DATA = "vocab_size=40,num_train_tokens=3000,num_valid_tokens=400,num_test_tokens=401"
+TINY_FLAGS = [
+    f"--dataset_options={TINY_DATA}", "--embedding_dim=8", "--hidden_size=8",
+    "--num_layers=1", "--batch_size=4", "--bptt=6", "--epochs=2",
+    "--steps_per_epoch=5", "--verbose=2", "--num_diagnostic_contexts=50",
+]
+
+
+def _tiny_config(**overrides):
+    values = dict(
+        dataset_options=dict(vocab_size=40, num_train_tokens=3000,
+                             num_valid_tokens=400, num_test_tokens=401),
+        embedding_dim=8, hidden_size=8, num_layers=1, batch_size=4, bptt=6,
+        epochs=2, steps_per_epoch=5, verbose=0, num_diagnostic_contexts=50,
+        tensorboard=False,
+    )
+    values.update(overrides)
+    return training.get_config(**values)
+
+
+def _run_script(args, workdir, check=True, timeout=300):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), f"--model_dir={workdir}", *args],
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=str(REPO),
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train_lm.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def _weights(workdir):
+    return keras.saving.load_model(os.path.join(workdir, "model.keras")).get_weights()
+
+
+# ----------------------------------------------------------------- the script
+def test_script_smoke(tmp_path):
+    """The whole example script, a few steps: the example never goes stale."""
+    proc = _run_script(TINY_FLAGS + ["--checkpoint_every=3"], tmp_path)
+    assert "test_perplexity" in proc.stdout and "gap_to_floor_nats" in proc.stdout
+    results = json.loads((tmp_path / "results.json").read_text())
+    for split in ("valid", "test"):
+        assert results[split]["tokens"] == (400 if split == "valid" else 401) - 1
+        assert results[split]["perplexity"] == pytest.approx(np.exp(results[split]["nll"]))
+        assert 1.0 < results[split]["perplexity"] < 40.0 * 1.5
+        assert not results[split]["partial"]
+    assert [h["epoch"] for h in results["history"]] == [1, 2]
+    assert all(np.isfinite(h["valid_perplexity"]) for h in results["history"])
+    diagnostics = results["diagnostics"]
+    bands = diagnostics["entropy_per_frequency_band"]
+    assert sum(b["tokens"] for b in bands) == results["test"]["tokens"]
+    rank = diagnostics["empirical_rank"]
+    assert rank["num_contexts"] == 50 and 1 <= rank["rank"] <= rank["linear_softmax_bound"]
+    synthetic = diagnostics["synthetic"]
+    assert synthetic["kl_to_truth"] > 0 and 0 <= synthetic["mode_matching"] <= 1
+    assert synthetic["gap_to_floor"] == pytest.approx(
+        results["test"]["nll"] - synthetic["test_floor"])
+    assert results["training"]["global_steps"] == 10
+    assert results["model"]["tied_embeddings"] is True
+    assert (tmp_path / "model.keras").exists() and (tmp_path / "config.json").exists()
+    checkpoints = sorted(os.listdir(tmp_path / "checkpoints"))
+    # Every 3 steps (3, 6, 9) and at each epoch end (5, 10); the last 2 kept.
+    assert checkpoints == ["ckpt-0000000009.npz", "ckpt-0000000010.npz"]
+
+
+def test_evaluation_is_exact_stream_nll(tmp_path):
+    """Test NLL with eval_batch_size=1 = one pass over the whole test stream."""
+    config = _tiny_config(eval_batch_size=1, eval_bptt=7, dropout=0.2)
+    results = training.train_and_evaluate(config, str(tmp_path))
+    trained = keras.saving.load_model(os.path.join(tmp_path, "model.keras"))
+    # A stateless copy reads the whole test split as one sequence.
+    backbone_config = trained.backbone.get_config()
+    backbone_config.update(stateful=False, batch_size=None)
+    backbone = LSTMLanguageModel.from_config(backbone_config)
+    head = trained.head.__class__.from_config(
+        {**trained.head.get_config(), "token_embedding": backbone.token_embedding})
+    model = ksh.HeadModel(backbone, head)
+    model.build((1, None))
+    model.set_weights(trained.get_weights())
+    from keras_softmax_heads.data import load_dataset
+
+    test = load_dataset("synthetic", **config.dataset_options).test
+    h = backbone(test[None, :-1])
+    ll = np.asarray(head.log_likelihood(h, test[None, 1:]))
+    assert results["test"]["tokens"] == len(test) - 1
+    assert results["test"]["nll"] == pytest.approx(-ll.mean(), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "model", ["lstm", pytest.param("ngram", marks=pytest.mark.slow)])
+def test_resume_after_sigkill_loses_nothing(tmp_path, model):
+    """Killed mid-epoch (SIGKILL) and resumed == never interrupted."""
+    flags = TINY_FLAGS + [
+        f"--model={model}", "--ngram_order=3", "--dropout=0.3", "--checkpoint_every=3",
+        "--epochs=2",
+    ]
+    killed = tmp_path / "killed"
+    proc = _run_script(flags + ["--kill_after_steps=4"], killed, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    # The kill came after the mid-epoch checkpoint of step 3 (of 5).
+    assert os.listdir(killed / "checkpoints") == ["ckpt-0000000003.npz"]
+    assert not (killed / "results.json").exists()
+
+    config = _tiny_config(model=model, ngram_order=3, dropout=0.3, checkpoint_every=3,
+                          tensorboard=True)
+    resumed = training.train_and_evaluate(config, str(killed))
+    fresh = training.train_and_evaluate(config, str(tmp_path / "fresh"))
+    for a, b in zip(_weights(killed), _weights(tmp_path / "fresh")):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for split in ("valid", "test"):
+        assert resumed[split]["nll"] == pytest.approx(fresh[split]["nll"], rel=1e-6)
+    for a, b in zip(resumed["history"], fresh["history"]):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["valid_perplexity"] == pytest.approx(b["valid_perplexity"], rel=1e-6)
+
+
+def test_finished_run_is_not_retrained_and_other_config_is_refused(tmp_path):
+    config = _tiny_config(epochs=1, steps_per_epoch=2, validate_every_epoch=False)
+    first = training.train_and_evaluate(config, str(tmp_path))
+    again = training.train_and_evaluate(config, str(tmp_path))
+    assert again["test"]["nll"] == pytest.approx(first["test"]["nll"], rel=1e-6)
+    assert again["training"]["steps_per_second"] is None  # nothing trained
+    with pytest.raises(ValueError, match="hidden_size"):
+        training.train_and_evaluate(config.replace(hidden_size=9), str(tmp_path))
+
+
+def test_ptb_smoke(shared_data_dir, tmp_path):
+    config = training.get_config(
+        "zaremba_small", dataset="ptb", data_dir=str(shared_data_dir / "ptb"),
+        hidden_size=16, embedding_dim=16, epochs=1, steps_per_epoch=3,
+        eval_steps=2, eval_batch_size=4, verbose=0, tensorboard=False,
+        num_diagnostic_contexts=64)
+    results = training.train_and_evaluate(config, str(tmp_path))
+    assert results["corpus"]["vocab_size"] == 10000
+    assert results["test"]["partial"] and results["test"]["tokens"] == 2 * 4 * 50
+    assert 100 < results["test"]["perplexity"] < 1e5  # barely trained, finite
+    assert results["model"]["tied_embeddings"] is False
+    assert "synthetic" not in results["diagnostics"]
+    assert len(results["diagnostics"]["entropy_per_frequency_band"]) == 5
+
+
+def test_bad_data_errors_are_clear(tmp_path):
+    config = _tiny_config(bptt=1000)
+    with pytest.raises(ValueError, match="bptt=1000"):
+        training.train_and_evaluate(config, str(tmp_path))
+    with pytest.raises(ValueError, match="batch_size"):
+        training.train_and_evaluate(_tiny_config(model="ngram", batch_size=5000), str(tmp_path))
+    with pytest.raises(ValueError, match="Unknown dataset"):
+        training.train_and_evaluate(_tiny_config(dataset="nope", dataset_options={}), str(tmp_path))
+
+
+# ---------------------------------------------------------------- the config
+def test_presets_and_validation():
+    small = training.get_config("zaremba_small")
+    assert (small.hidden_size, small.num_layers, small.bptt, small.batch_size) == (200, 2, 20, 20)
+    assert (small.epochs, small.init_scale, small.clip_norm, small.dropout) == (13, 0.1, 5.0, 0.0)
+    assert small.tie_embeddings is False and small.optimizer == "sgd"
+    rates = [training._epoch_learning_rate(small, e) for e in range(13)]
+    assert rates[:4] == [1.0] * 4 and rates[4] == 0.5 and rates[12] == pytest.approx(0.5 ** 9)
+    medium = training.get_config("zaremba_medium")
+    assert (medium.hidden_size, medium.bptt, medium.epochs, medium.dropout) == (650, 35, 39, 0.5)
+    assert training._epoch_learning_rate(medium, 6) == pytest.approx(1 / 1.2)
+    assert training._epoch_learning_rate(medium, 5) == 1.0
+    with pytest.raises(ValueError, match="Unknown preset"):
+        training.get_config("nope")
+    with pytest.raises(ValueError, match="Unknown TrainConfig fields"):
+        training.get_config(hidden=3)
+    bad = [
+        dict(optimizer="adam", loss_reduction="sum_over_time"),
+        dict(strategy="gpu"),
+        dict(head="nope"),
+        dict(bptt=0),
+        dict(mixed_precision="float16"),
+        dict(band_fractions=(0.5, 0.2)),
+    ]
+    for overrides in bad:
+        with pytest.raises(ValueError):
+            training.validate_config(training.get_config(**overrides))
+
+
+def test_sum_over_time_rescaling_is_exact_sgd():
+    """Zaremba's loss (sum over time of the batch mean) with SGD(lr, clip) ==
+    HeadModel's token mean with SGD(lr * T, clip / T)."""
+    config = training.get_config("zaremba_small", bptt=5, clip_norm=0.05)
+    keras.utils.set_random_seed(0)
+    backbone = LSTMLanguageModel(vocab_size=30, embedding_dim=4, hidden_size=4,
+                                 num_layers=1, stateful=False)
+    model = ksh.HeadModel(backbone, ksh.FullSoftmax(30))
+    model.build((2, 5))
+    start = model.get_weights()
+    x = np.random.default_rng(0).integers(0, 30, (2, 5))
+    y = np.roll(x, -1, 1)
+    with tf.GradientTape() as tape:
+        ll = model.head.log_likelihood(backbone(x), y)
+        loss = -tf.reduce_sum(tf.reduce_mean(ll, axis=0))  # sum_t mean_b
+    grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+    grads, norm = tf.clip_by_global_norm(grads, config.clip_norm)
+    assert float(norm) > config.clip_norm  # the clipping is exercised
+    expected = [np.asarray(v) - config.learning_rate * np.asarray(g)
+                for v, g in zip(model.trainable_variables, grads)]
+    model.set_weights(start)
+    model.compile(training._make_optimizer(config))
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False)
+    for v, e in zip(model.trainable_variables, expected):
+        np.testing.assert_allclose(np.asarray(v), e, atol=1e-6)
+
+
+def test_eval_arrays_cover_every_target_once():
+    from keras_softmax_heads.data import load_dataset
+
+    corpus = load_dataset("synthetic", vocab_size=20, num_train_tokens=100,
+                          num_valid_tokens=50, num_test_tokens=37)
+    ids = corpus.test
+    for model, batch in [("lstm", 1), ("lstm", 3), ("lstm", 40), ("ngram", 8)]:
+        config = training.get_config(model=model, bptt=4, ngram_order=3)
+        tokens, targets, position = training._eval_arrays(config, corpus, ids, batch)
+        valid = position >= 0
+        assert sorted(position[valid]) == list(range(len(ids) - 1))
+        np.testing.assert_array_equal(targets[valid], ids[position[valid] + 1])
+        last = tokens[valid] if model == "lstm" else tokens[valid][:, -1]
+        np.testing.assert_array_equal(last, ids[position[valid]])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["lstm", "ngram"])
+def test_every_available_head_trains_and_evaluates(tmp_path, model):
+    from keras_softmax_heads.models import registry
+
+    for name in registry.available_heads():
+        config = _tiny_config(head=name, model=model, ngram_order=3, epochs=1,
+                              steps_per_epoch=3, validate_every_epoch=False,
+                              chunk_size=16)
+        results = training.train_and_evaluate(config, str(tmp_path / name))
+        assert np.isfinite(results["test"]["nll"]), name
+        assert results["model"]["tied_embeddings"] == registry.supports_tying(name)
