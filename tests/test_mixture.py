@@ -1,0 +1,426 @@
+"""Tests of the mixture heads: MoS, MoSS, MoS+PLIF and Mixture of Contexts."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from battery import HeadBattery
+
+import keras_softmax_heads as ksh
+from keras_softmax_heads import ops as ksh_ops
+from keras_softmax_heads.heads.mixture import MixtureOfContexts
+from keras_softmax_heads.heads.mixture import MixtureOfSoftmaxes
+
+# --------------------------------------------------------------- NumPy oracle
+
+
+def np_softmax(a):
+    a = a - a.max(-1, keepdims=True)
+    e = np.exp(a)
+    return e / e.sum(-1, keepdims=True)
+
+
+def np_sigsoftmax(a):
+    """`exp(a) sigmoid(a) / sum`, Kanai et al. eq. 13 (probability space)."""
+    sig = 1.0 / (1.0 + np.exp(-a))
+    m = a.max(-1, keepdims=True)
+    unnorm = np.exp(a - m) * sig
+    return unnorm / unnorm.sum(-1, keepdims=True)
+
+
+def np_softplus(x):
+    return np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0)
+
+
+def np_plif(x, raw_slopes, bound):
+    """PLIF of Ganea et al. sec. 4 from its definition (knots on [-T, T])."""
+    n = len(raw_slopes)
+    slopes = np_softplus(raw_slopes.astype("float64"))
+    width = 2.0 * bound / n
+    knots = -bound + width * np.arange(n)
+    values_at_knots = -bound + width * np.concatenate([[0.0], np.cumsum(slopes)[:-1]])
+    i = np.clip(np.floor((x + bound) / width), 0, n - 1).astype(int)
+    return values_at_knots[i] + slopes[i] * (x - knots[i])
+
+
+def np_mixture_log_probs(head, h):
+    """The papers' formulas in probability space, float64, then the log."""
+    w = {v.path.split("/")[-1]: np.asarray(v.numpy(), "float64") for v in head.weights}
+    h = h.astype("float64")
+    k, latent_dim = head.num_components, head.latent_units
+    prior_logits = h @ w["prior_kernel"] + w["prior_bias"]
+    sig = getattr(head, "component", "softmax") == "sigsoftmax"
+    pi = np_sigsoftmax(prior_logits) if sig else np_softmax(prior_logits)
+    latent = np.tanh(h @ w["latent_kernel"] + w["latent_bias"])
+    latent = latent.reshape(h.shape[:-1] + (k, latent_dim))
+    kernel = w["kernel"] if head.token_embedding is None else w["embeddings"].T
+    bias = w.get("bias", 0.0)
+    if isinstance(head, MixtureOfContexts):
+        mixed = (pi[..., None] * latent).sum(-2)  # Yang et al. sec. 2.3
+        return np.log(np_softmax(mixed @ kernel + bias))
+    z = latent @ kernel + bias  # [..., K, V]
+    if head.num_knots is not None:
+        z = np_plif(z, w["raw_slopes"], head.knot_bound)
+    comp = np_sigsoftmax(z) if sig else np_softmax(z)
+    return np.log((pi[..., None] * comp).sum(-2))  # sum_k pi_k softmax_k
+
+
+def randomise(head, seed=0, scale=0.5):
+    rng = np.random.default_rng(seed)
+    for w in head.trainable_weights:
+        value = w.numpy()
+        w.assign((value + scale * rng.normal(size=value.shape)).astype(value.dtype))
+
+
+def np_log_softmax(z):
+    z = z.astype("float64")
+    m = z.max(-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
+
+
+# -------------------------------------------------------------------- battery
+
+
+class TestMixtureBattery(HeadBattery):
+    fit_epochs = 12  # the mixtures learn the cycle task fast; halves the time
+    cases = {
+        "mos": lambda v, d, **kw: MixtureOfSoftmaxes(v, num_components=3, **kw),
+        "moc": lambda v, d, **kw: MixtureOfContexts(v, num_components=3, **kw),
+    }
+
+    def test_extreme_inputs(self, case):
+        """Component / prior scores ~1e4 through large weights.
+
+        The battery's version scales `h` until `logits(h)` is ~1e4, but here
+        the scores are linear in a tanh-bounded latent, so scaling `h` only
+        saturates the tanh. Instead, saturate the tanh (large `h`) and scale
+        the output projection and the prior weights so that the component
+        (MoC: mixed-context) scores and the prior logits reach ~1e4.
+        """
+        head = self.built(case)
+        h = self.inputs() * 100.0
+        target = self.extreme_scale
+        z = np.asarray(head.logits(h))
+        s = target / np.abs(z).max()
+        head.kernel.assign(head.kernel.numpy() * s)
+        head.bias.assign(head.bias.numpy() * s)
+        prior = h @ head.prior_kernel.numpy() + head.prior_bias.numpy()
+        s = target / np.abs(prior).max()
+        head.prior_kernel.assign(head.prior_kernel.numpy() * s)
+        head.prior_bias.assign(head.prior_bias.numpy() * s)
+        assert np.abs(np.asarray(head.logits(h))).max() > 0.5 * target
+        log_p = np.asarray(head(h))
+        assert np.all(np.isfinite(log_p)), "non-finite log-probs at |score|~1e4"
+        assert np.all(log_p <= 1e-5)
+        assert log_p.min() < -0.1 * target  # really extreme
+        lse = np.log(np.exp(log_p.astype("float64")).sum(-1))
+        np.testing.assert_allclose(lse, 0.0, atol=1e-4)
+        t = self.targets()
+        ll = np.asarray(head.log_likelihood(h, t))
+        assert np.all(np.isfinite(ll))
+        expected = np.take_along_axis(log_p, t[..., None], -1)[..., 0]
+        np.testing.assert_allclose(ll, expected, rtol=1e-5, atol=1e-2)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(head.training_loss(h, t, training=False))
+        grads = tape.gradient(loss, head.trainable_weights)
+        for var, grad in zip(head.trainable_weights, grads):
+            assert np.all(np.isfinite(np.asarray(grad))), var.path
+
+
+class TestMixtureVariantsBattery(TestMixtureBattery):
+    """MoSS, MoS+PLIF and the chunked losses: the full battery, but the two
+    `model.fit` tests (the slowest, ~10-20 s each, and the same code path as
+    MoS) run only with `-m slow`; `test_jit_compiled_gradients` below covers
+    XLA for them."""
+
+    cases = {
+        "moss": lambda v, d, **kw: MixtureOfSoftmaxes(
+            v, num_components=3, component="sigsoftmax", **kw
+        ),
+        "mos_plif": lambda v, d, **kw: MixtureOfSoftmaxes(
+            v, num_components=3, num_knots=16, knot_bound=4.0, **kw
+        ),
+        # V = 13 in tiles of 5, 5 and 3.
+        "moss_plif_chunked": lambda v, d, **kw: MixtureOfSoftmaxes(
+            v,
+            num_components=3,
+            component="sigsoftmax",
+            num_knots=16,
+            knot_bound=4.0,
+            chunk_size=5,
+            **kw,
+        ),
+    }
+
+    @pytest.mark.slow
+    def test_fit_reduces_loss(self, case):
+        super().test_fit_reduces_loss(case)
+
+    @pytest.mark.slow
+    def test_jit_compile_fit_step(self, case):
+        super().test_jit_compile_fit_step(case)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"component": "sigsoftmax", "num_knots": 8, "latent_dropout": 0.2},
+        {"num_knots": 8, "chunk_size": 4},
+    ],
+)
+def test_jit_compiled_gradients(kwargs):
+    """Loss and gradients under XLA match the eager ones (dropout off)."""
+    h = tf.constant(np.random.default_rng(0).normal(size=(4, 3, 5)), tf.float32)
+    t = tf.constant(np.random.default_rng(1).integers(0, 11, size=(4, 3)), tf.int32)
+    head = MixtureOfSoftmaxes(11, num_components=3, **kwargs)
+    head(h)
+    randomise(head)
+
+    def loss_and_grads(training):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(head.training_loss(h, t, training=training))
+        return loss, tape.gradient(loss, head.trainable_weights)
+
+    eager = loss_and_grads(False)
+    compiled = tf.function(loss_and_grads, jit_compile=True)
+    loss, grads = compiled(False)
+    np.testing.assert_allclose(float(loss), float(eager[0]), rtol=1e-5)
+    for g, e in zip(grads, eager[1]):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), atol=1e-5)
+    loss, grads = compiled(True)
+    assert np.isfinite(float(loss))
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in grads)
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
+        (MixtureOfSoftmaxes, {}),
+        (MixtureOfSoftmaxes, {"component": "sigsoftmax", "use_bias": False}),
+        (MixtureOfSoftmaxes, {"num_knots": 8, "knot_bound": 2.0, "tied": True}),
+        (MixtureOfContexts, {"tied": True}),
+    ],
+)
+def test_chunked_loss_matches_dense(cls, kwargs):
+    """`chunk_size` changes neither the loss nor any gradient."""
+    kwargs = dict(kwargs)
+    h = tf.constant(np.random.default_rng(0).normal(size=(3, 4, 5)), tf.float32)
+    t = tf.constant(np.random.default_rng(1).integers(0, 11, size=(3, 4)), tf.int32)
+    weights = tf.constant(np.random.default_rng(2).normal(size=(3, 4)), tf.float32)
+    if kwargs.pop("tied", False):
+        emb = keras.layers.Embedding(11, 5)
+        dense = cls(token_embedding=emb, num_components=3, **kwargs)
+        tiled = cls(token_embedding=emb, num_components=3, chunk_size=4, **kwargs)
+    else:
+        dense = cls(11, num_components=3, **kwargs)
+        tiled = cls(11, num_components=3, chunk_size=4, **kwargs)
+    dense(h)
+    tiled(h)
+    randomise(dense)
+    tiled.set_weights(dense.get_weights())
+    results = []
+    for head in (dense, tiled):
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            loss = head.training_loss(h, t)
+            total = tf.reduce_sum(loss * weights)
+        grads = tape.gradient(total, [h] + head.trainable_weights)
+        grads = [np.asarray(tf.convert_to_tensor(g)) for g in grads]
+        results.append((np.asarray(loss), grads))
+    np.testing.assert_allclose(results[1][0], results[0][0], atol=1e-5)
+    for a, b in zip(results[1][1], results[0][1]):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+# ------------------------------------------------------------ NumPy reference
+
+REFERENCE_CASES = {
+    "mos": dict(num_components=3),
+    "mos_latent_dim": dict(num_components=4, latent_dim=3),
+    "moss": dict(num_components=3, component="sigsoftmax"),
+    "mos_plif": dict(num_components=3, num_knots=16, knot_bound=2.0),
+    "moss_plif": dict(
+        num_components=2, component="sigsoftmax", num_knots=5, knot_bound=1.5
+    ),
+    "mos_no_bias": dict(num_components=2, use_bias=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_CASES))
+def test_numpy_reference_mos(name):
+    h = np.random.default_rng(0).normal(size=(2, 3, 5)).astype("float32")
+    head = MixtureOfSoftmaxes(11, **REFERENCE_CASES[name])
+    head(h)
+    randomise(head)
+    out = np.asarray(head(h))
+    np.testing.assert_allclose(out, np_mixture_log_probs(head, h), atol=1e-5)
+    if head.num_knots is not None:  # the PLIF pieces are really exercised
+        z = np.asarray(head.logits(h))
+        assert (z < -head.knot_bound).any() and (z > -head.knot_bound + 1).any()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"latent_dim": 3, "use_bias": False}])
+def test_numpy_reference_moc(kwargs):
+    h = np.random.default_rng(0).normal(size=(2, 3, 5)).astype("float32")
+    head = MixtureOfContexts(11, num_components=3, **kwargs)
+    head(h)
+    randomise(head)
+    np.testing.assert_allclose(
+        np.asarray(head(h)), np_mixture_log_probs(head, h), atol=1e-5
+    )
+
+
+def test_numpy_reference_tied_embedding():
+    """d != embedding dim is fine when latent_dim matches the embedding."""
+    emb = keras.layers.Embedding(11, 3)
+    head = MixtureOfSoftmaxes(token_embedding=emb, num_components=2, latent_dim=3)
+    h = np.random.default_rng(1).normal(size=(4, 6)).astype("float32")
+    head(h)
+    randomise(head)
+    assert head.kernel is None
+    assert emb.embeddings.path in [w.path for w in head.trainable_weights]
+    np.testing.assert_allclose(
+        np.asarray(head(h)), np_mixture_log_probs(head, h), atol=1e-5
+    )
+
+
+# --------------------------------------------------------- property tests
+
+
+def test_single_component_is_full_softmax_on_the_latent():
+    """MoS and MoC with K = 1 are Linear-Softmax on tanh(h W_1 + b_1)."""
+    h = np.random.default_rng(0).normal(size=(6, 5)).astype("float32")
+    full = ksh.FullSoftmax(11)
+    full(np.zeros((1, 5), "float32"))
+    for cls in (MixtureOfSoftmaxes, MixtureOfContexts):
+        head = cls(11, num_components=1)
+        head(h)
+        randomise(head)
+        latent = np.tanh(h @ head.latent_kernel.numpy() + head.latent_bias.numpy())
+        full.kernel.assign(head.kernel.numpy())
+        full.bias.assign(head.bias.numpy())
+        np.testing.assert_allclose(
+            np.asarray(head(h)), np.asarray(full(latent)), atol=1e-5
+        )
+
+
+def test_untrained_plif_equals_mos():
+    """Identity-initialised PLIF: MoS+PLIF == MoS with the same weights,
+    including scores far outside the knot range [-T, T]."""
+    h = np.random.default_rng(0).normal(size=(4, 3, 5)).astype("float32")
+    mos = MixtureOfSoftmaxes(11, num_components=3)
+    plif = MixtureOfSoftmaxes(11, num_components=3, num_knots=16, knot_bound=1.0)
+    mos(h)
+    plif(h)
+    randomise(mos, scale=1.0)
+    for w in mos.weights:
+        dict((v.path.split("/")[-1], v) for v in plif.weights)[
+            w.path.split("/")[-1]
+        ].assign(w.numpy())
+    z = np.asarray(mos.logits(h))
+    assert np.abs(z).max() > 2.0  # some scores lie outside [-1, 1]
+    np.testing.assert_allclose(np.asarray(plif(h)), np.asarray(mos(h)), atol=1e-5)
+    np.testing.assert_allclose(
+        plif.raw_slopes.numpy(), ksh_ops.plif_identity_raw_slope(), rtol=1e-6
+    )
+
+
+def test_component_log_probs_and_logits():
+    h = np.random.default_rng(0).normal(size=(2, 3, 5)).astype("float32")
+    head = MixtureOfSoftmaxes(11, num_components=4, component="sigsoftmax")
+    log_pi, comp = (np.asarray(x, "float64") for x in head.component_log_probs(h))
+    assert log_pi.shape == (2, 3, 4) and comp.shape == (2, 3, 4, 11)
+    np.testing.assert_allclose(np.exp(log_pi).sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(np.exp(comp).sum(-1), 1.0, atol=1e-5)
+    mixture = np.log((np.exp(log_pi)[..., None] * np.exp(comp)).sum(-2))
+    np.testing.assert_allclose(np.asarray(head(h)), mixture, atol=1e-5)
+    assert tuple(head.logits(h).shape) == (2, 3, 4, 11)
+    moc = MixtureOfContexts(11, num_components=4)
+    assert tuple(moc.logits(h).shape) == (2, 3, 11)
+
+
+def test_log_likelihood_is_log_space_for_tiny_probabilities():
+    """Targets with p < 1e-80 (below float32's range) get their exact
+    log-probability, not -inf: the mixture is a log-sum-exp."""
+    h = np.random.default_rng(0).normal(size=(3, 5)).astype("float32")
+    head = MixtureOfSoftmaxes(11, num_components=3)
+    head(h)
+    head.kernel.assign(head.kernel.numpy() * 300.0)
+    log_p = np.asarray(head(h))
+    t = np.argmin(log_p, -1).astype("int32")
+    ll = np.asarray(head.log_likelihood(h, t))
+    assert np.all(np.isfinite(ll)) and ll.min() < -190
+    np.testing.assert_allclose(ll, log_p.min(-1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [MixtureOfSoftmaxes, MixtureOfContexts])
+def test_dropout_only_in_training(cls):
+    h = np.random.default_rng(0).normal(size=(4, 5)).astype("float32")
+    t = np.arange(4, dtype="int32")
+    head = cls(11, num_components=3, latent_dropout=0.5, seed=3)
+    infer = np.asarray(head(h))
+    np.testing.assert_array_equal(np.asarray(head(h, training=False)), infer)
+    np.testing.assert_array_equal(np.asarray(head.log_probs(h)), infer)
+    train = np.asarray(head(h, training=True))
+    assert np.abs(train - infer).max() > 1e-3
+    np.testing.assert_allclose(np.exp(train).sum(-1), 1.0, atol=1e-5)
+    ll = np.asarray(head.log_likelihood(h, t))
+    np.testing.assert_allclose(
+        np.asarray(head.training_loss(h, t, training=False)), -ll, atol=1e-6
+    )
+    assert np.abs(np.asarray(head.training_loss(h, t)) + ll).max() > 1e-3
+    # Under XLA the dropout still differs between steps and from inference.
+    step = tf.function(
+        lambda: head.training_loss(h, t, training=True), jit_compile=True
+    )
+    first, second = np.asarray(step()), np.asarray(step())
+    assert np.all(np.isfinite(first)) and np.abs(first - second).max() > 1e-3
+    assert np.abs(first + ll).max() > 1e-3
+    # Without dropout, training makes no difference.
+    plain = cls(11, num_components=3)
+    np.testing.assert_array_equal(
+        np.asarray(plain(h, training=True)), np.asarray(plain(h))
+    )
+    # Keras passes `training` through a model.
+    inputs = keras.Input((5,))
+    model = keras.Model(inputs, head(inputs))
+    np.testing.assert_allclose(model.predict(h, verbose=0), infer, atol=1e-6)
+    assert np.abs(np.asarray(model(h, training=True)) - infer).max() > 1e-3
+
+
+BAD_ARGUMENTS = [
+    ("num_components", 0),
+    ("num_components", 2.5),
+    ("latent_dim", 0),
+    ("latent_dim", -3),
+    ("latent_dropout", 1.0),
+    ("latent_dropout", -0.1),
+    ("component", "sparsemax"),
+    ("num_knots", 0),
+    ("num_knots", 3.5),
+    ("knot_bound", 0.0),
+    ("knot_bound", -2.0),
+]
+
+
+def test_bad_arguments():
+    """Every bad constructor argument raises ValueError echoing the value."""
+    shared = ("num_components", "latent_dim", "latent_dropout")
+    for name, value in BAD_ARGUMENTS:
+        classes = [MixtureOfSoftmaxes]
+        if name in shared:
+            classes.append(MixtureOfContexts)
+        for cls in classes:
+            with pytest.raises(ValueError, match=f"Received: {name}={value!r}"):
+                cls(11, **{name: value})
+
+
+@pytest.mark.parametrize("cls", [MixtureOfSoftmaxes, MixtureOfContexts])
+def test_tied_embedding_latent_dim_mismatch(cls):
+    emb = keras.layers.Embedding(11, 6)
+    with pytest.raises(ValueError, match="latent_dim=4"):
+        cls(token_embedding=emb, latent_dim=4)
+    # latent_dim defaults to d (5 here) != output_dim 6: clear error at build.
+    head = cls(token_embedding=emb)
+    with pytest.raises(ValueError, match="output_dim=6.*latent_dim=6"):
+        head(np.zeros((2, 5), "float32"))
