@@ -1,0 +1,324 @@
+import os
+import tempfile
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from battery import HeadBattery
+
+import keras_softmax_heads as ksh
+from keras_softmax_heads import clustering
+from keras_softmax_heads.heads.hierarchical import HierarchicalSoftmax
+from keras_softmax_heads.heads.hierarchical import split_large_clusters
+
+V, D = 13, 6
+COUNTS = np.array([90, 50, 30, 20, 12, 9, 7, 5, 4, 3, 2, 1, 1])
+# 3 clusters of sizes 5, 4, 4 (ids interleaved, not contiguous).
+ASSIGNMENT = np.arange(V) % 3
+
+
+def _vocab(v, kw):
+    return v if v is not None else kw["token_embedding"].input_dim
+
+
+class TestHierarchicalBattery(HeadBattery):
+    cases = {
+        # Frequency clusters from counts (C = ceil(sqrt(13)) = 4), tiles of 16.
+        "frequency": lambda v, d, **kw: HierarchicalSoftmax(
+            v, counts=COUNTS[: _vocab(v, kw)], **kw
+        ),
+        # Explicit assignment, one block per token, no biases.
+        "explicit": lambda v, d, **kw: HierarchicalSoftmax(
+            v,
+            clusters=np.arange(_vocab(v, kw)) % 3,
+            tile_size=1,
+            use_bias=False,
+            **kw,
+        ),
+    }
+
+
+def numpy_log_softmax(z, mask=None):
+    z = z.astype("float64")
+    if mask is not None:
+        z = np.where(mask, z, -np.inf)
+    m = z.max(-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
+
+
+def numpy_reference(head, h):
+    """log p(w|h) = log_softmax(h U + a)[c(w)] + log_softmax over c(w)'s words."""
+    h = h.astype("float64")
+    words = head.kernel.numpy().astype("float64")  # [V, d]
+    z = h @ words.T + head.bias.numpy()
+    zc = h @ head.cluster_kernel.numpy() + head.cluster_bias.numpy()
+    class_lp = numpy_log_softmax(zc)
+    layout = head.cluster_assignment
+    out = np.empty(h.shape[:-1] + (head.vocab_size,))
+    for c in range(layout.num_clusters):
+        members = layout.cluster_words[c, : layout.cluster_sizes[c]]
+        out[..., members] = class_lp[..., c : c + 1] + numpy_log_softmax(z[..., members])
+    return out
+
+
+def randomised(head, h, seed=0):
+    head(h)
+    rng = np.random.default_rng(seed)
+    for w in head.trainable_weights:
+        w.assign(rng.normal(size=w.shape).astype("float32"))
+    return head
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(counts=COUNTS),
+        dict(clusters=ASSIGNMENT, tile_size=3),
+        dict(clustering="random", num_clusters=5, seed=3, max_cluster_size=8),
+    ],
+    ids=["frequency", "explicit", "random_padded"],
+)
+def test_numpy_reference(kwargs):
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(4, 5, D)).astype("float32")
+    head = randomised(HierarchicalSoftmax(V, **kwargs), h)
+    expected = numpy_reference(head, h)
+    np.testing.assert_allclose(np.asarray(head(h)), expected, atol=1e-5)
+    t = rng.integers(0, V, size=(4, 5))
+    np.testing.assert_allclose(
+        np.asarray(head.log_likelihood(h, t)),
+        np.take_along_axis(expected, t[..., None], -1)[..., 0],
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("tile_size", [1, 5, 64])
+def test_probabilities_sum_to_one_and_cheap_likelihood_matches(tile_size):
+    """Random inputs, skewed targets (many tokens in one cluster), all tiles."""
+    rng = np.random.default_rng(tile_size)
+    vocab = 57
+    counts = rng.integers(1, 1000, size=vocab)
+    head = HierarchicalSoftmax(vocab, counts=counts, tile_size=tile_size)
+    h = (3 * rng.normal(size=(37, 8))).astype("float32")
+    head = randomised(head, h, seed=tile_size)
+    log_p = np.asarray(head(h))
+    np.testing.assert_allclose(np.exp(log_p.astype("float64")).sum(-1), 1.0, atol=1e-5)
+    jitted_log_p = tf.function(head.log_probs, jit_compile=True)(h)
+    np.testing.assert_allclose(np.asarray(jitted_log_p), log_p, atol=1e-5)
+    t = np.where(rng.random(37) < 0.5, 0, rng.integers(0, vocab, size=37))
+    ll = np.asarray(head.log_likelihood(h, t))
+    np.testing.assert_allclose(ll, log_p[np.arange(37), t], atol=1e-5)
+    jitted = tf.function(head.log_likelihood, jit_compile=True)
+    np.testing.assert_allclose(np.asarray(jitted(h, t)), ll, atol=1e-5)
+    # Unknown batch size at trace time (graph mode).
+    spec = [tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None], tf.int32)]
+    dynamic = tf.function(head.log_likelihood, input_signature=spec)
+    np.testing.assert_allclose(np.asarray(dynamic(h, t)), ll, atol=1e-5)
+
+
+def test_log_likelihood_never_scores_all_words():
+    """The cheap path gathers at most `K` cluster blocks, never `[N, V]`."""
+    head = HierarchicalSoftmax(400, clustering="random", num_clusters=20, tile_size=8)
+    h = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    t = np.random.default_rng(1).integers(0, 400, size=64)
+    head(h)
+    graph = tf.function(head.log_likelihood).get_concrete_function(h, t).graph
+    sizes = [
+        int(np.prod(op.outputs[0].shape))
+        for op in graph.get_operations()
+        if op.outputs and op.outputs[0].shape.is_fully_defined()
+    ]
+    # K = min(64, (64 + 7 * 20) // 8) = 25 tiles of 8 tokens and 20 words:
+    # scores [25, 8, 20]; gathered blocks [25, 20, d=4]; kernel [400, 4].
+    assert max(sizes) == 25 * 8 * 20 < 64 * 400
+
+
+def test_layout_from_clustering_module():
+    layout = clustering.make_clusters("random", vocab_size=V, num_clusters=4, seed=1)
+    head = HierarchicalSoftmax(V, clusters=layout)
+    assert head.num_clusters == 4 and head.cluster_assignment == layout
+    from_dict = HierarchicalSoftmax(V, clusters=layout.to_config())
+    assert from_dict.cluster_assignment == layout
+    bins = clustering.make_clusters("frequency", counts=COUNTS)
+    paper = HierarchicalSoftmax(V, counts=COUNTS, cluster_size_cap=None)
+    assert paper.cluster_assignment == bins
+    assert paper.num_clusters == clustering.default_num_clusters(V) == 4
+    # Default: bins of more than ceil(13 / 4) = 4 words are split.
+    freq = HierarchicalSoftmax(V, counts=COUNTS)
+    assert bins.max_cluster_size > 4
+    assert freq.cluster_assignment == split_large_clusters(bins, 4, COUNTS)
+    assert freq.max_cluster_size <= 4 and freq.num_clusters > 4
+    # No counts: contiguous blocks of ids (ids assumed sorted by frequency).
+    plain = HierarchicalSoftmax(10, num_clusters=3)
+    assert plain.cluster_assignment.cluster_of_word.tolist() == [0] * 4 + [1] * 3 + [2] * 3
+
+
+def test_split_large_clusters():
+    rng = np.random.default_rng(0)
+    counts = rng.integers(1, 100, size=200).astype("float64")
+    bins = clustering.make_clusters("frequency", counts=counts, num_clusters=8)
+    split = split_large_clusters(bins, 12, counts)
+    assert split.max_cluster_size <= 12
+    assert split.num_clusters == int(np.ceil(bins.cluster_sizes / 12).sum())
+    sizes = split.cluster_sizes
+    for c in range(bins.num_clusters):
+        # The pieces of bin c: consecutive ids, near-equal sizes, same words.
+        pieces = np.unique(split.cluster_of_word[bins.cluster_of_word == c])
+        assert np.array_equal(pieces, np.arange(pieces[0], pieces[-1] + 1))
+        assert sizes[pieces].max() - sizes[pieces].min() <= 1
+        assert set(np.flatnonzero(np.isin(split.cluster_of_word, pieces))) == set(
+            np.flatnonzero(bins.cluster_of_word == c)
+        )
+        # Taken in descending count order: earlier pieces hold frequent words.
+        means = [counts[split.cluster_of_word == p].min() for p in pieces[:-1]]
+        nexts = [counts[split.cluster_of_word == p].max() for p in pieces[1:]]
+        assert all(a >= b for a, b in zip(means, nexts))
+    assert split_large_clusters(bins, 10_000) is bins
+    # Explicit layouts are split only with an explicit cap.
+    explicit = HierarchicalSoftmax(V, clusters=ASSIGNMENT)
+    assert explicit.cluster_assignment.cluster_sizes.tolist() == [5, 4, 4]
+    capped = HierarchicalSoftmax(V, clusters=ASSIGNMENT, cluster_size_cap=2)
+    assert capped.num_clusters == 7 and capped.max_cluster_size == 2
+    with pytest.raises(ValueError, match="cap=0"):
+        HierarchicalSoftmax(V, cluster_size_cap=0)
+    with pytest.raises(ValueError, match="cluster_size_cap='big'"):
+        HierarchicalSoftmax(V, cluster_size_cap="big")
+
+
+def test_likelihood_cost_matches_the_graph():
+    head = HierarchicalSoftmax(400, clustering="random", num_clusters=20, tile_size=8)
+    cost = head.likelihood_cost(64)
+    assert cost == {
+        "tiles": 25,
+        "gathered_rows": 500,
+        "word_scores": 4000,
+        "cluster_scores": 1280,
+    }
+    assert head.likelihood_cost(1)["tiles"] == 1
+
+
+def test_kmeans_layout_built_outside():
+    ids = np.array([0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3] * 3)
+    layout = clustering.make_clusters(
+        "kmeans", ids=ids, vocab_size=4, num_clusters=2, max_cluster_fraction=None
+    )
+    head = HierarchicalSoftmax(4, clusters=layout)
+    h = np.ones((2, 3), "float32")
+    np.testing.assert_allclose(np.exp(np.asarray(head(h))).sum(-1), 1.0, atol=1e-6)
+    with pytest.raises(ValueError, match="make_clusters"):
+        HierarchicalSoftmax(4, counts=[4, 3, 2, 1], clustering="kmeans")
+
+
+def test_keras_round_trip_keeps_layout():
+    """A fresh object loaded from `.keras` has the saved (non-default) layout."""
+    rng = np.random.default_rng(0)
+    head = HierarchicalSoftmax(V, clusters=rng.permutation(ASSIGNMENT), max_cluster_size=6)
+    inputs = keras.Input((D,))
+    model = keras.Model(inputs, head(inputs))
+    h = rng.normal(size=(7, D)).astype("float32")
+    randomised(head, h)
+    config = head.get_config()
+    assert config["clusters"] is None and config["counts"] is None
+    assert config["num_clusters"] == 3 and config["max_cluster_size"] == 6
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "hsm.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
+    loaded_head = loaded.layers[-1]
+    assert isinstance(loaded_head, HierarchicalSoftmax)
+    assert loaded_head is not head
+    assert loaded_head.cluster_assignment == head.cluster_assignment
+    assert loaded_head.cluster_assignment != _placeholder(V, 3)
+    np.testing.assert_array_equal(loaded.predict(h, verbose=0), model.predict(h, verbose=0))
+    t = rng.integers(0, V, size=7)
+    np.testing.assert_allclose(
+        np.asarray(loaded_head.log_likelihood(h, t)),
+        np.asarray(head.log_likelihood(h, t)),
+        atol=1e-6,
+    )
+
+
+def _placeholder(vocab, num_clusters):
+    return clustering.hierarchical_layout((np.arange(vocab) * num_clusters) // vocab)
+
+
+def test_head_model_training_lowers_exact_eval_loss():
+    keras.utils.set_random_seed(0)
+    vocab, n = 40, 64
+    x = (np.arange(8)[None, :] + np.arange(n)[:, None]) % vocab
+    y = (3 * x + 1) % vocab
+    counts = np.bincount(y.ravel(), minlength=vocab) + 1
+    backbone = keras.Sequential([keras.layers.Embedding(vocab, 16)])
+    model = ksh.HeadModel(backbone, HierarchicalSoftmax(vocab, counts=counts))
+    model.compile(optimizer=keras.optimizers.Adam(0.05))
+    before = model.evaluate(x, y, verbose=0, return_dict=True)
+    model.fit(x, y, batch_size=32, epochs=10, verbose=0)
+    after = model.evaluate(x, y, verbose=0, return_dict=True)
+    assert after["loss"] < 0.3 * before["loss"], (before, after)
+    # The evaluation loss is the exact NLL of the full distribution.
+    log_p = np.asarray(model.predict(x, verbose=0))
+    nll = -np.take_along_axis(log_p, y[..., None], -1).mean()
+    np.testing.assert_allclose(after["loss"], nll, rtol=1e-4)
+
+
+def test_tied_embedding_gathers_embedding_rows():
+    emb = keras.layers.Embedding(V, D)
+    emb.build((None,))
+    head = HierarchicalSoftmax(token_embedding=emb, clusters=ASSIGNMENT, use_bias=False)
+    h = np.random.default_rng(0).normal(size=(5, D)).astype("float32")
+    head(h)
+    assert head.kernel is None
+    assert emb.embeddings.path in [w.path for w in head.trainable_weights]
+    z = np.asarray(head.logits(h))
+    np.testing.assert_allclose(z, h @ emb.embeddings.numpy().T, atol=1e-5)
+
+
+# ----------------------------------------------------------------- bad input
+def test_bad_counts():
+    with pytest.raises(ValueError, match=r"counts.shape=\(12,\), vocab_size=13"):
+        HierarchicalSoftmax(V, counts=COUNTS[:12])
+    bad = COUNTS.copy()
+    bad[4] = -2
+    with pytest.raises(ValueError, match=r"counts\[4\]=-2"):
+        HierarchicalSoftmax(V, counts=bad)
+
+
+def test_bad_cluster_numbers():
+    with pytest.raises(ValueError, match="num_clusters=14 > vocab_size=13"):
+        HierarchicalSoftmax(V, num_clusters=14)
+    with pytest.raises(ValueError, match="num_clusters=0"):
+        HierarchicalSoftmax(V, num_clusters=0)
+    with pytest.raises(ValueError, match="clustering='kmean'"):
+        HierarchicalSoftmax(V, clustering="kmean")
+    with pytest.raises(ValueError, match="max_cluster_size=4"):
+        HierarchicalSoftmax(V, clusters=ASSIGNMENT, max_cluster_size=4)
+    with pytest.raises(ValueError, match="tile_size=0"):
+        HierarchicalSoftmax(V, tile_size=0)
+
+
+def test_bad_assignment():
+    with pytest.raises(ValueError, match=r"clusters.shape=\(12,\), vocab_size=13"):
+        HierarchicalSoftmax(V, clusters=ASSIGNMENT[:12])
+    out_of_range = ASSIGNMENT.copy()
+    out_of_range[5] = 7
+    with pytest.raises(ValueError, match=r"assignment\[5\]=7"):
+        HierarchicalSoftmax(V, clusters=out_of_range, num_clusters=3)
+    negative = ASSIGNMENT.copy()
+    negative[2] = -1
+    with pytest.raises(ValueError, match=r"assignment\[2\]=-1"):
+        HierarchicalSoftmax(V, clusters=negative)
+    with pytest.raises(ValueError, match="num_clusters=4"):
+        HierarchicalSoftmax(V, clusters=ASSIGNMENT, num_clusters=4)
+    small = clustering.make_clusters("random", vocab_size=10)
+    with pytest.raises(ValueError, match="vocab_size=10, vocab_size=13"):
+        HierarchicalSoftmax(V, clusters=small)
+
+
+def test_bad_targets():
+    head = HierarchicalSoftmax(V, counts=COUNTS)
+    h = np.zeros((2, D), "float32")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="vocab_size=13"):
+        head.log_likelihood(h, np.array([0, 13]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="non-negative"):
+        head.log_likelihood(h, np.array([-1, 0]))
