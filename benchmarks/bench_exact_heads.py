@@ -1,0 +1,364 @@
+"""Exact output heads vs FullSoftmax: training-step time and peak memory.
+
+A "step" is the forward and backward pass of the head's training loss,
+`mean(head.training_loss(h, y))`, with respect to `h` `[N, d]` and all of the
+head's trainable weights, compiled with `tf.function` in graph mode
+(`jit_compile=False`) and under XLA (`jit_compile=True`).
+
+Heads (each optional with `--heads`):
+
+* `full`: `FullSoftmax` (the reference of every ratio);
+* `sigsoftmax`: `SigSoftmax` (`output_fn="sigsoftmax"`);
+* `monotonic`: `MonotonicSoftmax` with `--mono-units` hidden units (16 by
+  default: its cost grows linearly with the units, `K` sigmoids per score);
+* `plif`: `PLIFSoftmax` with `--plif-knots` knots (1e5, the paper's setting);
+* `plif_naive`: the same head with the straightforward PLIF (two gathers,
+  automatic differentiation, no fused loss): what `PLIFSoftmax` improves on;
+* `mos`, `moc`: `MixtureOfSoftmaxes` / `MixtureOfContexts` with
+  `--mixture-components` components, when `keras_softmax_heads.heads.mixture`
+  is importable.
+
+Time: for each (V, d, mode) one process builds every head on the same `h`,
+`y`, compiles the steps, runs `--warmup` steps each, then `--rounds` rounds;
+a round runs one step of every head, in an order rotated from round to round
+(so FullSoftmax and each head alternate). A head's ratio is computed per
+round against FullSoftmax's step of the same round; the table shows the
+median ratio and its spread (25th-75th percentile over the rounds), for wall
+time and for process CPU time (user + system, all threads; less sensitive to
+other processes on a shared machine, but it also counts thread-pool spinning).
+
+Peak memory: every (V, d, mode, head) runs in a fresh process. The child
+builds the inputs, runs the step once (tracing / XLA compilation), resets
+TensorFlow's allocator statistics (`tf.config.experimental.reset_memory_stats`
+on `CPU:0`; this TensorFlow build's oneDNN CPU allocator is a BFC allocator
+that keeps them), runs `--memory-steps` steps and reports the allocator's
+peak minus its current usage before the steps: the memory the step itself
+allocates (activations, tensors saved for the backward pass, gradients,
+XLA's temporary buffers), not the weights or the compiler. Peak RSS is not
+usable for this: the BFC allocator keeps the pages of the first step, so a
+second step's RSS high-water mark hardly moves. The JSON output also has
+`rss_first_call_mib`, the `VmHWM` increase over the first call (tracing and
+compilation included).
+
+Usage:
+    python benchmarks/bench_exact_heads.py --quick        # smoke test, ~1 min
+    python benchmarks/bench_exact_heads.py                # V in {10k, 33k}, d in {256, 512}
+    python benchmarks/bench_exact_heads.py --v 10000 --d 256 --heads full,plif \
+        --rounds 15                                       # the PLIF acceptance number
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+ALL_HEADS = ("full", "sigsoftmax", "monotonic", "plif", "plif_naive", "mos", "moc")
+
+
+def _status():
+    text = open("/proc/self/status").read()
+    return {
+        key: int(re.search(key + r":\s+(\d+)", text).group(1)) * 1024
+        for key in ("VmRSS", "VmHWM")
+    }
+
+
+# --------------------------------------------------------------------- heads
+def make_head(name, vocab, args):
+    """A fresh head `name` for a vocabulary of `vocab` words, or None."""
+    if name == "full":
+        from keras_softmax_heads.heads.full_softmax import FullSoftmax
+
+        return FullSoftmax(vocab)
+    if name == "sigsoftmax":
+        from keras_softmax_heads.heads.sigsoftmax import SigSoftmax
+
+        return SigSoftmax(vocab)
+    if name == "monotonic":
+        from keras_softmax_heads.heads.monotonic import MonotonicSoftmax
+
+        return MonotonicSoftmax(vocab, num_units=args.mono_units)
+    if name in ("plif", "plif_naive"):
+        from keras_softmax_heads.heads.plif import PLIFSoftmax
+
+        if name == "plif":
+            return PLIFSoftmax(
+                vocab, num_knots=args.plif_knots, knot_bound=args.plif_bound
+            )
+        from keras_softmax_heads import ops as ksh_ops
+        from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
+
+        class NaivePLIF(PLIFSoftmax):
+            """Two gathers + autodiff, dense `log_softmax` loss."""
+
+            def score_transform(self, z):
+                return ksh_ops.plif_reference(z, self.raw_slopes, self.knot_bound)
+
+            log_likelihood = PointwiseSoftmaxHead.log_likelihood
+
+        return NaivePLIF(vocab, num_knots=args.plif_knots, knot_bound=args.plif_bound)
+    if name in ("mos", "moc"):
+        try:
+            from keras_softmax_heads.heads import mixture
+        except ImportError:
+            return None
+        cls = getattr(
+            mixture, "MixtureOfSoftmaxes" if name == "mos" else "MixtureOfContexts", None
+        )
+        if cls is None:
+            return None
+        return cls(vocab, num_components=args.mixture_components)
+    raise ValueError(f"Unknown head {name!r}. Known: {ALL_HEADS}")
+
+
+def make_step(head, jit_compile):
+    import tensorflow as tf
+
+    @tf.function(jit_compile=jit_compile)
+    def step(h, y):
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            loss = tf.reduce_mean(head.training_loss(h, y, training=True))
+        return loss, tape.gradient(loss, [h] + list(head.trainable_weights))
+
+    return step
+
+
+def inputs(n, v, d):
+    import tensorflow as tf
+
+    seed = tf.constant([1, 2])
+    h = tf.random.stateless_normal([n, d], seed)
+    y = tf.random.stateless_uniform([n], seed + 1, 0, v, dtype=tf.int32)
+    return h, y
+
+
+# --------------------------------------------------------------------- child
+def child_time(args):
+    import numpy as np
+
+    n, v, d = args.n[0], args.v[0], args.d[0]
+    h, y = inputs(n, v, d)
+    names, steps = [], {}
+    for name in args.heads:
+        head = make_head(name, v, args)
+        if head is None:
+            continue
+        head.build((None, d))
+        names.append(name)
+        steps[name] = make_step(head, args.modes[0] == "xla")
+    compile_s = {}
+    for name in names:
+        t0 = time.perf_counter()
+        for _ in range(max(args.warmup, 1)):
+            float(steps[name](h, y)[0])
+        compile_s[name] = time.perf_counter() - t0
+    wall = {name: [] for name in names}
+    cpu = {name: [] for name in names}
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            t0, c0 = time.perf_counter(), time.process_time()
+            float(steps[name](h, y)[0])
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    result = {"names": names, "wall": wall, "cpu": cpu, "warmup_s": compile_s}
+    print("RESULT " + json.dumps(result), flush=True)
+    del np
+
+
+def child_memory(args):
+    import gc
+
+    import tensorflow as tf
+
+    n, v, d = args.n[0], args.v[0], args.d[0]
+    head = make_head(args.heads[0], v, args)
+    if head is None:
+        print("RESULT " + json.dumps({"skipped": True}), flush=True)
+        return
+    head.build((None, d))
+    step = make_step(head, args.modes[0] == "xla")
+    h, y = inputs(n, v, d)
+    rss_before = _status()["VmHWM"]
+    float(step(h, y)[0])  # tracing / compilation, and a first step
+    rss_first = _status()["VmHWM"] - rss_before
+    gc.collect()
+    try:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        alloc_base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    except (ValueError, RuntimeError):
+        alloc_base = None
+    for _ in range(args.memory_steps):
+        out = step(h, y)
+        float(out[0])
+        del out
+    alloc_peak = None
+    if alloc_base is not None:
+        info = tf.config.experimental.get_memory_info("CPU:0")
+        alloc_peak = (info["peak"] - alloc_base) / 2**20
+    print(
+        "RESULT "
+        + json.dumps({"peak_mib": alloc_peak, "rss_first_call_mib": rss_first / 2**20}),
+        flush=True,
+    )
+
+
+# -------------------------------------------------------------------- parent
+def run_child(kind, heads, n, v, d, mode, args):
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child", kind,
+        "--n", str(n), "--v", str(v), "--d", str(d),
+        "--modes", mode,
+        "--heads", ",".join(heads),
+        "--rounds", str(args.rounds),
+        "--warmup", str(args.warmup),
+        "--memory-steps", str(args.memory_steps),
+        "--mono-units", str(args.mono_units),
+        "--plif-knots", str(args.plif_knots),
+        "--plif-bound", str(args.plif_bound),
+        "--mixture-components", str(args.mixture_components),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {"error": f"rc={proc.returncode}: " + " | ".join(tail)}
+
+
+def _spread(values):
+    import numpy as np
+
+    q = np.percentile(values, [25, 50, 75])
+    return f"{q[1]:.2f} [{q[0]:.2f}-{q[2]:.2f}]"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run")
+    parser.add_argument("--child", choices=["time", "memory"], help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=str, default="2048", help="comma-separated N")
+    parser.add_argument("--v", type=str, default="10000,33000", help="comma-separated V")
+    parser.add_argument("--d", type=str, default="256,512", help="comma-separated d")
+    parser.add_argument("--modes", type=str, default="graph,xla")
+    parser.add_argument("--heads", type=str, default=",".join(ALL_HEADS))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--memory-steps", type=int, default=2)
+    parser.add_argument("--no-memory", action="store_true", help="skip peak memory")
+    parser.add_argument("--mono-units", type=int, default=16)
+    parser.add_argument("--plif-knots", type=int, default=100_000)
+    parser.add_argument("--plif-bound", type=float, default=20.0)
+    parser.add_argument("--mixture-components", type=int, default=4)
+    parser.add_argument("--json", type=str, default=None, help="write results here")
+    args = parser.parse_args()
+    args.n = [int(x) for x in args.n.split(",")]
+    args.v = [int(x) for x in args.v.split(",")]
+    args.d = [int(x) for x in args.d.split(",")]
+    args.modes = args.modes.split(",")
+    args.heads = args.heads.split(",")
+    for name in args.heads:
+        if name not in ALL_HEADS:
+            parser.error(f"unknown head {name!r}; known: {', '.join(ALL_HEADS)}")
+
+    if args.child == "time":
+        return child_time(args)
+    if args.child == "memory":
+        return child_memory(args)
+
+    if args.quick:
+        args.n, args.v, args.d = [64], [500], [32]
+        args.rounds, args.warmup, args.memory_steps = 3, 1, 1
+        args.plif_knots = 1000
+        args.mono_units = 4
+        args.mixture_components = 2
+    if "full" not in args.heads:
+        args.heads = ["full"] + args.heads
+    heads = ["full"] + [x for x in args.heads if x != "full"]
+
+    print(
+        f"# N={args.n}, V={args.v}, d={args.d}; monotonic K={args.mono_units} units, "
+        f"PLIF K={args.plif_knots} knots on [-{args.plif_bound:g}, {args.plif_bound:g}], "
+        f"mixtures {args.mixture_components} components; {args.rounds} rounds",
+        flush=True,
+    )
+    rows, records = [], []
+    for n in args.n:
+        for v in args.v:
+            for d in args.d:
+                for mode in args.modes:
+                    t0 = time.perf_counter()
+                    timing = run_child("time", heads, n, v, d, mode, args)
+                    if "error" in timing:
+                        print(f"  N={n} V={v} d={d} {mode}: {timing['error']}", flush=True)
+                        continue
+                    names = timing["names"]
+                    memory = {}
+                    if not args.no_memory:
+                        for name in names:
+                            memory[name] = run_child("memory", [name], n, v, d, mode, args)
+                    import numpy as np
+
+                    full_wall = np.array(timing["wall"]["full"])
+                    full_cpu = np.array(timing["cpu"]["full"])
+                    full_mem = memory.get("full", {}).get("peak_mib")
+                    for name in names:
+                        wall = np.array(timing["wall"][name])
+                        cpu = np.array(timing["cpu"][name])
+                        mem = memory.get(name, {})
+                        peak = mem.get("peak_mib")
+                        record = {
+                            "n": n, "v": v, "d": d, "mode": mode, "head": name,
+                            "wall_ms": float(np.median(wall) * 1e3),
+                            "wall_ratios": (wall / full_wall).tolist(),
+                            "cpu_ratios": (cpu / full_cpu).tolist(),
+                            "peak_mib": peak,
+                            "rss_first_call_mib": mem.get("rss_first_call_mib"),
+                            "memory_error": mem.get("error"),
+                        }
+                        records.append(record)
+                        mem_text = "-"
+                        if peak is not None:
+                            mem_text = f"{peak:.1f}"
+                        elif mem.get("error"):
+                            mem_text = "error"
+                        mem_ratio = (
+                            f"{peak / full_mem:.2f}"
+                            if peak is not None and full_mem
+                            else "-"
+                        )
+                        rows.append(
+                            f"| {n} | {v} | {d} | {mode} | {name} "
+                            f"| {np.median(wall) * 1e3:.0f} "
+                            f"| {_spread(wall / full_wall)} "
+                            f"| {_spread(cpu / full_cpu)} "
+                            f"| {mem_text} | {mem_ratio} |"
+                        )
+                    print(
+                        f"  N={n} V={v} d={d} {mode}: done in "
+                        f"{time.perf_counter() - t0:.0f} s",
+                        flush=True,
+                    )
+    print()
+    print(
+        "| N | V | d | mode | head | step ms (median) | time / full, wall: median "
+        "[p25-p75] | time / full, CPU | peak MiB | peak / full |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

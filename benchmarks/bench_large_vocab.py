@@ -1,0 +1,561 @@
+"""Large-vocabulary heads: train-step and evaluation time and peak memory.
+
+Every head of the library is a *row* of the table (`ROWS` below; rows whose
+module is missing, e.g. `HierarchicalSoftmax` before it lands, are listed as
+such). For each vocabulary size `V`, context size `d`, `N` tokens and each
+mode (`graph`: `tf.function`; `xla`: `tf.function(jit_compile=True)`):
+
+* train: one forward + backward pass of `sum(head.training_loss(h, t))`
+  with respect to `h` `[N, d]` and every trainable weight of the head
+  (kernel, bias, ...). Sparse gradients (`tf.IndexedSlices`, from row
+  gathers) are returned as such, not densified: an optimizer applies them
+  sparsely;
+* eval: the exact `sum(head.log_likelihood(h, t))` (forward only).
+
+Baselines: `FullSoftmax` (dense `log_softmax`; when its `[N, V]` tensors do
+not fit in memory, `FullSoftmax (chunked)`, the exact loss of
+`keras_softmax_heads.chunked`, is the reference instead) and TensorFlow's
+`tf.nn.sampled_softmax_loss` / `tf.nn.nce_loss` with `num_sampled` samples
+(their default log-uniform sampler, `unique=True`; weights `[V, d]` as our
+sampled heads). TF's samplers do not compile with XLA: their `xla` rows
+report the failure.
+
+Targets are drawn from a Zipfian unigram distribution (`counts[r] ∝ 1 / (r +
+1)`, ids sorted by frequency), the `counts` given to the heads that take
+them. `h ~ N(0, 0.25)`.
+
+Each (row, mode, phase) runs in a fresh subprocess. The child builds the
+head and the inputs, runs a tiny step of the same kind first (loads the
+oneDNN / XLA code), then resets the kernel's peak-RSS counter
+(`/proc/self/clear_refs`), records `VmRSS` as the baseline and runs the
+compiled step: the first call (trace / compile) and up to `--repeats` timed
+calls. Peak memory is `VmHWM - baseline` (peak resident memory of the step,
+compilation included, excluding the weights and inputs that existed
+before); if the counter cannot be reset, the baseline is the `VmHWM` before
+the step. Time is the best timed call (wall clock; on a shared machine the
+best is the least disturbed); `cpu s` is the process CPU time (all threads)
+of the least CPU-hungry call, less sensitive to other processes competing
+for the cores. `t/tf`, `cpu/tf`: our sampled heads against the TensorFlow op
+with the same number of samples, in the same mode, or (suffix `g`) against
+TF's graph mode when TF's op does not compile with XLA. Ratios are to the `FullSoftmax` row of the
+same `V`, mode and phase.
+
+Configurations whose estimated peak exceeds the memory budget are skipped
+(estimate: a few float32 `[N, V]` tensors for full-softmax steps, see
+`Row.est`). For evaluation, `--eval-n auto` (default) uses the largest `N`
+(halving from `--n`) at which the full-softmax evaluation fits, for every row
+of that `V`, so that evaluation ratios compare equal work.
+
+Usage:
+    python benchmarks/bench_large_vocab.py --quick          # smoke run
+    python benchmarks/bench_large_vocab.py                  # V = 10k, 100k, 793k
+    python benchmarks/bench_large_vocab.py --v 100000 --modes graph \\
+        --rows SampledSoftmax,tf.nn.sampled_softmax_loss
+    python benchmarks/bench_large_vocab.py --skip-full      # no full-softmax rows
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+FULL_V = (10_000, 100_000, 793_471)
+D = 512
+N = 2048
+NUM_SAMPLED = 1024
+GAMMA = 0.1
+
+
+# ------------------------------------------------------------------- rows
+class Row:
+    """One line of the table.
+
+    Args:
+        name: the row's label (also what `--rows` matches).
+        kind: `"head"` (a layer with `training_loss` / `log_likelihood`),
+            `"chunked"` (exact loss of `keras_softmax_heads.chunked` on a
+            `FullSoftmax`), or `"tf"` (a `tf.nn` sampled loss, train only).
+        make: `make(args) -> head` (kinds "head" / "chunked"); may raise
+            ImportError when the head's module is absent.
+        est: `est(args, phase, n) -> bytes`, the estimated peak of the step.
+        full: whether this is a full-softmax reference row.
+        eval: whether the row has an evaluation phase.
+        tf_ref: name of the TensorFlow row this row is compared with.
+    """
+
+    def __init__(self, name, kind, make=None, est=None, full=False, eval=True,
+                 tf_ref=None):
+        self.name = name
+        self.tf_ref = tf_ref
+        self.kind = kind
+        self.make = make
+        self.est = est or (lambda a, phase, n: 0)
+        self.full = full
+        self.eval = eval
+
+
+def _f32(*dims):
+    return 4 * math.prod(dims)
+
+
+def est_dense(copies_train=5, copies_eval=3):
+    """Full `[n, V]` scores: a few float32 copies plus the kernel and grads."""
+
+    def est(a, phase, n):
+        copies = copies_train if phase == "train" else copies_eval
+        weights = (3 if phase == "train" else 1) * _f32(a.v, a.d)
+        return copies * _f32(n, a.v) + weights
+
+    return est
+
+
+def est_sampled(a, phase, n):
+    if phase == "eval":
+        return est_dense()(a, phase, n)
+    return 2 * _f32(a.v, a.d) + 4 * _f32(n, n + a.num_sampled)
+
+
+def est_self_normalized(a, phase, n):
+    if phase == "eval":
+        return est_dense()(a, phase, n)
+    rows = math.ceil(GAMMA * n)
+    return 5 * _f32(rows, a.v) + 3 * _f32(a.v, a.d)
+
+
+def est_chunked(a, phase, n):
+    return 3 * _f32(a.v, a.d) + 6 * _f32(n, 8192)
+
+
+def _full(a):
+    import keras_softmax_heads as ksh
+
+    return ksh.FullSoftmax(a.v)
+
+
+def _sampled(sampler):
+    def make(a):
+        from keras_softmax_heads.heads.sampled import SampledSoftmax
+
+        return SampledSoftmax(
+            a.v, num_sampled=a.num_sampled, sampler=sampler, counts=a.counts, seed=0
+        )
+
+    return make
+
+
+def _nce(a):
+    from keras_softmax_heads.heads.nce import NCE
+
+    return NCE(
+        a.v,
+        num_sampled=a.num_sampled,
+        counts=a.counts,
+        log_normalizer=math.log(a.v),
+        seed=0,
+    )
+
+
+def _self_normalized(variant):
+    def make(a):
+        from keras_softmax_heads.heads.self_normalized import SelfNormalizedSoftmax
+
+        return SelfNormalizedSoftmax(
+            a.v, variant=variant, gamma=GAMMA, score_bound=variant == "weaknorm_sq",
+            seed=0,
+        )
+
+    return make
+
+
+def _hierarchical(a):
+    from keras_softmax_heads.heads.hierarchical import HierarchicalSoftmax
+
+    return HierarchicalSoftmax(a.v, counts=a.counts)
+
+
+def _differentiated(a):
+    from keras_softmax_heads.heads.differentiated import DifferentiatedSoftmax
+
+    return DifferentiatedSoftmax(a.v, counts=a.counts)
+
+
+SS, NCE_TF = "tf.nn.sampled_softmax_loss", "tf.nn.nce_loss"
+ROWS = [
+    Row("FullSoftmax", "head", _full, est_dense(), full=True),
+    Row("FullSoftmax (chunked)", "chunked", _full, est_chunked, full=True),
+    Row(SS, "tf", est=est_sampled, eval=False),
+    Row(NCE_TF, "tf", est=est_sampled, eval=False),
+    Row("SampledSoftmax log_uniform", "head", _sampled("log_uniform"), est_sampled,
+        tf_ref=SS),
+    Row("SampledSoftmax unigram", "head", _sampled("unigram"), est_sampled, tf_ref=SS),
+    Row("SampledSoftmax batch", "head", _sampled("batch"), est_sampled, tf_ref=SS),
+    Row("NCE unigram", "head", _nce, est_sampled, tf_ref=NCE_TF),
+    Row(f"SelfNormalized weaknorm g={GAMMA}", "head", _self_normalized("weaknorm"),
+        est_self_normalized),
+    Row("HierarchicalSoftmax", "head", _hierarchical,
+        lambda a, phase, n: 3 * _f32(a.v, a.d) + 4 * _f32(n, 4 * int(a.v ** 0.5))),
+    Row("DifferentiatedSoftmax", "head", _differentiated, est_dense()),
+]
+
+
+def zipf_counts(v, total=8e8):
+    import numpy as np
+
+    weights = 1.0 / np.arange(1, v + 1)
+    return np.maximum(np.round(total * weights / weights.sum()), 1.0)
+
+
+# ------------------------------------------------------------------ child
+def _status():
+    text = open("/proc/self/status").read()
+    return {
+        key: int(re.search(key + r":\s+(\d+)", text).group(1)) * 1024
+        for key in ("VmRSS", "VmHWM")
+    }
+
+
+def _reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(args, track_memory=True):
+    """Builds one (row, V, N, mode, phase) step, times it, returns a dict."""
+    import numpy as np
+    import tensorflow as tf
+
+    row = next(r for r in ROWS if r.name == args.row)
+    rng = np.random.default_rng(0)
+    counts = zipf_counts(args.v)
+    args.counts = counts
+
+    def inputs(n, v):
+        h = rng.standard_normal((n, args.d), dtype=np.float32)
+        h *= 0.5
+        p = zipf_counts(v)
+        targets = rng.choice(v, size=n, p=p / p.sum()).astype(np.int32)
+        return tf.constant(h), tf.constant(targets)
+
+    def make_step(v):
+        """Builds (step_fn, variables) for a vocabulary of size v."""
+        sub = argparse.Namespace(**vars(args))
+        sub.v = v
+        sub.counts = zipf_counts(v)
+        if row.kind == "tf":
+            w = tf.Variable(
+                rng.standard_normal((v, args.d), dtype=np.float32) / args.d**0.5
+            )
+            b = tf.Variable(np.zeros(v, np.float32))
+            variables = [w, b]
+            fn = getattr(tf.nn, row.name.split(".")[-1])
+
+            def loss_fn(h, t):
+                return fn(w, b, tf.cast(t, tf.int64)[:, None], h,
+                          num_sampled=args.num_sampled, num_classes=v)
+        else:
+            head = row.make(sub)
+            head(tf.zeros((1, args.d)))
+            variables = list(head.trainable_weights)
+            if row.kind == "chunked":
+                from keras_softmax_heads.chunked import chunked_pointwise_nll
+
+                def loss_fn(h, t):
+                    return chunked_pointwise_nll(h, head.kernel, head.bias, t)
+
+                def ll_fn(h, t):
+                    return -loss_fn(h, t)
+            else:
+                def loss_fn(h, t):
+                    return head.training_loss(h, t, training=True)
+
+                def ll_fn(h, t):
+                    return head.log_likelihood(h, t)
+
+        @tf.function(jit_compile=args.modes == "xla")
+        def train(h, t):
+            with tf.GradientTape() as tape:
+                tape.watch(h)
+                loss = tf.reduce_sum(loss_fn(h, t))
+            return loss, tape.gradient(loss, [h] + variables)
+
+        @tf.function(jit_compile=args.modes == "xla")
+        def evaluate(h, t):
+            return tf.reduce_sum(ll_fn(h, t)), []
+
+        return (train if args.phase == "train" else evaluate), variables
+
+    # Warm-up on a tiny problem of the same kind (code pages, XLA runtime).
+    small_v = max(2 * args.num_sampled + 3, 64)
+    warm, _ = make_step(small_v)
+    float(warm(*inputs(16, small_v))[0])
+
+    step, variables = make_step(args.v)
+    data = inputs(args.n, args.v)
+    reset = track_memory and _reset_peak()
+    baseline = _status()["VmRSS"] if reset else _status()["VmHWM"]
+    t0 = time.perf_counter()
+    loss = float(step(*data)[0])
+    first = time.perf_counter() - t0
+    times, cpu_times = [], []
+    budget_end = time.perf_counter() + args.time_budget
+    for _ in range(args.repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = step(*data)
+        loss = float(out[0])
+        times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
+        del out
+        if time.perf_counter() > budget_end:
+            break
+    peak = _status()["VmHWM"] - baseline
+    return {
+        "first_s": first,
+        "step_s": min(times) if times else first,
+        "cpu_s": min(cpu_times) if cpu_times else None,
+        "steps": len(times),
+        "peak_mb": peak / 2**20 if track_memory else None,
+        "peak_reset": reset,
+        "loss": loss,
+    }
+
+
+def child(args):
+    print("RESULT " + json.dumps(measure(args)), flush=True)
+
+
+def run_in_process(row, v, n, mode, phase, args):
+    """Quick mode: no subprocess (fast; peak memory is not measured)."""
+    sub = argparse.Namespace(**vars(args))
+    sub.row, sub.v, sub.n, sub.modes, sub.phase = row.name, v, n, mode, phase
+    try:
+        return measure(sub, track_memory=False)
+    except Exception as err:  # report, as a subprocess failure would be
+        text = f"{type(err).__name__}: {err}"
+        if mode == "xla":
+            reason = _xla_reason(text)
+            if reason:
+                return {"error": reason}
+        return {"error": text.splitlines()[0][:300]}
+
+
+# ----------------------------------------------------------------- parent
+def _xla_reason(text):
+    """'XLA cannot compile <op>' when `text` is XLA's unsupported-op error."""
+    found = sorted(set(re.findall(r"(\w+CandidateSampler)", text)))
+    if found:
+        return f"XLA cannot compile {found[0]}"
+    match = re.search(r"unsupported operations?[^\n]*?(\w+)\s*\(No registered", text)
+    if match:
+        return f"XLA cannot compile {match.group(1)}"
+    return None
+
+
+def run_child(row, v, n, mode, phase, args):
+    cmd = [
+        sys.executable, os.path.abspath(__file__), "--child",
+        "--row", row.name, "--v", str(v), "--n", str(n), "--d", str(args.d),
+        "--num-sampled", str(args.num_sampled), "--modes", mode,
+        "--phase", phase, "--repeats", str(args.repeats),
+        "--time-budget", str(args.time_budget),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    text = (proc.stderr or "") + (proc.stdout or "")
+    if mode == "xla":
+        reason = _xla_reason(text)
+        if reason:
+            return {"error": reason}
+    if proc.returncode < 0:
+        return {"error": f"killed by signal {-proc.returncode} (out of memory?)"}
+    tail = [l for l in text.strip().splitlines() if l.strip()][-2:]
+    return {"error": f"rc={proc.returncode}: " + " | ".join(tail)[-300:]}
+
+
+def available_bytes():
+    text = open("/proc/meminfo").read()
+    return int(re.search(r"MemAvailable:\s+(\d+)", text).group(1)) * 1024
+
+
+OPTIONAL_MODULES = {
+    "HierarchicalSoftmax": "keras_softmax_heads.heads.hierarchical",
+    "DifferentiatedSoftmax": "keras_softmax_heads.heads.differentiated",
+}
+
+
+def _available_rows(rows):
+    """`{row name: reason}` for rows whose head module does not import."""
+    status = {}
+    for row in rows:
+        module = OPTIONAL_MODULES.get(row.name)
+        if module is None:
+            continue
+        try:
+            __import__(module)
+        except ImportError as err:
+            status[row.name] = f"not available ({err})"
+    return status
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--row", type=str, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--phase", type=str, default="train", help=argparse.SUPPRESS)
+    parser.add_argument("--v", type=str, default=None, help="comma-separated V")
+    parser.add_argument("--n", type=int, default=N, help="tokens per step")
+    parser.add_argument("--d", type=int, default=D, help="context size")
+    parser.add_argument("--num-sampled", type=int, default=NUM_SAMPLED)
+    parser.add_argument("--modes", type=str, default="graph,xla")
+    parser.add_argument("--phases", type=str, default="train,eval")
+    parser.add_argument(
+        "--rows", type=str, default=None,
+        help="comma-separated substrings of row names to run (default: all)",
+    )
+    parser.add_argument(
+        "--skip-full", action="store_true",
+        help="skip the full-softmax reference rows (tens of seconds at V=793k)",
+    )
+    parser.add_argument(
+        "--eval-n", type=str, default="auto",
+        help="tokens of the eval phase: an int, or 'auto' (largest N/2^k that fits)",
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--time-budget", type=float, default=60.0,
+        help="stop repeating a configuration after this many seconds",
+    )
+    parser.add_argument(
+        "--memory-budget-gb", type=float, default=None,
+        help="skip configurations estimated above this (default 80%% of MemAvailable)",
+    )
+    parser.add_argument(
+        "--in-process", action="store_true",
+        help="run every row in this process (default with --quick): fast, "
+        "but no peak-memory measurement",
+    )
+    parser.add_argument("--json", type=str, default=None, help="write results here")
+    args = parser.parse_args()
+
+    if args.child:
+        args.v = int(args.v)
+        return child(args)
+
+    if args.quick:
+        vs, args.n, args.d, args.num_sampled, args.repeats = (2000,), 64, 32, 16, 2
+        args.in_process = True
+    else:
+        vs = tuple(int(x) for x in args.v.split(",")) if args.v else FULL_V
+    modes = args.modes.split(",")
+    phases = args.phases.split(",")
+    rows = ROWS
+    if args.rows:
+        wanted = [w.strip() for w in args.rows.split(",") if w.strip()]
+        rows = [r for r in rows if r.full or any(w in r.name for w in wanted)]
+    if args.skip_full:
+        rows = [r for r in rows if not r.full]
+    unavailable = _available_rows(rows)
+    budget = (
+        args.memory_budget_gb * 2**30
+        if args.memory_budget_gb
+        else 0.8 * available_bytes()
+    )
+    print(f"d={args.d}, N={args.n}, num_sampled={args.num_sampled}, "
+          f"memory budget {budget / 2**30:.1f} GiB, modes {modes}", flush=True)
+    header = (
+        f"{'V':>7} {'mode':5} {'phase':5} {'N':>5} {'row':34} {'time s':>9} "
+        f"{'cpu s':>8} {'peak MB':>9} {'t/full':>8} {'mem/full':>8} "
+        f"{'t/tf':>7} {'cpu/tf':>7}"
+    )
+    print(header)
+    print("-" * len(header), flush=True)
+    results = []
+    measured_all = {}
+    for v in vs:
+        a = argparse.Namespace(v=v, d=args.d, num_sampled=args.num_sampled)
+        if args.eval_n == "auto":
+            eval_n = args.n
+            while eval_n > 16 and est_dense()(a, "eval", eval_n) > budget:
+                eval_n //= 2
+        else:
+            eval_n = int(args.eval_n)
+        for mode in modes:
+            for phase in phases:
+                n = args.n if phase == "train" else eval_n
+                measured = {}
+                for row in rows:
+                    if phase == "eval" and not row.eval:
+                        continue
+                    if unavailable.get(row.name):
+                        r = {"skipped": unavailable[row.name]}
+                    elif row.name == "FullSoftmax (chunked)" and "step_s" in measured.get(
+                        "FullSoftmax", {}
+                    ):
+                        r = {"skipped": "dense FullSoftmax fits; chunked not needed"}
+                    elif row.est(a, phase, n) > budget:
+                        r = {"skipped": f"estimated {row.est(a, phase, n) / 2**30:.1f} GiB"}
+                    elif args.in_process:
+                        r = run_in_process(row, v, n, mode, phase, args)
+                    else:
+                        r = run_child(row, v, n, mode, phase, args)
+                    measured[row.name] = r
+                    measured_all[(v, mode, phase, row.name)] = r
+                    ref = next(
+                        (measured[x.name] for x in rows
+                         if x.full and "step_s" in measured.get(x.name, {})),
+                        {},
+                    )
+                    r = dict(r, row=row.name, v=v, mode=mode, phase=phase, n=n)
+                    results.append(r)
+                    if "step_s" in r:
+                        rel_t = rel_m = ""
+                        if "step_s" in ref:
+                            rel_t = f"{r['step_s'] / ref['step_s']:.4f}"
+                            if r["peak_mb"] is not None and ref["peak_mb"]:
+                                rel_m = f"{r['peak_mb'] / max(ref['peak_mb'], 1e-9):.4f}"
+                        peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.1f}"
+                        rel_tf = cpu_tf = ""
+                        if row.tf_ref:
+                            # Same mode, else TF's graph mode (its samplers
+                            # do not compile with XLA), marked "g".
+                            tf_r, mark = measured_all.get((v, mode, phase, row.tf_ref), {}), ""
+                            if "step_s" not in tf_r:
+                                tf_r = measured_all.get((v, "graph", phase, row.tf_ref), {})
+                                mark = "g"
+                            if "step_s" in tf_r:
+                                rel_tf = f"{r['step_s'] / tf_r['step_s']:.2f}{mark}"
+                                cpu_tf = f"{r['cpu_s'] / tf_r['cpu_s']:.2f}{mark}"
+                        print(
+                            f"{v:7d} {mode:5} {phase:5} {n:5d} {row.name:34} "
+                            f"{r['step_s']:9.4f} {r['cpu_s']:8.4f} {peak:>9} "
+                            f"{rel_t:>8} {rel_m:>8} {rel_tf:>7} {cpu_tf:>7}",
+                            flush=True,
+                        )
+                    else:
+                        why = r.get("skipped") or r.get("error")
+                        print(f"{v:7d} {mode:5} {phase:5} {n:5d} {row.name:34}  -- {why}",
+                              flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    errors = [
+        r for r in results
+        if "error" in r and not r["error"].startswith("XLA cannot compile")
+    ]
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

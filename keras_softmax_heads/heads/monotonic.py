@@ -1,0 +1,212 @@
+"""Linear-Monotonic-Softmax with a learnable monotonic MLP (Ganea et al. 2019)."""
+
+import math
+import numbers
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
+
+
+def _softplus_inverse(y):
+    """`x` with `softplus(x) = y` (`y > 0`), as a float64 numpy array."""
+    y = np.asarray(y, "float64")
+    return y + np.log(-np.expm1(-y))
+
+
+def monotonic_mlp(z, raw_input_weights, hidden_biases, raw_output_weights):
+    """`f(z) = sum_k v_k sigmoid(u_k z + b_k)`, `u = softplus(.)`, `v = softplus(.)`.
+
+    The one-hidden-layer monotonic network of Ganea et al. (2019, eq. 14;
+    Daniels & Velikova, 2010) applied elementwise, with a custom gradient
+    that keeps memory at `O(z.size)`: the units are summed one at a time
+    (the naive broadcast `sigmoid(z[..., None] * u + b)` holds `K` tensors of
+    the size of `z` for the backward pass, `[N, V, K]`); the backward pass
+    recomputes each unit's sigmoid and accumulates `df/dz` and the three
+    `[K]` parameter gradients. Saved for the backward pass: `z` only. The
+    cost is `K` sigmoids per score in the forward pass and again in the
+    backward pass.
+
+    Args:
+        z: float tensor of any shape.
+        raw_input_weights, hidden_biases, raw_output_weights: float tensors
+            `[K]` (unconstrained; the weights are made positive by softplus).
+
+    Returns:
+        `f(z)`, same shape and dtype as `z`.
+    """
+    z = tf.convert_to_tensor(z)
+    dtype = tf.float64 if z.dtype == tf.float64 else tf.float32
+    out_dtype = z.dtype
+    params = [
+        tf.cast(tf.convert_to_tensor(p), dtype)
+        for p in (raw_input_weights, hidden_biases, raw_output_weights)
+    ]
+    num_units = params[0].shape[0]
+    if num_units is None:
+        raise ValueError("The monotonic MLP needs weights of static length K.")
+
+    @tf.custom_gradient
+    def mlp(z, raw_u, b, raw_v):
+        u, v = tf.nn.softplus(raw_u), tf.nn.softplus(raw_v)
+        out = tf.zeros_like(z)
+        for k in range(num_units):
+            out = out + v[k] * tf.sigmoid(u[k] * z + b[k])
+
+        def grad(upstream):
+            upstream = tf.cast(upstream, z.dtype)
+            d_z = tf.zeros_like(z)
+            d_u, d_b, d_v = [], [], []
+            for k in range(num_units):
+                s = tf.sigmoid(u[k] * z + b[k])
+                d_v.append(tf.reduce_sum(upstream * s))
+                t = upstream * (v[k] * s * (1.0 - s))  # d out / d pre-activation
+                d_b.append(tf.reduce_sum(t))
+                d_u.append(tf.reduce_sum(t * z))
+                d_z = d_z + u[k] * t
+            return (
+                d_z,
+                tf.stack(d_u) * tf.sigmoid(raw_u),
+                tf.stack(d_b),
+                tf.stack(d_v) * tf.sigmoid(raw_v),
+            )
+
+        return out, grad
+
+    return tf.cast(mlp(tf.cast(z, dtype), *params), out_dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_softmax_heads")
+class MonotonicSoftmax(PointwiseSoftmaxHead):
+    """Linear-Monotonic-Softmax with a learnable monotonic MLP (Ganea et al. 2019).
+
+    `log p = log_softmax(f(z))` with `z = h W + b` and the learnable,
+    increasing pointwise function of eq. 14,
+
+    `f(x) = sum_{k=1..K} v_k sigmoid(u_k x + b_k)`, `u_k, v_k > 0`,
+
+    a one-hidden-layer network with positive weights (Daniels & Velikova,
+    2010), a universal approximator of increasing functions. Positivity is
+    a reparametrisation: `u_k = softplus(raw_input_weights_k)`,
+    `v_k = softplus(raw_output_weights_k)`; the biases `b_k` are free. The
+    paper's output bias `b` is left out: softmax is shift-invariant, its
+    gradient would always be zero. Being increasing, `f` preserves the
+    order of the scores (the argmax); being non-linear it lifts the rank
+    bound of Linear-Softmax. `f` is bounded (`0 < f < sum_k v_k`), so the
+    ratio of two probabilities is at most `exp(sum_k v_k)`.
+
+    Initialisation: `u_k = 1` and the sigmoid centres `-b_k` at the
+    midpoints of `K` equal cells of `[-init_range, init_range]`, with
+    `v_k` = the cell width, so that `f(x) ~ x + init_range` (a shifted
+    identity, i.e. Linear-Softmax) on that interval, saturating outside.
+
+    Cost: `K` sigmoids per score in the forward pass and `K` more in the
+    backward pass (`O(N V K)` time, like MoS; the paper moves to PLIF for
+    this reason). Memory: the naive broadcast holds `[N, V, K]` for the
+    backward pass; here a custom gradient sums the units one at a time and
+    saves only `z`, so the extra memory is `O(N V)` whatever `K`.
+
+    Args:
+        vocab_size: int, number of words `V` (or omit and pass
+            `token_embedding`).
+        num_units: int >= 1, the number of hidden units `K` (default 16).
+        init_range: float > 0, half-width of the interval on which the
+            initial `f` is close to the identity (default 10).
+        token_embedding, use_bias, kernel_initializer, bias_initializer,
+        return_probabilities, chunk_size: as in `PointwiseSoftmaxHead`.
+
+    Call arguments:
+        inputs: context vectors, float tensor `[..., d]`.
+
+    Returns:
+        float32 log-probabilities `[..., V]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_softmax_heads.heads.monotonic import MonotonicSoftmax
+    >>> head = MonotonicSoftmax(vocab_size=7, num_units=4)
+    >>> log_p = head(np.random.rand(2, 3, 5).astype("float32"))
+    >>> tuple(log_p.shape)
+    (2, 3, 7)
+    >>> bool(np.allclose(np.exp(log_p).sum(-1), 1.0, atol=1e-5))
+    True
+    >>> [tuple(w.shape) for w in head.weights][2:]
+    [(4,), (4,), (4,)]
+
+    References:
+        - Ganea, Gelly, Bécigneul, Severyn. Breaking the Softmax Bottleneck
+          via Learnable Monotonic Pointwise Non-linearities. ICML 2019.
+          https://arxiv.org/abs/1902.08077
+        - Daniels, Velikova. Monotone and partially monotone neural
+          networks. IEEE Transactions on Neural Networks, 2010.
+    """
+
+    def __init__(self, vocab_size=None, num_units=16, init_range=10.0, **kwargs):
+        if (
+            isinstance(num_units, bool)
+            or not isinstance(num_units, numbers.Integral)
+            or num_units < 1
+        ):
+            raise ValueError(
+                "`num_units` must be an integer >= 1. "
+                f"Received: num_units={num_units!r}"
+            )
+        is_number = isinstance(init_range, numbers.Real) and not isinstance(
+            init_range, bool
+        )
+        if not is_number or not math.isfinite(init_range) or init_range <= 0:
+            raise ValueError(
+                "`init_range` must be a finite number > 0. "
+                f"Received: init_range={init_range!r}"
+            )
+        super().__init__(vocab_size, **kwargs)
+        self.num_units = int(num_units)
+        self.init_range = float(init_range)
+
+    def build_head(self, input_shape):
+        k = self.num_units
+        cell = 2.0 * self.init_range / k
+        centres = -self.init_range + cell * (np.arange(k) + 0.5)
+
+        def constant(values):
+            values = np.asarray(values, "float64")
+
+            def init(shape, dtype=None):
+                return keras.ops.cast(np.broadcast_to(values, shape), dtype)
+
+            return init
+
+        # autocast=False: under mixed precision the weights are read in
+        # float32, not rounded to float16.
+        self.raw_input_weights = self.add_weight(
+            name="raw_input_weights",
+            shape=(k,),
+            initializer=constant(_softplus_inverse(1.0)),
+            autocast=False,
+        )
+        self.hidden_biases = self.add_weight(
+            name="hidden_biases",
+            shape=(k,),
+            initializer=constant(-centres),
+            autocast=False,
+        )
+        self.raw_output_weights = self.add_weight(
+            name="raw_output_weights",
+            shape=(k,),
+            initializer=constant(_softplus_inverse(cell)),
+            autocast=False,
+        )
+
+    def score_transform(self, z):
+        """The monotonic MLP `f(z)` (eq. 14)."""
+        return monotonic_mlp(
+            z, self.raw_input_weights, self.hidden_biases, self.raw_output_weights
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_units": self.num_units, "init_range": self.init_range})
+        return config
