@@ -43,6 +43,27 @@ def _check_chunk_size(chunk_size):
     return int(chunk_size)
 
 
+def tile_width(vocab_size, chunk_size):
+    """The tile width used for `vocab_size` words and `chunk_size`.
+
+    `chunk_size` is the maximum: a vocabulary smaller than it is one tile;
+    otherwise the largest divisor of `vocab_size` in
+    `[chunk_size / 2, chunk_size]` is used when there is one (every tile is
+    full: nothing is masked and the kernel's gradient is assembled without a
+    copy, also under XLA), else `chunk_size` itself (the last tile then
+    overlaps its neighbour and the overlap is masked).
+
+    >>> tile_width(100_000, 4096), tile_width(793_471, 4096), tile_width(50_257, 4096)
+    (4000, 3017, 4096)
+    """
+    if vocab_size <= chunk_size:
+        return vocab_size
+    for width in range(chunk_size, (chunk_size + 1) // 2 - 1, -1):
+        if vocab_size % width == 0:
+            return width
+    return chunk_size
+
+
 def _accumulation_dtype(*tensors):
     if any(t is not None and t.dtype == tf.float64 for t in tensors):
         return tf.float64
@@ -74,7 +95,17 @@ def _pointwise_nll(
     kernel_transposed,
     parallel_iterations,
 ):
-    """Flat core: h `[N, d]`, targets `[N]` int32 -> nll `[N]` (acc dtype)."""
+    """Flat core: h `[N, d]`, targets `[N]` int32 -> nll `[N]` (acc dtype).
+
+    Tiling (`size = tile_width(V, chunk_size)`): `ceil(V / size)` tiles of
+    `size` columns; tile `i` starts at
+    `min(i * size, V - size)`, so every tile has the same static shape and
+    the last one, when `size` does not divide `V`, overlaps its neighbour by
+    `skip = num_tiles * size - V` columns. Those leading columns are masked
+    (score `-inf`: no probability, no gradient), and the last tile's kernel
+    gradient rows are rolled by `-skip` so that the stacked `[num_tiles *
+    size, d]` gradient holds word `v` in row `v` (zeros past `V`).
+    """
     acc = _accumulation_dtype(h, kernel)
     d = kernel.shape[1] if kernel_transposed else kernel.shape[0]
     vocab = kernel.shape[0] if kernel_transposed else kernel.shape[1]
@@ -89,33 +120,68 @@ def _pointwise_nll(
             f"(kernel_transposed={kernel_transposed}). Received: h.shape={h.shape}, "
             f"kernel.shape={kernel.shape}"
         )
-    size = min(chunk_size, vocab)
-    num_full = vocab // size
-    remainder = vocab - num_full * size
+    size = tile_width(vocab, chunk_size)
+    num_tiles = -(-vocab // size)
+    padded = num_tiles * size
+    masked = padded != vocab  # static: only then does the last tile overlap
     has_bias = bias is not None
     num_params = len(params)
+    neg_inf = tf.constant(float("-inf"), acc)
 
-    def tile_scores(h_acc, kernel, bias, start, width):
-        """`z = h W[:, start:start+width] + b[start:start+width]`, acc dtype."""
+    def tile_geometry(i):
+        """First column of tile `i` and its leading columns to mask."""
+        start = tf.minimum(i * size, vocab - size)
+        return start, i * size - start
+
+    def tile_linear(h_acc, kernel, bias, start, skip):
+        """`(z, w, mask)` of a tile, in the accumulation dtype.
+
+        `z = h W_tile + b_tile` `[N, size]`, `w` the kernel tile and `mask`
+        `[size]` (0, or -inf on the skipped columns; None when nothing is
+        masked). For the identity transform the mask is already folded into
+        `z` (with the bias, one pass over the tile) and `mask` is None.
+        """
         if kernel_transposed:
-            w = tf.cast(tf.slice(kernel, [start, 0], [width, d]), acc)
+            w = tf.cast(tf.slice(kernel, [start, 0], [size, d]), acc)
             z = tf.matmul(h_acc, w, transpose_b=True)
         else:
-            w = tf.cast(tf.slice(kernel, [0, start], [d, width]), acc)
+            w = tf.cast(tf.slice(kernel, [0, start], [d, size]), acc)
             z = tf.matmul(h_acc, w)
+        shift = None
         if has_bias:
-            z = tf.nn.bias_add(z, tf.cast(tf.slice(bias, [start], [width]), acc))
-        return z, w
+            shift = tf.cast(tf.slice(bias, [start], [size]), acc)
+        mask = None
+        if masked:
+            mask = tf.where(tf.range(size) >= skip, tf.zeros([size], acc), neg_inf)
+        if transform_fn is None and mask is not None:
+            shift = mask if shift is None else shift + mask
+            mask = None
+        if shift is not None:
+            z = tf.nn.bias_add(z, shift)
+        return z, w, mask
 
-    def target_columns(start, width):
-        col = targets - start
-        in_tile = tf.logical_and(col >= 0, col < width)
-        return tf.clip_by_value(col, 0, width - 1), in_tile
-
-    def apply_transform(z, params):
+    def tile_transform(z, params, mask):
+        """`g(z)` with the skipped columns at -inf."""
         if transform_fn is None:
             return z
-        return tf.cast(transform_fn(z, *params), acc)
+        g = tf.cast(transform_fn(z, *params), acc)
+        if mask is not None:
+            g = tf.nn.bias_add(g, mask)
+        return g
+
+    def target_columns(start, skip):
+        col = targets - start
+        in_tile = tf.logical_and(col >= skip, col < size)
+        return tf.clip_by_value(col, 0, size - 1), in_tile
+
+    def loop(body, state):
+        return tf.while_loop(
+            lambda i, *_: i < num_tiles,
+            body,
+            (tf.constant(0),) + tuple(state),
+            parallel_iterations=parallel_iterations,
+            maximum_iterations=num_tiles,
+        )[1:]
 
     @tf.custom_gradient
     def nll_fn(*args):
@@ -123,11 +189,13 @@ def _pointwise_nll(
         bias = args[2] if has_bias else None
         params = list(args[2 + int(has_bias) :])
         h_acc = tf.cast(h, acc)
+        n = tf.shape(h)[0]
 
         # ------------------------------------------------------------ forward
-        def forward_tile(start, width, run_max, run_sum, target_score):
-            z, _ = tile_scores(h_acc, kernel, bias, start, width)
-            g = apply_transform(z, params)
+        def forward_body(i, run_max, run_sum, target_score):
+            start, skip = tile_geometry(i)
+            z, _, mask = tile_linear(h_acc, kernel, bias, start, skip)
+            g = tile_transform(z, params, mask)
             new_max = tf.maximum(run_max, tf.reduce_max(g, axis=1))
             # Rows whose scores are all -inf so far: avoid (-inf) - (-inf).
             safe_max = tf.where(
@@ -136,34 +204,17 @@ def _pointwise_nll(
             run_sum = run_sum * tf.exp(run_max - safe_max) + tf.reduce_sum(
                 tf.exp(g - safe_max[:, None]), axis=1
             )
-            col, in_tile = target_columns(start, width)
+            col, in_tile = target_columns(start, skip)
             picked = tf.gather(g, col, batch_dims=1)
             target_score = target_score + tf.where(
                 in_tile, picked, tf.zeros_like(picked)
             )
-            return new_max, run_sum, target_score
+            return i + 1, new_max, run_sum, target_score
 
-        n = tf.shape(h)[0]
-        state = (
-            tf.fill([n], tf.constant(float("-inf"), acc)),
-            tf.zeros([n], acc),
-            tf.zeros([n], acc),
+        run_max, run_sum, target_score = loop(
+            forward_body,
+            (tf.fill([n], neg_inf), tf.zeros([n], acc), tf.zeros([n], acc)),
         )
-        if num_full > 0:
-
-            def body(i, *state):
-                return (i + 1,) + forward_tile(i * size, size, *state)
-
-            state = tf.while_loop(
-                lambda i, *_: i < num_full,
-                body,
-                (tf.constant(0),) + state,
-                parallel_iterations=parallel_iterations,
-                maximum_iterations=num_full,
-            )[1:]
-        if remainder:
-            state = forward_tile(num_full * size, remainder, *state)
-        run_max, run_sum, target_score = state
         lse = run_max + tf.math.log(run_sum)
         nll = lse - target_score
 
@@ -172,21 +223,22 @@ def _pointwise_nll(
             variables = list(variables or [])
             upstream = tf.cast(upstream, acc)
             rows = tf.range(n)
+            watched = params + variables
 
-            def backward_tile(start, width, dh, dparams, dvars):
-                z, w = tile_scores(h_acc, kernel, bias, start, width)
-                watched = params + variables
+            def backward_body(i, dh, dparams, dvars, w_array, b_array):
+                start, skip = tile_geometry(i)
+                z, w, mask = tile_linear(h_acc, kernel, bias, start, skip)
                 if transform_fn is not None:
                     with tf.GradientTape(watch_accessed_variables=False) as tape:
                         tape.watch(z)
-                        for p in watched:
-                            tape.watch(p)
-                        g = apply_transform(z, params)
+                        tape.watch(watched)
+                        g = tile_transform(z, params, mask)
                 else:
                     g = z
-                # d nll / d g = upstream * (softmax - onehot(target)).
+                # d nll / d g = upstream * (softmax - onehot(target)); masked
+                # columns have g = -inf, so softmax (and the gradient) is 0.
                 dg = tf.exp(g - lse[:, None]) * upstream[:, None]
-                col, in_tile = target_columns(start, width)
+                col, in_tile = target_columns(start, skip)
                 dg = tf.tensor_scatter_nd_add(
                     dg,
                     tf.stack([rows, col], axis=1),
@@ -207,63 +259,49 @@ def _pointwise_nll(
                     ]
                 else:
                     dz = dg
-                if kernel_transposed:  # w: [width, d]
+                if kernel_transposed:  # w: [size, d]
                     dh = dh + tf.matmul(dz, w)
-                    dw = tf.matmul(dz, h_acc, transpose_a=True)  # [width, d]
-                else:  # w: [d, width]
+                else:  # w: [d, size]
                     dh = dh + tf.matmul(dz, w, transpose_b=True)
-                    dw = tf.matmul(h_acc, dz, transpose_a=True)  # [d, width]
+                # The kernel's gradient is built word-major, [size, d], in
+                # both layouts, so that the tiles stack into [V, d].
+                dw = tf.matmul(dz, h_acc, transpose_a=True)
                 db = tf.reduce_sum(dz, axis=0)
-                return dh, dparams, dvars, dw, db
-
-            dh = tf.zeros_like(h_acc)
-            dparams = [tf.zeros(tf.shape(p), acc) for p in params]
-            dvars = [tf.zeros(v.shape, acc) for v in variables]
-            w_parts, b_parts = [], []
-            if num_full > 0:
-                w_shape = [size, d] if kernel_transposed else [d, size]
-                w_array = tf.TensorArray(acc, size=num_full, element_shape=w_shape)
-                b_array = tf.TensorArray(acc, size=num_full, element_shape=[size])
-
-                def body(i, dh, dparams, dvars, w_array, b_array):
-                    dh, dparams, dvars, dw, db = backward_tile(
-                        i * size, size, dh, dparams, dvars
-                    )
-                    return (
-                        i + 1,
-                        dh,
-                        dparams,
-                        dvars,
-                        w_array.write(i, dw),
-                        b_array.write(i, db),
-                    )
-
-                _, dh, dparams, dvars, w_array, b_array = tf.while_loop(
-                    lambda i, *_: i < num_full,
-                    body,
-                    (tf.constant(0), dh, dparams, dvars, w_array, b_array),
-                    parallel_iterations=parallel_iterations,
-                    maximum_iterations=num_full,
+                if masked:  # the last tile's own rows first (no-op elsewhere)
+                    dw = tf.roll(dw, -skip, axis=0)
+                    db = tf.roll(db, -skip, axis=0)
+                return (
+                    i + 1,
+                    dh,
+                    dparams,
+                    dvars,
+                    w_array.write(i, dw),
+                    b_array.write(i, db),
                 )
-                stacked = w_array.stack()
-                if kernel_transposed:  # [T, size, d] -> [T * size, d]
-                    w_parts.append(tf.reshape(stacked, [num_full * size, d]))
-                else:  # [T, d, size] -> [d, T * size]
-                    stacked = tf.transpose(stacked, [1, 0, 2])
-                    w_parts.append(tf.reshape(stacked, [d, num_full * size]))
-                b_parts.append(tf.reshape(b_array.stack(), [num_full * size]))
-            if remainder:
-                dh, dparams, dvars, dw, db = backward_tile(
-                    num_full * size, remainder, dh, dparams, dvars
-                )
-                w_parts.append(dw)
-                b_parts.append(db)
-            axis = 0 if kernel_transposed else 1
-            dkernel = w_parts[0] if len(w_parts) == 1 else tf.concat(w_parts, axis)
+
+            dh, dparams, dvars, w_array, b_array = loop(
+                backward_body,
+                (
+                    tf.zeros_like(h_acc),
+                    [tf.zeros(tf.shape(p), acc) for p in params],
+                    [tf.zeros(v.shape, acc) for v in variables],
+                    tf.TensorArray(acc, size=num_tiles, element_shape=[size, d]),
+                    tf.TensorArray(acc, size=num_tiles, element_shape=[size]),
+                ),
+            )
+            # [tiles, size, d] -> [tiles * size, d] -> the first V rows: a
+            # reshape and a leading-axis slice, which TensorFlow does without
+            # a copy. Only the [d, V] layout pays one transpose.
+            dkernel = tf.reshape(w_array.stack(), [padded, d])
+            dbias = tf.reshape(b_array.stack(), [padded])
+            if masked:
+                dkernel = tf.slice(dkernel, [0, 0], [vocab, d])
+                dbias = tf.slice(dbias, [0], [vocab])
+            if not kernel_transposed:
+                dkernel = tf.transpose(dkernel)
             grads = [tf.cast(dh, h.dtype), tf.cast(dkernel, kernel.dtype)]
             if has_bias:
-                db = b_parts[0] if len(b_parts) == 1 else tf.concat(b_parts, 0)
-                grads.append(tf.cast(db, bias.dtype))
+                grads.append(tf.cast(dbias, bias.dtype))
             grads += [tf.cast(g, p.dtype) for g, p in zip(dparams, params)]
             if variables:
                 return grads, [tf.cast(g, v.dtype) for g, v in zip(dvars, variables)]

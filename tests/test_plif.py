@@ -81,8 +81,9 @@ def test_monotone_inside_and_outside_and_continuous_at_knots():
     right = np.asarray(kops.plif(tf.constant(knots + delta), raw, bound))
     np.testing.assert_allclose(left, right, atol=1e-5)
     # float32 too, within float32 resolution of the knot positions.
-    left32 = np.asarray(kops.plif(tf.constant(knots - 1e-5, tf.float32), tf.cast(raw, tf.float32), bound))
-    right32 = np.asarray(kops.plif(tf.constant(knots + 1e-5, tf.float32), tf.cast(raw, tf.float32), bound))
+    raw32 = tf.cast(raw, tf.float32)
+    left32 = np.asarray(kops.plif(tf.constant(knots - 1e-5, tf.float32), raw32, bound))
+    right32 = np.asarray(kops.plif(tf.constant(knots + 1e-5, tf.float32), raw32, bound))
     slopes = softplus(np.asarray(raw))
     np.testing.assert_allclose(left32, right32, atol=2e-5 * slopes.max() + 1e-5)
 
@@ -93,36 +94,54 @@ def test_identity_slopes_give_identity():
     np.testing.assert_allclose(np.asarray(kops.plif(z, raw, 20.0)), np.asarray(z), atol=2e-5)
 
 
-@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
-def test_custom_gradient_matches_autodiff(mode):
-    """`plif`'s custom gradient equals autodiff of the plain formula, float64."""
+@pytest.mark.parametrize(
+    "tile_elements, mode",
+    [(None, "eager"), (None, "graph"), (None, "xla"), (40, "eager"), (40, "xla")],
+)
+def test_custom_gradient_matches_autodiff(monkeypatch, tile_elements, mode):
+    """`plif`'s custom gradient (one piece, or tiles of 40 of the 141 scores:
+    3 tiles and a remainder) equals autodiff of the plain formula, float64."""
+    if tile_elements is not None:
+        monkeypatch.setattr(kops, "TILE_ELEMENTS", tile_elements)
     rng = np.random.default_rng(2)
-    z = tf.constant(rng.normal(size=(4, 6, 9)) * 3, tf.float64)
+    z = tf.constant(rng.normal(size=(3, 47)) * 3, tf.float64)
     raw = tf.constant(rng.normal(size=(16,)), tf.float64)
-    w = tf.constant(rng.normal(size=(4, 6, 9)), tf.float64)
+    w = tf.constant(rng.normal(size=(3, 47)), tf.float64)
 
     def values_and_grads(z, raw):
         with tf.GradientTape(persistent=True) as tape:
             tape.watch([z, raw])
-            ours = tf.reduce_sum(kops.plif(z, raw, 2.0) * w)
+            f = kops.plif(z, raw, 2.0)
+            ours = tf.reduce_sum(f * w)
             ref = tf.reduce_sum(kops.plif_reference(z, raw, 2.0) * w)
-        return ours, ref, tape.gradient(ours, [z, raw]), tape.gradient(ref, [z, raw])
+        return f, ours, ref, tape.gradient(ours, [z, raw]), tape.gradient(ref, [z, raw])
 
     if mode != "eager":
         values_and_grads = tf.function(values_and_grads, jit_compile=mode == "xla")
-    ours, ref, g_ours, g_ref = values_and_grads(z, raw)
+    f, ours, ref, g_ours, g_ref = values_and_grads(z, raw)
+    assert tuple(f.shape) == (3, 47)
     np.testing.assert_allclose(float(ours), float(ref), rtol=1e-12)
     for a, b in zip(g_ours, g_ref):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-10)
 
 
 @pytest.mark.parametrize(
-    "tile_elements, mode",
-    [(None, "eager"), (40, "eager"), (54, "graph"), (None, "xla"), (54, "xla")],
+    "tile_elements, mode, histogram",
+    [
+        (None, "eager", "bincount"),
+        (40, "eager", "bincount"),
+        (54, "graph", "bincount"),
+        (None, "xla", "bincount"),
+        (54, "xla", "bincount"),
+        (40, "eager", "complex_scatter"),
+        (54, "xla", "complex_scatter"),
+    ],
 )
-def test_fused_log_likelihood_matches_dense(monkeypatch, tile_elements, mode):
+def test_fused_log_likelihood_matches_dense(monkeypatch, tile_elements, mode, histogram):
     """`plif_log_likelihood` (one tile, tiles dividing the rows, tiles with a
-    remainder) equals `log_softmax(plif(z))[t]`: values and gradients."""
+    remainder; both tile histograms) equals `log_softmax(plif(z))[t]`: values
+    and gradients."""
+    monkeypatch.setattr(kops, "TILE_HISTOGRAM", histogram)
     if tile_elements is not None:
         # V = 9: 4 rows per tile (5 tiles of 20 rows), or 6 (3 + remainder 2).
         monkeypatch.setattr(kops, "TILE_ELEMENTS", tile_elements)

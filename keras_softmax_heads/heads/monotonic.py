@@ -21,13 +21,15 @@ def monotonic_mlp(z, raw_input_weights, hidden_biases, raw_output_weights):
 
     The one-hidden-layer monotonic network of Ganea et al. (2019, eq. 14;
     Daniels & Velikova, 2010) applied elementwise, with a custom gradient
-    that keeps memory at `O(z.size)`: the units are summed one at a time
-    (the naive broadcast `sigmoid(z[..., None] * u + b)` holds `K` tensors of
-    the size of `z` for the backward pass, `[N, V, K]`); the backward pass
-    recomputes each unit's sigmoid and accumulates `df/dz` and the three
-    `[K]` parameter gradients. Saved for the backward pass: `z` only. The
-    cost is `K` sigmoids per score in the forward pass and again in the
-    backward pass.
+    that keeps memory at `O(z.size)`: the units are summed one at a time in a
+    `tf.while_loop` (the naive broadcast `sigmoid(z[..., None] * u + b)`
+    holds `K` tensors of the size of `z` for the backward pass,
+    `[N, V, K]`; so does a Python loop, whose unrolled units TensorFlow and
+    XLA schedule side by side); the backward pass recomputes each unit's
+    sigmoid and accumulates `df/dz` and the three `[K]` parameter
+    gradients. Saved for the backward pass: `z` only. The cost is `K`
+    sigmoids per score in the forward pass and again in the backward pass,
+    each unit a pass over `z`.
 
     Args:
         z: float tensor of any shape.
@@ -51,26 +53,53 @@ def monotonic_mlp(z, raw_input_weights, hidden_biases, raw_output_weights):
     @tf.custom_gradient
     def mlp(z, raw_u, b, raw_v):
         u, v = tf.nn.softplus(raw_u), tf.nn.softplus(raw_v)
-        out = tf.zeros_like(z)
-        for k in range(num_units):
-            out = out + v[k] * tf.sigmoid(u[k] * z + b[k])
+        # `tf.while_loop`s (not Python loops) over the units: one unit's
+        # `z`-sized temporaries are alive at a time, in graph mode and
+        # under XLA alike. `stop_gradient`: a loop recorded by an outer
+        # gradient tape would otherwise keep every iteration's temporaries
+        # for a gradient that the custom gradient below replaces.
+        z_, u_, v_, b_ = (tf.stop_gradient(x) for x in (z, u, v, b))
+
+        def forward(k, out):
+            return k + 1, out + v_[k] * tf.sigmoid(u_[k] * z_ + b_[k])
+
+        _, out = tf.while_loop(
+            lambda k, _: k < num_units,
+            forward,
+            (tf.constant(0), tf.zeros_like(z)),
+            maximum_iterations=num_units,
+            parallel_iterations=1,
+        )
 
         def grad(upstream):
             upstream = tf.cast(upstream, z.dtype)
-            d_z = tf.zeros_like(z)
-            d_u, d_b, d_v = [], [], []
-            for k in range(num_units):
+
+            def backward(k, d_z, d_u, d_b, d_v):
                 s = tf.sigmoid(u[k] * z + b[k])
-                d_v.append(tf.reduce_sum(upstream * s))
                 t = upstream * (v[k] * s * (1.0 - s))  # d out / d pre-activation
-                d_b.append(tf.reduce_sum(t))
-                d_u.append(tf.reduce_sum(t * z))
-                d_z = d_z + u[k] * t
+                return (
+                    k + 1,
+                    d_z + u[k] * t,
+                    d_u.write(k, tf.reduce_sum(t * z)),
+                    d_b.write(k, tf.reduce_sum(t)),
+                    d_v.write(k, tf.reduce_sum(upstream * s)),
+                )
+
+            def array():
+                return tf.TensorArray(z.dtype, size=num_units, element_shape=[])
+
+            _, d_z, d_u, d_b, d_v = tf.while_loop(
+                lambda k, *_: k < num_units,
+                backward,
+                (tf.constant(0), tf.zeros_like(z), array(), array(), array()),
+                maximum_iterations=num_units,
+                parallel_iterations=1,
+            )
             return (
                 d_z,
-                tf.stack(d_u) * tf.sigmoid(raw_u),
-                tf.stack(d_b),
-                tf.stack(d_v) * tf.sigmoid(raw_v),
+                d_u.stack() * tf.sigmoid(raw_u),
+                d_b.stack(),
+                d_v.stack() * tf.sigmoid(raw_v),
             )
 
         return out, grad
