@@ -36,8 +36,9 @@ PLIF step then costs 2.3x Linear-Softmax instead of 1.5x).
 
 Measured on a 2-core CPU shared with other jobs (N=2048, d=256, V=10k,
 K=1e5, forward + backward, `benchmarks/bench_exact_heads.py`), the PLIF head
-costs about 1.4x FullSoftmax under XLA (the straightforward version 2.3x)
-and 2.5-3.5x in graph mode (3.2x). What remains is inherent to the
+costs 1.48x FullSoftmax under XLA (the straightforward version 2.16x;
+~1.4x with `TILE_HISTOGRAM = "complex_scatter"`) and 2.5x CPU time in graph
+mode (3.3x). What remains is inherent to the
 histogram and memory bound on a CPU: the `N * V`-element weighted histogram
 (a serial scatter-add under XLA, ~1 ns per element and moment; it cannot be
 vectorised) and 4-5 extra passes over `[N, V]` (index, lookups,

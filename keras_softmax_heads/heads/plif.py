@@ -39,15 +39,18 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
     `chunk_size` set the loss goes through the chunked vocabulary-tiled path
     instead (see `PointwiseSoftmaxHead`).
 
-    Speed (2-core CPU, N=2048 tokens, d=256, V=10k, K=1e5, forward +
-    backward, ratio to `FullSoftmax`, `benchmarks/bench_exact_heads.py`):
-    about 1.4x under XLA (`jit_compile=True`, Keras' default for these
-    models) and about 2x in plain graph mode; the paper's "negligible" is a
-    GPU statement. Where the time goes: the slopes' gradient is a weighted
+    Speed (2-core CPU shared with other jobs, N=2048 tokens, d=256, V=10k,
+    K=1e5, forward + backward, ratio to `FullSoftmax` measured in the same
+    process, `benchmarks/bench_exact_heads.py`): 1.48x under XLA
+    (`jit_compile=True`, Keras' default for these models; the
+    straightforward PLIF 2.16x), 2.5x CPU time in plain graph mode (3.3x);
+    peak step memory 1.02x under XLA (2.1x), 1.22x in graph mode (2.3x).
+    With `keras_softmax_heads.ops.TILE_HISTOGRAM = "complex_scatter"` XLA
+    reaches ~1.4x, at the price of graph mode. The paper's "negligible" is a
+    GPU statement: on a memory-bound CPU the slopes' gradient, a weighted
     histogram of all `N V` scores into `K` intervals (a serial scatter-add
-    under XLA), and the index and the lookups are extra passes over
-    `[N, V]`, on a step that is memory bound on CPU (see the module
-    docstring of `keras_softmax_heads.ops`).
+    under XLA), and the extra passes over `[N, V]` for the index and the
+    lookups remain (see the module docstring of `keras_softmax_heads.ops`).
 
     Args:
         vocab_size: int, number of words `V` (or omit and pass
