@@ -179,10 +179,14 @@ def _hierarchical(a):
     return HierarchicalSoftmax(a.v, counts=a.counts)
 
 
-def _differentiated(a):
+def _differentiated(a, chunk_size=None):
     from keras_softmax_heads.heads.differentiated import DifferentiatedSoftmax
 
-    return DifferentiatedSoftmax(a.v, counts=a.counts)
+    return DifferentiatedSoftmax(a.v, counts=a.counts, chunk_size=chunk_size)
+
+
+def _differentiated_chunked(a):
+    return _differentiated(a, chunk_size=4096)
 
 
 SS, NCE_TF = "tf.nn.sampled_softmax_loss", "tf.nn.nce_loss"
@@ -201,6 +205,8 @@ ROWS = [
     Row("HierarchicalSoftmax", "head", _hierarchical,
         lambda a, phase, n: 3 * _f32(a.v, a.d) + 4 * _f32(n, 4 * int(a.v ** 0.5))),
     Row("DifferentiatedSoftmax", "head", _differentiated, est_dense()),
+    Row("DifferentiatedSoftmax (chunked)", "head", _differentiated_chunked,
+        est_chunked),
 ]
 
 

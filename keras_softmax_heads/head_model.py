@@ -56,6 +56,17 @@ class HeadModel(keras.Model):
             self.head.build(self.backbone.compute_output_shape(input_shape))
         self.built = True
 
+    def _mark_built(self, x):
+        """Marks the model built after a step traced backbone and head.
+
+        Goes through `build` (which only builds what is still unbuilt) so
+        that Keras records the input shape: a `.keras` file then carries a
+        build config, and loading rebuilds the model before restoring the
+        weights *and the optimizer's state*.
+        """
+        if not self.built:
+            self.build(keras.tree.map_structure(lambda t: tuple(t.shape), x))
+
     def _token_mean(self, per_token, y, sample_weight):
         per_token = ops.cast(per_token, "float32")
         if sample_weight is None:
@@ -82,11 +93,11 @@ class HeadModel(keras.Model):
 
     def train_step(self, data):
         self._check_compiled_loss()
-        self.built = True
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
             h = self.backbone(x, training=True)
             per_token = self.head.training_loss(h, y, training=True)
+            self._mark_built(x)
             loss, count = self._token_mean(per_token, y, sample_weight)
             if self.losses:
                 loss = loss + ops.sum(ops.stack(self.losses))
@@ -106,10 +117,10 @@ class HeadModel(keras.Model):
 
     def test_step(self, data):
         self._check_compiled_loss()
-        self.built = True
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         h = self.backbone(x, training=False)
         nll = -self.head.log_likelihood(h, y)
+        self._mark_built(x)
         loss, count = self._token_mean(nll, y, sample_weight)
         self._nll_tracker.update_state(loss, sample_weight=count)
         logs = {}

@@ -21,6 +21,10 @@ class TestDifferentiatedBattery(HeadBattery):
         "three_bands": lambda v, d, **kw: DifferentiatedSoftmax(
             v, bands=[(2, 3), (4, 2), (7, 1)], counts=COUNTS, **kw
         ),
+        # The same, chunked exact loss (tiles of 3 words: no band is a multiple).
+        "three_bands_chunked": lambda v, d, **kw: DifferentiatedSoftmax(
+            v, bands=[(2, 3), (4, 2), (7, 1)], counts=COUNTS, chunk_size=3, **kw
+        ),
         # Default bands (paper's ratios), no counts (rank = id), no bias.
         "default_no_bias": lambda v, d, **kw: DifferentiatedSoftmax(
             v, use_bias=False, **kw
@@ -192,3 +196,55 @@ def test_bad_targets():
         head.log_likelihood(h, np.array([0, 13]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="non-negative"):
         head.log_likelihood(h, np.array([-1, 0]))
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("chunk_size", [1, 3, 64])
+@pytest.mark.parametrize("mode", ["eager", "xla"])
+def test_chunked_matches_dense(use_bias, chunk_size, mode):
+    """Loss and every gradient (h, band kernels, bias) equal the dense path."""
+    rng = np.random.default_rng(3)
+    bands = [(2, 3), (4, 2), (7, 1)]
+    h = rng.normal(size=(5, 7, D)).astype("float32") * 3.0
+    t = rng.integers(0, V, size=(5, 7))
+    dense = randomised(
+        DifferentiatedSoftmax(V, bands=bands, counts=COUNTS, use_bias=use_bias), h
+    )
+    chunked = DifferentiatedSoftmax(
+        V, bands=bands, counts=COUNTS, use_bias=use_bias, chunk_size=chunk_size
+    )
+    chunked(h)
+    chunked.set_weights(dense.get_weights())
+
+    def loss_and_grads(head):
+        def fn(h):
+            with tf.GradientTape() as tape:
+                tape.watch(h)
+                loss = tf.reduce_sum(head.training_loss(h, t) * np.arange(35.0).reshape(5, 7))
+            return loss, tape.gradient(loss, [h] + head.trainable_weights)
+
+        if mode == "xla":
+            fn = tf.function(fn, jit_compile=True)
+        return fn(tf.constant(h))
+
+    ref_loss, ref_grads = loss_and_grads(dense)
+    loss, grads = loss_and_grads(chunked)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(
+            np.asarray(tf.convert_to_tensor(g)), np.asarray(tf.convert_to_tensor(r)),
+            rtol=1e-5, atol=1e-5,
+        )
+    np.testing.assert_allclose(
+        np.asarray(chunked.log_likelihood(h, t)), np.asarray(dense.log_likelihood(h, t)),
+        atol=1e-5,
+    )
+
+
+def test_chunk_size_validation_and_config():
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="chunk_size"):
+            DifferentiatedSoftmax(V, chunk_size=bad)
+    head = DifferentiatedSoftmax(V, chunk_size=4)
+    assert head.get_config()["chunk_size"] == 4
+    assert DifferentiatedSoftmax.from_config(head.get_config()).chunk_size == 4

@@ -63,3 +63,31 @@ def test_compile_metrics_and_loss_argument(tmp_path):
     model.compile("adam", loss="sparse_categorical_crossentropy")
     with pytest.raises(ValueError, match="do not pass `loss`"):
         model.fit(x, y, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("head", ["full", "sampled"])
+def test_save_after_fit_keeps_optimizer_state(tmp_path, head):
+    """A model trained with `fit` (never built explicitly) saves its build
+    config: loading restores the weights and the optimizer's state, and
+    training goes on exactly as without the save."""
+    vocab, x, y = 11, *_data()
+    backbone = keras.Sequential([keras.layers.Embedding(vocab, 5)])  # no Input
+    if head == "full":
+        layer = ksh.FullSoftmax(vocab)
+    else:
+        layer = ksh.SampledSoftmax(vocab, num_sampled=4, sampler="uniform", seed=3)
+    model = ksh.HeadModel(backbone, layer)
+    model.compile(keras.optimizers.Adam(0.01))
+    model.fit(x, y, epochs=2, batch_size=4, shuffle=False, verbose=0)
+    path = os.path.join(tmp_path, "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 4
+    assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    if head == "full":  # deterministic objective: training continues identically
+        model.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
+        loaded.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
+        for a, b in zip(model.weights, loaded.weights):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)

@@ -168,6 +168,7 @@ class SoftmaxHead(keras.layers.Layer):
                 name="bias",
                 shape=(self.vocab_size,),
                 initializer=self.bias_initializer,
+                autocast=False,  # read in float32 under mixed precision
             )
         self.build_head(input_shape)
 
@@ -292,6 +293,19 @@ class SoftmaxHead(keras.layers.Layer):
         return cls(**config)
 
 
+def check_chunk_size(chunk_size):
+    """Returns `chunk_size` as an int (or None); raises unless it is >= 1."""
+    if chunk_size is None:
+        return None
+    is_int = hasattr(chunk_size, "__index__") and not isinstance(chunk_size, bool)
+    if not is_int or int(chunk_size) < 1:
+        raise ValueError(
+            "`chunk_size` must be a positive integer or None. "
+            f"Received: chunk_size={chunk_size!r}"
+        )
+    return int(chunk_size)
+
+
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class PointwiseSoftmaxHead(SoftmaxHead):
     """A head of the form `log p = log_softmax(g(h W + b))`, `g` pointwise.
@@ -339,17 +353,7 @@ class PointwiseSoftmaxHead(SoftmaxHead):
 
     def __init__(self, *args, chunk_size=None, **kwargs):
         super().__init__(*args, **kwargs)
-        if chunk_size is not None:
-            is_int = hasattr(chunk_size, "__index__") and not isinstance(
-                chunk_size, bool
-            )
-            if not is_int or int(chunk_size) < 1:
-                raise ValueError(
-                    "`chunk_size` must be a positive integer or None. "
-                    f"Received: chunk_size={chunk_size!r}"
-                )
-            chunk_size = int(chunk_size)
-        self.chunk_size = chunk_size
+        self.chunk_size = check_chunk_size(chunk_size)
 
     def score_transform(self, z):
         """The pointwise output function `g(z)`; identity by default."""

@@ -23,6 +23,13 @@ Design notes:
   permutation.
 * The word bias is stored in word-id order (comparable with other heads);
   it is gathered into rank order (`O(V)`) per call.
+* `chunk_size`: each band's log-sum-exp is computed by the chunked exact
+  loss of `keras_softmax_heads.chunked` (tiles over the band's words, a
+  custom gradient that recomputes them), so `log_likelihood` and
+  `training_loss` never hold `[N, V]` scores. `chunked_pointwise_nll` gives
+  `lse_b - z_b[t_b]` for a target `t_b` inside the band; adding back the
+  target's score (a cheap `[N, d_b]` gather-dot) gives `lse_b` with the
+  right gradient (the softmax of the band).
 """
 
 import numbers
@@ -31,7 +38,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.heads.base import SoftmaxHead
+from keras_softmax_heads.heads.base import check_chunk_size
 from keras_softmax_heads.heads.base import check_targets
 from keras_softmax_heads.heads.base import nan_if_invalid
 from keras_softmax_heads.heads.hierarchical import constant_int_weight
@@ -165,6 +174,10 @@ class DifferentiatedSoftmax(SoftmaxHead):
         kernel_initializer: initializer of the band kernels.
         bias_initializer: initializer of the `[V]` bias.
         return_probabilities: bool, `call` returns probabilities.
+        chunk_size: optional int >= 1: `log_likelihood` / `training_loss`
+            process every band in tiles of at most `chunk_size` words and
+            never hold the `[N, V]` scores (`docs/chunked.md`); `None`
+            (default): one dense product per band.
         **kwargs: standard `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -204,6 +217,7 @@ class DifferentiatedSoftmax(SoftmaxHead):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         return_probabilities=False,
+        chunk_size=None,
         **kwargs,
     ):
         if token_embedding is not None:
@@ -222,6 +236,7 @@ class DifferentiatedSoftmax(SoftmaxHead):
             **kwargs,
         )
         self.bands = None if bands is None else _check_bands(bands, self.vocab_size)
+        self.chunk_size = check_chunk_size(chunk_size)
         counts = check_counts(counts, self.vocab_size)
         if counts is None:
             self._initial_order = np.arange(self.vocab_size)
@@ -255,7 +270,10 @@ class DifferentiatedSoftmax(SoftmaxHead):
         self.bias = None
         if self.use_bias:
             self.bias = self.add_weight(
-                name="bias", shape=(self.vocab_size,), initializer=self.bias_initializer
+                name="bias",
+                shape=(self.vocab_size,),
+                initializer=self.bias_initializer,
+                autocast=False,  # read in float32 under mixed precision
             )
         order = self._initial_order
         rank = np.empty_like(order)
@@ -322,6 +340,9 @@ class DifferentiatedSoftmax(SoftmaxHead):
             float32 tensor of shape `targets.shape`.
         """
         targets = check_targets(targets, self.vocab_size)
+        if self.chunk_size is not None:
+            ll = self._chunked_log_likelihood(inputs, targets)
+            return nan_if_invalid(ll, targets, self.vocab_size)
         scores = self._band_scores(inputs)
         rank = ops.take(
             ops.convert_to_tensor(self.word_rank),
@@ -345,11 +366,53 @@ class DifferentiatedSoftmax(SoftmaxHead):
             start += n
         return nan_if_invalid(target_score - lse, targets, self.vocab_size)
 
+    def _chunked_log_likelihood(self, inputs, targets):
+        """`log_likelihood` with every band's normaliser computed in tiles."""
+        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
+        h = ops.reshape(inputs, (-1, self.input_dim))
+        rank = ops.take(
+            ops.convert_to_tensor(self.word_rank),
+            ops.reshape(ops.clip(targets, 0, self.vocab_size - 1), (-1,)),
+        )
+        acc = self.accumulation_dtype
+        bias = None
+        if self.bias is not None:
+            bias = ops.take(
+                ops.cast(self.bias, acc), ops.convert_to_tensor(self.word_order)
+            )
+        band_lse, target_score = [], None
+        feature = word = 0
+        for kernel, n, dim in zip(self.band_kernels, self.band_sizes, self.band_dims):
+            part = h[:, feature : feature + dim]
+            band_bias = None if bias is None else bias[word : word + n]
+            local = ops.clip(rank - word, 0, n - 1)
+            # Score of word `local` of the band (the target when it is in
+            # this band), float32 products of the same values the chunked
+            # loss multiplies.
+            columns = ops.take(ops.cast(kernel, acc), local, axis=1)  # [dim, N]
+            picked = ops.sum(ops.cast(part, acc) * ops.transpose(columns), axis=-1)
+            if band_bias is not None:
+                picked = picked + ops.take(band_bias, local)
+            nll = chunked_pointwise_nll(
+                part, kernel, band_bias, local, chunk_size=self.chunk_size
+            )
+            band_lse.append(ops.cast(nll, acc) + picked)  # lse_b, exact gradient
+            inside = ops.logical_and(rank >= word, rank < word + n)
+            target_score = (
+                picked if target_score is None
+                else ops.where(inside, picked, target_score)
+            )
+            feature += dim
+            word += n
+        lse = ops.logsumexp(ops.stack(band_lse, axis=-1), axis=-1)
+        return ops.reshape(target_score - lse, ops.shape(targets))
+
     # ------------------------------------------------------------ serialising
     def get_config(self):
         config = super().get_config()
         config.update(
             {
+                "chunk_size": self.chunk_size,
                 "bands": self.bands,
                 # The rank permutation is saved as int32 weights, not here.
                 "counts": None,

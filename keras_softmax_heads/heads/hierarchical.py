@@ -442,7 +442,10 @@ class HierarchicalSoftmax(SoftmaxHead):
         self.cluster_bias = None
         if self.use_bias:
             self.bias = self.add_weight(
-                name="bias", shape=(vocab,), initializer=self.bias_initializer
+                name="bias",
+                shape=(vocab,),
+                initializer=self.bias_initializer,
+                autocast=False,  # read in float32 under mixed precision
             )
         self.cluster_kernel = self.add_weight(
             name="cluster_kernel",
@@ -454,6 +457,7 @@ class HierarchicalSoftmax(SoftmaxHead):
                 name="cluster_bias",
                 shape=(num_clusters,),
                 initializer=self.bias_initializer,
+                autocast=False,
             )
         layout = self._initial_layout
         table = np.zeros((num_clusters, self.max_cluster_size), np.int32)
@@ -491,7 +495,11 @@ class HierarchicalSoftmax(SoftmaxHead):
         """Within-cluster word scores `z = h W^T + b`, float32 `[..., V]`."""
         inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
         words = ops.cast(self._word_embeddings(), self.compute_dtype)
-        z = ops.cast(ops.einsum("...d,vd->...v", inputs, words), self.accumulation_dtype)
+        # A 2-D product: the gradient of TF's einsum "...d,vd->...v" with
+        # respect to `words` broadcasts to [N, V, d].
+        flat = ops.reshape(inputs, (-1, self.input_dim))
+        z = ops.cast(ops.einsum("nd,vd->nv", flat, words), self.accumulation_dtype)
+        z = ops.reshape(z, (*ops.shape(inputs)[:-1], self.vocab_size))
         if self.bias is not None:
             z = z + ops.cast(self.bias, self.accumulation_dtype)
         return z

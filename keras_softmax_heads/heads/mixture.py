@@ -153,6 +153,7 @@ class _MixtureHead(SoftmaxHead):
                 name="bias",
                 shape=(self.vocab_size,),
                 initializer=self.bias_initializer,
+                autocast=False,  # read in float32 under mixed precision
             )
         k = self.num_components
         self.prior_kernel = self.add_weight(

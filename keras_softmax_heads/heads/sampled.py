@@ -199,6 +199,7 @@ class WordMajorSoftmaxHead(PointwiseSoftmaxHead):
                 name="bias",
                 shape=(self.vocab_size,),
                 initializer=self.bias_initializer,
+                autocast=False,  # read in float32 under mixed precision
             )
         self.build_head(input_shape)
 
