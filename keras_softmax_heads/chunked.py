@@ -30,14 +30,17 @@ DEFAULT_CHUNK_SIZE = 4096
 """Default vocabulary tile width (see `docs/chunked.md` for the measurements)."""
 
 
-def _check_chunk_size(chunk_size):
-    """Returns `chunk_size` as an int (None: the default), or raises."""
+def check_chunk_size(chunk_size, default=DEFAULT_CHUNK_SIZE):
+    """Returns `chunk_size` as an int (`default` for None), or raises.
+
+    The heads call it with `default=None` (no `chunk_size`: the dense path).
+    """
     if chunk_size is None:
-        return DEFAULT_CHUNK_SIZE
+        return default
     is_int = hasattr(chunk_size, "__index__") and not isinstance(chunk_size, bool)
     if not is_int or int(chunk_size) < 1:
         raise ValueError(
-            "`chunk_size` must be a positive integer. "
+            "`chunk_size` must be a positive integer or None. "
             f"Received: chunk_size={chunk_size!r}"
         )
     return int(chunk_size)
@@ -386,7 +389,7 @@ def chunked_pointwise_nll(
     >>> bool(np.allclose(nll, dense, atol=1e-5))
     True
     """
-    chunk_size = _check_chunk_size(chunk_size)
+    chunk_size = check_chunk_size(chunk_size)
     h = _as_tensor(h)
     kernel = _as_tensor(kernel)
     if bias is not None:

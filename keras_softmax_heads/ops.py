@@ -34,11 +34,12 @@ softplus / cumulative-sum table computation into every lookup (one fusion
 for the whole step re-computes the tables per score: the straightforward
 PLIF step then costs 2.3x Linear-Softmax instead of 1.5x).
 
-Measured on a 2-core CPU shared with other jobs (N=2048, d=256, V=10k,
-K=1e5, forward + backward, `benchmarks/bench_exact_heads.py`), the PLIF head
-costs 1.48x FullSoftmax under XLA (the straightforward version 2.16x;
-~1.4x with `TILE_HISTOGRAM = "complex_scatter"`) and 2.5x CPU time in graph
-mode (3.3x). What remains is inherent to the
+Measured on a 2-core CPU (N=2048, K=1e5, forward + backward,
+`benchmarks/bench_exact_heads.py`, median of 5 rounds, 2026-11-23), the
+PLIF head costs 1.48x (V=10k, d=512) to 1.92x (V=33k, d=256) FullSoftmax
+wall time under XLA, 1.38x-1.63x CPU time (the straightforward version
+1.84x-2.35x; ~5-8% less with `TILE_HISTOGRAM = "complex_scatter"`), and
+1.64x-3.0x in graph mode (1.90x-3.46x). What remains is inherent to the
 histogram and memory bound on a CPU: the `N * V`-element weighted histogram
 (a serial scatter-add under XLA, ~1 ns per element and moment; it cannot be
 vectorised) and 4-5 extra passes over `[N, V]` (index, lookups,

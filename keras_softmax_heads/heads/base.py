@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 
 
@@ -293,19 +294,6 @@ class SoftmaxHead(keras.layers.Layer):
         return cls(**config)
 
 
-def check_chunk_size(chunk_size):
-    """Returns `chunk_size` as an int (or None); raises unless it is >= 1."""
-    if chunk_size is None:
-        return None
-    is_int = hasattr(chunk_size, "__index__") and not isinstance(chunk_size, bool)
-    if not is_int or int(chunk_size) < 1:
-        raise ValueError(
-            "`chunk_size` must be a positive integer or None. "
-            f"Received: chunk_size={chunk_size!r}"
-        )
-    return int(chunk_size)
-
-
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class PointwiseSoftmaxHead(SoftmaxHead):
     """A head of the form `log p = log_softmax(g(h W + b))`, `g` pointwise.
@@ -353,7 +341,7 @@ class PointwiseSoftmaxHead(SoftmaxHead):
 
     def __init__(self, *args, chunk_size=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.chunk_size = check_chunk_size(chunk_size)
+        self.chunk_size = check_chunk_size(chunk_size, default=None)
 
     def score_transform(self, z):
         """The pointwise output function `g(z)`; identity by default."""

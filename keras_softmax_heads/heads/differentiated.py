@@ -38,9 +38,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.heads.base import SoftmaxHead
-from keras_softmax_heads.heads.base import check_chunk_size
 from keras_softmax_heads.heads.base import check_targets
 from keras_softmax_heads.heads.base import nan_if_invalid
 from keras_softmax_heads.heads.hierarchical import constant_int_weight
@@ -236,7 +236,7 @@ class DifferentiatedSoftmax(SoftmaxHead):
             **kwargs,
         )
         self.bands = None if bands is None else _check_bands(bands, self.vocab_size)
-        self.chunk_size = check_chunk_size(chunk_size)
+        self.chunk_size = check_chunk_size(chunk_size, default=None)
         counts = check_counts(counts, self.vocab_size)
         if counts is None:
             self._initial_order = np.arange(self.vocab_size)

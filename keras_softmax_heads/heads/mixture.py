@@ -24,6 +24,7 @@ import keras
 from keras import ops
 
 from keras_softmax_heads import ops as ksh_ops
+from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_mixture_nll
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.heads.base import SoftmaxHead
@@ -100,12 +101,7 @@ class _MixtureHead(SoftmaxHead):
                 "vectors are scored against the embedding rows). Received: "
                 f"latent_dim={latent_dim}"
             )
-        if chunk_size is not None and (not _is_int(chunk_size) or chunk_size < 1):
-            raise ValueError(
-                "`chunk_size` must be a positive integer or None. "
-                f"Received: chunk_size={chunk_size!r}"
-            )
-        self.chunk_size = None if chunk_size is None else int(chunk_size)
+        self.chunk_size = check_chunk_size(chunk_size, default=None)
         self.num_components = int(num_components)
         self.latent_dim = None if latent_dim is None else int(latent_dim)
         self.latent_dropout = float(latent_dropout)
