@@ -559,7 +559,7 @@ def test_head_invalid_targets():
 
 def _pointwise_head_classes():
     """The concrete `PointwiseSoftmaxHead` subclasses of the package, one per
-    distinct (`score_transform`, `output_kernel`) pair: heads that differ
+    distinct (`score_transform`, `word_major` layout) pair: heads that differ
     only in their training objective (sampled softmax, NCE) share the exact
     chunked path of their parent and are not repeated."""
     import keras_softmax_heads.heads as heads_pkg
@@ -577,7 +577,7 @@ def _pointwise_head_classes():
     distinct = {}
     for key in sorted(found, key=lambda k: (len(found[k].__mro__), k)):
         cls = found[key]
-        distinct.setdefault((cls.score_transform, cls.output_kernel), cls)
+        distinct.setdefault((cls.score_transform, cls.word_major), cls)
     return sorted(distinct.values(), key=lambda c: c.__name__)
 
 

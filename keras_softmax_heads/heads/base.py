@@ -63,6 +63,28 @@ def gather_targets(values, targets):
     return ops.squeeze(picked, -1)
 
 
+def build_context_checks(layer, input_shape):
+    """Shared `build` checks: known `d`, input spec, tied embedding dims."""
+    input_dim = input_shape[-1]
+    if input_dim is None:
+        raise ValueError(
+            f"{layer.__class__.__name__} needs a known last dimension of the "
+            f"context vectors. Received: input_shape={input_shape}"
+        )
+    layer.input_dim = int(input_dim)
+    layer.input_spec = keras.InputSpec(min_ndim=2, axes={-1: layer.input_dim})
+    embedding = getattr(layer, "token_embedding", None)
+    if embedding is not None:
+        if embedding.output_dim != layer.input_dim:
+            raise ValueError(
+                "The tied `token_embedding` has output_dim="
+                f"{embedding.output_dim} but the context vectors have last "
+                f"dimension {layer.input_dim}. Received: input_shape={input_shape}"
+            )
+        if not embedding.built:
+            embedding.build((None,))
+
+
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class SoftmaxHead(keras.layers.Layer):
     """Base class of all output heads: a linear map to `V` scores, then a head.
@@ -136,31 +158,20 @@ class SoftmaxHead(keras.layers.Layer):
         self.return_probabilities = bool(return_probabilities)
         self.supports_masking = True
 
+    word_major = False
+    """Layout of an owned output matrix: `kernel` `[d, V]` (False, as in
+    `keras.layers.Dense`) or `[V, d]` (True: heads that gather rows of it,
+    see `docs/head_contract.md`). A tied embedding is always `[V, d]`."""
+
     # ------------------------------------------------------------------ build
     def build(self, input_shape):
-        input_dim = input_shape[-1]
-        if input_dim is None:
-            raise ValueError(
-                f"{self.__class__.__name__} needs a known last dimension of the "
-                f"context vectors. Received: input_shape={input_shape}"
-            )
-        self.input_dim = int(input_dim)
-        self.input_spec = keras.InputSpec(min_ndim=2, axes={-1: self.input_dim})
+        build_context_checks(self, input_shape)
         self.kernel = None
-        if self.token_embedding is not None:
-            emb_dim = self.token_embedding.output_dim
-            if emb_dim != self.input_dim:
-                raise ValueError(
-                    "The tied `token_embedding` has output_dim="
-                    f"{emb_dim} but the context vectors have last dimension "
-                    f"{self.input_dim}. Received: input_shape={input_shape}"
-                )
-            if not self.token_embedding.built:
-                self.token_embedding.build((None,))
-        else:
+        if self.token_embedding is None:
+            d, vocab = self.input_dim, self.vocab_size
             self.kernel = self.add_weight(
                 name="kernel",
-                shape=(self.input_dim, self.vocab_size),
+                shape=(vocab, d) if self.word_major else (d, vocab),
                 initializer=self.kernel_initializer,
             )
         self.bias = None
@@ -195,10 +206,22 @@ class SoftmaxHead(keras.layers.Layer):
         """float32 (float64 when the layer computes in float64)."""
         return "float64" if self.compute_dtype == "float64" else "float32"
 
+    def output_embeddings(self):
+        """The word-major `[V, d]` output matrix (a variable, not cast): the
+        tied `token_embedding` or a `word_major` kernel."""
+        if self.token_embedding is not None:
+            return self.token_embedding.embeddings
+        if not self.word_major:
+            raise ValueError(
+                f"{self.__class__.__name__} stores its kernel as [d, V]; use "
+                "`output_kernel()`."
+            )
+        return self.kernel
+
     def output_kernel(self):
         """The `[d, V]` output projection, in the compute dtype."""
-        if self.token_embedding is not None:
-            kernel = ops.transpose(self.token_embedding.embeddings)
+        if self.token_embedding is not None or self.word_major:
+            kernel = ops.transpose(self.output_embeddings())
         else:
             kernel = self.kernel
         return ops.cast(kernel, self.compute_dtype)
@@ -210,7 +233,18 @@ class SoftmaxHead(keras.layers.Layer):
         the result is returned in `accumulation_dtype` (float32).
         """
         inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
-        z = ops.cast(ops.matmul(inputs, self.output_kernel()), self.accumulation_dtype)
+        if self.word_major:
+            # A 2-D product with the `[V, d]` rows: the gradient of TF's
+            # einsum "...d,vd->...v" with respect to them broadcasts to
+            # [N, V, d] (4 GB at N=205, V=10k).
+            words = ops.cast(self.output_embeddings(), self.compute_dtype)
+            flat = ops.reshape(inputs, (-1, self.input_dim))
+            z = ops.cast(ops.einsum("nd,vd->nv", flat, words), self.accumulation_dtype)
+            z = ops.reshape(z, (*ops.shape(inputs)[:-1], self.vocab_size))
+        else:
+            z = ops.cast(
+                ops.matmul(inputs, self.output_kernel()), self.accumulation_dtype
+            )
         if self.bias is not None:
             z = z + ops.cast(self.bias, self.accumulation_dtype)
         return z
@@ -353,21 +387,14 @@ class PointwiseSoftmaxHead(SoftmaxHead):
     def chunked_projection(self):
         """The output matrix for the chunked loss: `(matrix, kernel_transposed)`.
 
-        `(kernel [d, V], False)` for an owned kernel, `(embeddings [V, d],
-        True)` for a tied `token_embedding` (no transposed copy). A subclass
-        that stores its projection differently and overrides `output_kernel`
-        is handled through its `output_embeddings()` (`[V, d]`) when it has
-        one, else through `output_kernel()` (a `[d, V]` tensor); it may also
-        override this method.
+        `(kernel [d, V], False)` for an owned `[d, V]` kernel, `(embeddings
+        [V, d], True)` for a tied `token_embedding` or a `word_major` kernel
+        (no transposed copy). A subclass that stores its projection
+        differently may override this method.
         """
-        if type(self).output_kernel is SoftmaxHead.output_kernel:
-            if self.token_embedding is not None:
-                return self.token_embedding.embeddings, True
-            return self.kernel, False
-        embeddings = getattr(self, "output_embeddings", None)
-        if callable(embeddings):
-            return embeddings(), True
-        return self.output_kernel(), False
+        if self.token_embedding is not None or self.word_major:
+            return self.output_embeddings(), True
+        return self.kernel, False
 
     def _chunked_nll(self, inputs, targets):
         """`-log p(targets)` by `chunked_pointwise_nll`, shape `targets.shape`."""

@@ -41,10 +41,10 @@ from keras import ops
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.heads.base import SoftmaxHead
+from keras_softmax_heads.heads.base import build_context_checks
 from keras_softmax_heads.heads.base import check_targets
 from keras_softmax_heads.heads.base import nan_if_invalid
 from keras_softmax_heads.heads.hierarchical import constant_int_weight
-from keras_softmax_heads.heads.hierarchical import build_context_checks
 from keras_softmax_heads.heads.hierarchical import check_counts
 
 # The paper's billionW setting (Figure 7): 1024 units for the 50K most

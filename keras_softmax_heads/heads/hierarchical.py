@@ -114,26 +114,6 @@ def check_counts(counts, vocab_size):
     return array
 
 
-def build_context_checks(layer, input_shape):
-    """Shared `build` checks: known `d`, input spec, tied embedding dims."""
-    input_dim = input_shape[-1]
-    if input_dim is None:
-        raise ValueError(
-            f"{layer.__class__.__name__} needs a known last dimension of the "
-            f"context vectors. Received: input_shape={input_shape}"
-        )
-    layer.input_dim = int(input_dim)
-    layer.input_spec = keras.InputSpec(min_ndim=2, axes={-1: layer.input_dim})
-    embedding = getattr(layer, "token_embedding", None)
-    if embedding is not None:
-        if embedding.output_dim != layer.input_dim:
-            raise ValueError(
-                "The tied `token_embedding` has output_dim="
-                f"{embedding.output_dim} but the context vectors have last "
-                f"dimension {layer.input_dim}. Received: input_shape={input_shape}"
-            )
-        if not embedding.built:
-            embedding.build((None,))
 
 
 def _placeholder_layout(vocab_size, num_clusters):
@@ -446,24 +426,13 @@ class HierarchicalSoftmax(SoftmaxHead):
             "frequency", counts=counts, num_clusters=num_clusters
         )
 
+    word_major = True
+
     # ------------------------------------------------------------------ build
-    def build(self, input_shape):
-        build_context_checks(self, input_shape)
-        d, vocab, num_clusters = self.input_dim, self.vocab_size, self.num_clusters
-        self.kernel = None
-        if self.token_embedding is None:
-            self.kernel = self.add_weight(
-                name="kernel", shape=(vocab, d), initializer=self.kernel_initializer
-            )
-        self.bias = None
+    def build_head(self, input_shape):
+        """Cluster weights and the layout (after `kernel` `[V, d]` and `bias`)."""
+        d, num_clusters = self.input_dim, self.num_clusters
         self.cluster_bias = None
-        if self.use_bias:
-            self.bias = self.add_weight(
-                name="bias",
-                shape=(vocab,),
-                initializer=self.bias_initializer,
-                autocast=False,  # read in float32 under mixed precision
-            )
         self.cluster_kernel = self.add_weight(
             name="cluster_kernel",
             shape=(d, num_clusters),
@@ -485,7 +454,6 @@ class HierarchicalSoftmax(SoftmaxHead):
         )
         self.cluster_words = constant_int_weight(self, "cluster_words", table)
         self.cluster_sizes = constant_int_weight(self, "cluster_sizes", layout.cluster_sizes)
-        self.build_head(input_shape)
 
     @property
     def cluster_assignment(self):
@@ -498,29 +466,6 @@ class HierarchicalSoftmax(SoftmaxHead):
         )
 
     # ---------------------------------------------------------------- scores
-    def _word_embeddings(self):
-        """The `[V, d]` word output embeddings (variable, not cast)."""
-        if self.token_embedding is not None:
-            return self.token_embedding.embeddings
-        return self.kernel
-
-    def output_kernel(self):
-        """The `[d, V]` word projection, in the compute dtype."""
-        return ops.transpose(ops.cast(self._word_embeddings(), self.compute_dtype))
-
-    def logits(self, inputs):
-        """Within-cluster word scores `z = h W^T + b`, float32 `[..., V]`."""
-        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
-        words = ops.cast(self._word_embeddings(), self.compute_dtype)
-        # A 2-D product: the gradient of TF's einsum "...d,vd->...v" with
-        # respect to `words` broadcasts to [N, V, d].
-        flat = ops.reshape(inputs, (-1, self.input_dim))
-        z = ops.cast(ops.einsum("nd,vd->nv", flat, words), self.accumulation_dtype)
-        z = ops.reshape(z, (*ops.shape(inputs)[:-1], self.vocab_size))
-        if self.bias is not None:
-            z = z + ops.cast(self.bias, self.accumulation_dtype)
-        return z
-
     def cluster_log_probs(self, inputs):
         """`log p(c | h)`, float32 `[..., C]`."""
         inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
@@ -615,7 +560,7 @@ class HierarchicalSoftmax(SoftmaxHead):
             ops.convert_to_tensor(self.cluster_words), tile_cluster, axis=0
         )  # [K, M]
         blocks = ops.cast(
-            ops.take(self._word_embeddings(), words, axis=0), self.compute_dtype
+            ops.take(self.output_embeddings(), words, axis=0), self.compute_dtype
         )  # [K, M, d]
         h_tiles = ops.reshape(
             ops.take(ops.cast(h, self.compute_dtype), ops.maximum(slot_token, 0), axis=0),

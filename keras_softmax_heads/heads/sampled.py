@@ -167,66 +167,7 @@ class WordMajorSoftmaxHead(PointwiseSoftmaxHead):
     transpose the kernel.
     """
 
-    def build(self, input_shape):
-        input_dim = input_shape[-1]
-        if input_dim is None:
-            raise ValueError(
-                f"{self.__class__.__name__} needs a known last dimension of the "
-                f"context vectors. Received: input_shape={input_shape}"
-            )
-        self.input_dim = int(input_dim)
-        self.input_spec = keras.InputSpec(min_ndim=2, axes={-1: self.input_dim})
-        self.kernel = None
-        if self.token_embedding is not None:
-            emb_dim = self.token_embedding.output_dim
-            if emb_dim != self.input_dim:
-                raise ValueError(
-                    "The tied `token_embedding` has output_dim="
-                    f"{emb_dim} but the context vectors have last dimension "
-                    f"{self.input_dim}. Received: input_shape={input_shape}"
-                )
-            if not self.token_embedding.built:
-                self.token_embedding.build((None,))
-        else:
-            self.kernel = self.add_weight(
-                name="kernel",
-                shape=(self.vocab_size, self.input_dim),
-                initializer=self.kernel_initializer,
-            )
-        self.bias = None
-        if self.use_bias:
-            self.bias = self.add_weight(
-                name="bias",
-                shape=(self.vocab_size,),
-                initializer=self.bias_initializer,
-                autocast=False,  # read in float32 under mixed precision
-            )
-        self.build_head(input_shape)
-
-    # ---------------------------------------------------------------- scores
-    def output_embeddings(self):
-        """The `[V, d]` output matrix (a variable, not cast)."""
-        if self.token_embedding is not None:
-            return self.token_embedding.embeddings
-        return self.kernel
-
-    def output_kernel(self):
-        """The `[d, V]` output projection (a transpose), in the compute dtype."""
-        return ops.transpose(ops.cast(self.output_embeddings(), self.compute_dtype))
-
-    def logits(self, inputs):
-        """Linear scores `z = h W^T + b`, float32 `[..., V]`."""
-        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
-        words = ops.cast(self.output_embeddings(), self.compute_dtype)
-        # A 2-D product: the gradient of TF's einsum "...d,vd->...v" with
-        # respect to `words` broadcasts to [N, V, d] (4 GB at N=205, V=10k).
-        flat = ops.reshape(inputs, (-1, self.input_dim))
-        z = ops.einsum("nd,vd->nv", flat, words)
-        lead = ops.shape(inputs)[:-1]
-        z = ops.reshape(ops.cast(z, self.accumulation_dtype), (*lead, self.vocab_size))
-        if self.bias is not None:
-            z = z + ops.cast(self.bias, self.accumulation_dtype)
-        return z
+    word_major = True
 
     def target_scores(self, h, targets):
         """`z_{i, t_i}` for flat `h` `[N, d]` and targets `[N]`: float32 `[N]`.
