@@ -45,7 +45,7 @@ from keras_softmax_heads.heads.base import build_context_checks
 from keras_softmax_heads.heads.base import check_targets
 from keras_softmax_heads.heads.base import nan_if_invalid
 from keras_softmax_heads.heads.hierarchical import constant_int_weight
-from keras_softmax_heads.heads.hierarchical import check_counts
+from keras_softmax_heads.samplers import check_counts
 
 # The paper's billionW setting (Figure 7): 1024 units for the 50K most
 # frequent words, 512 for the next 100K, 64 for the remaining 643K

@@ -61,14 +61,9 @@ from keras_softmax_heads import clustering
 from keras_softmax_heads.heads.base import SoftmaxHead
 from keras_softmax_heads.heads.base import check_targets
 from keras_softmax_heads.heads.base import nan_if_invalid
+from keras_softmax_heads.samplers import check_counts
 
 _STRATEGIES = ("frequency", "random", "kmeans", "weighted_kmeans")
-
-
-def _summary(values, limit=8):
-    flat = np.asarray(values).ravel()
-    text = ", ".join(str(v) for v in flat[:limit].tolist())
-    return f"[{text}{', ...' if flat.size > limit else ''}]"
 
 
 def _check_int(name, value, minimum):
@@ -81,37 +76,6 @@ def _check_int(name, value, minimum):
             f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
         )
     return int(value)
-
-
-def check_counts(counts, vocab_size):
-    """Validates unigram counts: 1-D, numeric, finite, `>= 0`, length `V`.
-
-    Returns a float64 numpy array, or None when `counts` is None.
-    """
-    if counts is None:
-        return None
-    array = np.asarray(counts)
-    if array.dtype == object or not (
-        np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_
-    ):
-        raise ValueError(
-            "`counts` must be a 1-D array of numbers (one count per word). "
-            f"Received: counts with dtype={array.dtype}"
-        )
-    if array.ndim != 1 or array.size != vocab_size:
-        raise ValueError(
-            "`counts` must have one entry per word. Received: "
-            f"counts.shape={array.shape}, vocab_size={vocab_size}"
-        )
-    array = array.astype(np.float64)
-    bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
-    if bad.size:
-        raise ValueError(
-            "`counts` must be finite and non-negative. Received: "
-            f"counts[{int(bad[0])}]={array[bad[0]]:g} (bad word ids "
-            f"{_summary(bad)})"
-        )
-    return array
 
 
 
