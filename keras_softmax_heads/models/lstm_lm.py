@@ -12,6 +12,37 @@ def _check_int(value, name, minimum):
     return value
 
 
+def _check_embedding(embedding, vocab_size, embedding_dim):
+    """Validates a shared input `embedding` against `vocab_size` /
+    `embedding_dim`; returns `vocab_size` (taken from the embedding when
+    None)."""
+    if embedding is not None:
+        if not hasattr(embedding, "input_dim") or not hasattr(
+            embedding, "output_dim"
+        ):
+            raise ValueError(
+                "`embedding` must be a keras.layers.Embedding. "
+                f"Received: embedding={embedding!r}"
+            )
+        if vocab_size is None:
+            vocab_size = embedding.input_dim
+        if vocab_size != embedding.input_dim or (
+            embedding_dim != embedding.output_dim
+        ):
+            raise ValueError(
+                "`embedding` does not match vocab_size/embedding_dim. "
+                f"Received: vocab_size={vocab_size}, "
+                f"embedding_dim={embedding_dim}, embedding of shape "
+                f"[{embedding.input_dim}, {embedding.output_dim}]"
+            )
+    if vocab_size is None:
+        raise ValueError(
+            "One of `vocab_size` or `embedding` must be set. "
+            "Received: vocab_size=None, embedding=None"
+        )
+    return vocab_size
+
+
 def _check_rate(value, name):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
         0.0 <= value < 1.0
@@ -138,30 +169,7 @@ class LSTMLanguageModel(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if embedding is not None:
-            if not hasattr(embedding, "input_dim") or not hasattr(
-                embedding, "output_dim"
-            ):
-                raise ValueError(
-                    "`embedding` must be a keras.layers.Embedding. "
-                    f"Received: embedding={embedding!r}"
-                )
-            if vocab_size is None:
-                vocab_size = embedding.input_dim
-            if vocab_size != embedding.input_dim or (
-                embedding_dim != embedding.output_dim
-            ):
-                raise ValueError(
-                    "`embedding` does not match vocab_size/embedding_dim. "
-                    f"Received: vocab_size={vocab_size}, "
-                    f"embedding_dim={embedding_dim}, embedding of shape "
-                    f"[{embedding.input_dim}, {embedding.output_dim}]"
-                )
-        if vocab_size is None:
-            raise ValueError(
-                "One of `vocab_size` or `embedding` must be set. "
-                "Received: vocab_size=None, embedding=None"
-            )
+        vocab_size = _check_embedding(embedding, vocab_size, embedding_dim)
         self.vocab_size = _check_int(vocab_size, "vocab_size", 2)
         self.embedding_dim = _check_int(embedding_dim, "embedding_dim", 1)
         self.hidden_size = _check_int(hidden_size, "hidden_size", 1)

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_softmax_heads.models.lstm_lm import _check_embedding
 from keras_softmax_heads.models.lstm_lm import _check_int
 from keras_softmax_heads.models.lstm_lm import _check_rate
 
@@ -66,30 +67,7 @@ class NgramLanguageModel(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if embedding is not None:
-            if not hasattr(embedding, "input_dim") or not hasattr(
-                embedding, "output_dim"
-            ):
-                raise ValueError(
-                    "`embedding` must be a keras.layers.Embedding. "
-                    f"Received: embedding={embedding!r}"
-                )
-            if vocab_size is None:
-                vocab_size = embedding.input_dim
-            if vocab_size != embedding.input_dim or (
-                embedding_dim != embedding.output_dim
-            ):
-                raise ValueError(
-                    "`embedding` does not match vocab_size/embedding_dim. "
-                    f"Received: vocab_size={vocab_size}, "
-                    f"embedding_dim={embedding_dim}, embedding of shape "
-                    f"[{embedding.input_dim}, {embedding.output_dim}]"
-                )
-        if vocab_size is None:
-            raise ValueError(
-                "One of `vocab_size` or `embedding` must be set. "
-                "Received: vocab_size=None, embedding=None"
-            )
+        vocab_size = _check_embedding(embedding, vocab_size, embedding_dim)
         self.vocab_size = _check_int(vocab_size, "vocab_size", 2)
         self.order = _check_int(order, "order", 2)
         self.embedding_dim = _check_int(embedding_dim, "embedding_dim", 1)
