@@ -32,10 +32,11 @@ Usage:
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
+
+import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -43,23 +44,6 @@ DENSE_COPIES = 5.0  # float32 [N, V] buffers alive at the dense peak (measured).
 FULL_N = (2048, 8192)
 FULL_V = (33_000, 100_000, 793_471)
 D = 512
-
-
-def _status():
-    text = open("/proc/self/status").read()
-    return {
-        key: int(re.search(key + r":\s+(\d+)", text).group(1)) * 1024
-        for key in ("VmRSS", "VmHWM")
-    }
-
-
-def _reset_peak():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------------- child
@@ -129,8 +113,8 @@ def child(args):
     data = inputs(n, v, d)
     # TF's CPU allocator (oneDNN build) pools large blocks and never returns
     # them, so the step's peak is measured from its first call on.
-    reset = _reset_peak()
-    baseline = _status()["VmRSS"] if reset else _status()["VmHWM"]
+    reset = proc_memory.reset_peak()
+    baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
     try:
         tf.config.experimental.reset_memory_stats("CPU:0")
         pool_base = tf.config.experimental.get_memory_info("CPU:0")["current"]
@@ -150,7 +134,7 @@ def child(args):
         del out
         if time.perf_counter() > budget_end:
             break
-    peak = _status()["VmHWM"] - baseline
+    peak = proc_memory.status()["VmHWM"] - baseline
     pool_peak = None
     if pool_base is not None:
         info = tf.config.experimental.get_memory_info("CPU:0")
@@ -214,11 +198,6 @@ def best(old, new):
     return out
 
 
-def available_bytes():
-    text = open("/proc/meminfo").read()
-    return int(re.search(r"MemAvailable:\s+(\d+)", text).group(1)) * 1024
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
@@ -273,7 +252,7 @@ def main():
     budget = (
         args.memory_budget_gb * 2**30
         if args.memory_budget_gb
-        else 0.8 * available_bytes()
+        else 0.8 * proc_memory.available_bytes()
     )
     results = []
     header = (
@@ -289,7 +268,7 @@ def main():
             for v in vs:
                 dense_est = DENSE_COPIES * n * v * 4 + 2 * 4 * args.d * v
                 if not args.memory_budget_gb:  # what is free now (shared machine)
-                    budget = 0.8 * available_bytes()
+                    budget = 0.8 * proc_memory.available_bytes()
                 rows = {}
                 for _ in range(args.rounds):
                     for method in baselines:

@@ -50,22 +50,15 @@ Usage:
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 
+import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 ALL_HEADS = ("full", "sigsoftmax", "monotonic", "plif", "plif_naive", "mos", "moc")
-
-
-def _status():
-    text = open("/proc/self/status").read()
-    return {
-        key: int(re.search(key + r":\s+(\d+)", text).group(1)) * 1024
-        for key in ("VmRSS", "VmHWM")
-    }
 
 
 # --------------------------------------------------------------------- heads
@@ -185,9 +178,9 @@ def child_memory(args):
     head.build((None, d))
     step = make_step(head, args.modes[0] == "xla")
     h, y = inputs(n, v, d)
-    rss_before = _status()["VmHWM"]
+    rss_before = proc_memory.status()["VmHWM"]
     float(step(h, y)[0])  # tracing / compilation, and a first step
-    rss_first = _status()["VmHWM"] - rss_before
+    rss_first = proc_memory.status()["VmHWM"] - rss_before
     gc.collect()
     try:
         tf.config.experimental.reset_memory_stats("CPU:0")

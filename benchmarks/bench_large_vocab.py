@@ -63,6 +63,8 @@ import subprocess
 import sys
 import time
 
+import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 FULL_V = (10_000, 100_000, 793_471)
@@ -218,23 +220,6 @@ def zipf_counts(v, total=8e8):
 
 
 # ------------------------------------------------------------------ child
-def _status():
-    text = open("/proc/self/status").read()
-    return {
-        key: int(re.search(key + r":\s+(\d+)", text).group(1)) * 1024
-        for key in ("VmRSS", "VmHWM")
-    }
-
-
-def _reset_peak():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def measure(args, track_memory=True):
     """Builds one (row, V, N, mode, phase) step, times it, returns a dict."""
     import numpy as np
@@ -307,8 +292,8 @@ def measure(args, track_memory=True):
 
     step, variables = make_step(args.v)
     data = inputs(args.n, args.v)
-    reset = track_memory and _reset_peak()
-    baseline = _status()["VmRSS"] if reset else _status()["VmHWM"]
+    reset = track_memory and proc_memory.reset_peak()
+    baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
     t0 = time.perf_counter()
     loss = float(step(*data)[0])
     first = time.perf_counter() - t0
@@ -323,7 +308,7 @@ def measure(args, track_memory=True):
         del out
         if time.perf_counter() > budget_end:
             break
-    peak = _status()["VmHWM"] - baseline
+    peak = proc_memory.status()["VmHWM"] - baseline
     return {
         "first_s": first,
         "step_s": min(times) if times else first,
@@ -387,11 +372,6 @@ def run_child(row, v, n, mode, phase, args):
         return {"error": f"killed by signal {-proc.returncode} (out of memory?)"}
     tail = [l for l in text.strip().splitlines() if l.strip()][-2:]
     return {"error": f"rc={proc.returncode}: " + " | ".join(tail)[-300:]}
-
-
-def available_bytes():
-    text = open("/proc/meminfo").read()
-    return int(re.search(r"MemAvailable:\s+(\d+)", text).group(1)) * 1024
 
 
 OPTIONAL_MODULES = {
@@ -476,7 +456,7 @@ def main():
     budget = (
         args.memory_budget_gb * 2**30
         if args.memory_budget_gb
-        else 0.8 * available_bytes()
+        else 0.8 * proc_memory.available_bytes()
     )
     print(f"d={args.d}, N={args.n}, num_sampled={args.num_sampled}, "
           f"memory budget {budget / 2**30:.1f} GiB, modes {modes}", flush=True)
