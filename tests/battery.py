@@ -299,3 +299,30 @@ class HeadBattery:
         head = self.cases[case](None, None, token_embedding=wrong_dim)
         with pytest.raises(ValueError, match="output_dim"):
             head(self.inputs())
+
+
+def assert_directional_gradients(objective, h, variables, rng, eps=1e-6,
+                                 rtol=1e-6, atol=1e-7):
+    """Checks the tape gradients of `objective(h)` with respect to `h` (a
+    float64 tensor, the first of `variables`) and each weight against a
+    central finite difference along a random direction. Returns the
+    gradients (as the tape gives them, e.g. `tf.IndexedSlices`)."""
+    with tf.GradientTape() as tape:
+        tape.watch(h)
+        value = objective(h)
+    grads = tape.gradient(value, variables)
+    for var, grad in zip(variables, grads):
+        grad = np.asarray(tf.convert_to_tensor(grad))
+        direction = rng.normal(size=var.shape)
+        if var is h:
+            up, down = objective(h + eps * direction), objective(h - eps * direction)
+        else:
+            v0 = var.numpy()
+            var.assign(v0 + eps * direction)
+            up = objective(h)
+            var.assign(v0 - eps * direction)
+            down = objective(h)
+            var.assign(v0)
+        numeric = (float(up) - float(down)) / (2 * eps)
+        np.testing.assert_allclose(np.sum(grad * direction), numeric, rtol=rtol, atol=atol)
+    return grads

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from battery import HeadBattery
+from battery import assert_directional_gradients
 
 import keras_softmax_heads as ksh
 from keras_softmax_heads.heads.self_normalized import SelfNormalizedSoftmax
@@ -161,25 +162,7 @@ def test_finite_difference_gradient_with_fixed_rows():
         return tf.reduce_sum(head.loss_with_rows(x, t, rows) * weights)
 
     variables = [h] + list(head.trainable_weights)
-    with tf.GradientTape() as tape:
-        tape.watch(h)
-        value = objective(h)
-    grads = tape.gradient(value, variables)
-    for var, grad in zip(variables, grads):
-        grad = np.asarray(tf.convert_to_tensor(grad))
-        direction = rng.normal(size=var.shape)
-        eps = 1e-6
-        if var is h:
-            up, down = objective(h + eps * direction), objective(h - eps * direction)
-        else:
-            v0 = var.numpy()
-            var.assign(v0 + eps * direction)
-            up = objective(h)
-            var.assign(v0 - eps * direction)
-            down = objective(h)
-            var.assign(v0)
-        numeric = (float(up) - float(down)) / (2 * eps)
-        np.testing.assert_allclose(np.sum(grad * direction), numeric, rtol=1e-6, atol=1e-7)
+    assert_directional_gradients(objective, h, variables, rng)
 
 
 BAD_ARGUMENTS = [
