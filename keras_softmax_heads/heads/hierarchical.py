@@ -32,12 +32,32 @@ Design notes (see the class docstring for the user-facing summary):
   backward step is 10x (V = 10k), 15-19x (100k) and 25x (793k: 1.35 s vs
   34 s for the chunked full softmax) faster than a full softmax; evaluation
   7-13x. Not the ~100x a two-level tree promises in FLOPs, because the step
-  is memory-bound: with `C = 1598` clusters of equal unigram mass and 2048
-  targets, most clusters are hit in every step, so the `K = 1627` tiles
-  gather `K * M = 1.45M` rows (1.8x the 793k-row matrix, padding included,
-  3 GB at d = 512) and the backward pass writes a gradient of the same size.
-  A tile loop that reads each block in place (no gathered copy) and writes
-  one row per word would cut that traffic several-fold; not done yet.
+  is memory-bound: with `C = 1598` clusters (equal-mass bins split to at
+  most 891 words) and 2048 targets, about half of the clusters are hit in
+  every step, and static shapes must cover the worst case: the `K = 1627`
+  tiles gather `K * M = 1.45M` rows (1.8x the 793k-row matrix, padding
+  included, 3 GB at d = 512) and the backward pass writes a gradient of the
+  same size.
+* The floor (`benchmarks/hsm_floor.py`, `docs/results/hsm_floor.json`): in
+  one such batch 834 of the 1,598 clusters are hit, 265k distinct word rows
+  (540 MB at d = 512; the expected count is the same). Reading them once
+  takes 0.09 s (graph) / 0.12 s (XLA), the cluster-level softmax alone
+  0.09 / 0.045 s, so `cluster + 2 x read` = 0.26-0.28 s is a lower bound on
+  any exact step here (the gradient write not counted): at most ~120-130x
+  over the 34 s full softmax, and the layer's step is ~5x that bound.
+* Tried and not kept (2026-11-23, same shapes): (1) a `tf.while_loop` over
+  the tiles actually used (dynamic trip count, static shapes inside), each
+  reading its cluster's `[M, d]` window of a cluster-contiguous kernel in
+  place, with a custom gradient: the XLA forward drops to 0.23 s, but XLA
+  runs the loop on one core (~100-300 us per 1.8 MB window) and has no
+  public in-place slice update, so accumulating the `[V, d]` gradient costs
+  ~0.3 s (a single-slice scatter per tile) and the step stays at 1.4 s;
+  in graph mode the loop's per-iteration overhead makes it slower (0.29 s
+  at V = 10k vs 0.035 s). (2) Dynamic shapes in graph mode: one row gather
+  per (target, word) pair (382k pairs), segment log-sum-exp and a custom
+  sparse gradient: 1.0 s train, 0.36 s eval (the `[pairs, d]` gathers and
+  segment sums). Reaching the floor needs a fused kernel (one pass per hit
+  cluster, multi-threaded), which public TensorFlow / XLA ops do not give.
 * `tile_size` trades gathered rows (fewer with larger tiles) against padded
   word scores (`K * tile_size * M`, more with larger tiles). At V = 793k,
   N = 2048: graph mode 1.28 s (16), 0.90 s (4), 0.93 s (2); under XLA

@@ -1,0 +1,148 @@
+"""How fast can an exact hierarchical-softmax step be? A measured floor.
+
+`HierarchicalSoftmax` must score, for every target, all the words of the
+target's cluster. With the layer's default frequency clustering and Zipfian
+targets (the setting of `bench_large_vocab.py`), this script measures the
+parts that no implementation of the exact two-level step can avoid, and
+compares them with the layer's own step:
+
+* the layout statistics of one batch: clusters hit, distinct word rows of
+  the hit clusters (their embeddings must be read at least once forward and
+  once backward, and their gradient written), target/word pairs;
+* `cluster`: the cluster-level softmax alone, `log_softmax(h U + a)`, forward
+  and backward (`N x d x C` products, the same in every implementation);
+* `read rows`: reading the hit clusters' rows once (`sum(gather(W, rows))`);
+* `hsm step`: the layer's exact NLL + backward (`bench_large_vocab.py`'s
+  train step) at the same shapes.
+
+`floor = cluster + 2 x read rows` (one read forward, one backward, not
+counting the gradient write) is a lower bound on the step on this machine;
+`--full-seconds` (the full-softmax step of `bench_large_vocab.py`, 34.3 s
+for the chunked full softmax at V = 793k on the 2-core CPU) turns the
+times into speed-ups.
+
+Usage:
+    python benchmarks/hsm_floor.py                       # V = 793k, graph and XLA
+    python benchmarks/hsm_floor.py --v 100000 --modes graph --full-seconds 3.3
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from keras_softmax_heads.heads.hierarchical import HierarchicalSoftmax  # noqa: E402
+
+
+def best_time(fn, repeats):
+    """Best wall time of `repeats` calls after one warm-up (trace/compile)."""
+    tf.nest.map_structure(np.asarray, fn(), expand_composites=True)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tf.nest.map_structure(np.asarray, fn(), expand_composites=True)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def layout_stats(layout, counts, targets):
+    """Clusters hit, distinct rows of the hit clusters, target/word pairs."""
+    clusters = layout.cluster_of_word[targets]
+    hit = np.unique(clusters)
+    mass = np.bincount(layout.cluster_of_word, weights=counts,
+                       minlength=layout.num_clusters)
+    mass = mass / mass.sum()
+    expected_rows = float(
+        (layout.cluster_sizes * (1.0 - np.exp(-len(targets) * mass))).sum()
+    )
+    return {
+        "clusters": int(layout.num_clusters),
+        "max_cluster_size": int(layout.max_cluster_size),
+        "clusters_hit": int(hit.size),
+        "rows_hit": int(layout.cluster_sizes[hit].sum()),
+        "rows_hit_expected": round(expected_rows),
+        "pairs": int(layout.cluster_sizes[clusters].sum()),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--v", type=int, default=793_471)
+    parser.add_argument("--d", type=int, default=512)
+    parser.add_argument("--n", type=int, default=2048)
+    parser.add_argument("--modes", default="graph,xla")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--full-seconds", type=float, default=34.3,
+                        help="full-softmax train step at the same shapes")
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    counts = 1.0 / (np.arange(args.v) + 1.0)
+    targets_np = rng.choice(args.v, size=args.n, p=counts / counts.sum())
+    head = HierarchicalSoftmax(args.v, counts=counts)
+    head.build((None, args.d))
+    layout = head.cluster_assignment
+    stats = layout_stats(layout, counts, targets_np)
+    hit = np.unique(layout.cluster_of_word[targets_np])
+    rows_np = np.concatenate(
+        [layout.cluster_words[c, : layout.cluster_sizes[c]] for c in hit]
+    )
+
+    h = tf.constant(rng.normal(0.0, 0.5, (args.n, args.d)).astype("float32"))
+    targets = tf.constant(targets_np.astype("int32"))
+    rows = tf.constant(np.sort(rows_np).astype("int32"))
+    cluster_targets = tf.constant(layout.cluster_of_word[targets_np].astype("int32"))
+    kernel, cluster_kernel = head.kernel, head.cluster_kernel
+    cluster_bias = head.cluster_bias
+
+    results = {"v": args.v, "d": args.d, "n": args.n, **stats, "modes": {}}
+    print(json.dumps(stats))
+    for mode in args.modes.split(","):
+        jit = mode == "xla"
+
+        @tf.function(jit_compile=jit)
+        def cluster_step():
+            with tf.GradientTape() as tape:
+                tape.watch(h)
+                log_p = tf.nn.log_softmax(h @ cluster_kernel + cluster_bias)
+                loss = -tf.reduce_sum(tf.gather(log_p, cluster_targets, batch_dims=1))
+            return tape.gradient(loss, [h, cluster_kernel, cluster_bias])
+
+        @tf.function(jit_compile=jit)
+        def read_rows():
+            return tf.reduce_sum(tf.gather(kernel, rows))
+
+        @tf.function(jit_compile=jit)
+        def hsm_step():
+            with tf.GradientTape() as tape:
+                tape.watch(h)
+                loss = tf.reduce_sum(head.training_loss(h, targets))
+            return tape.gradient(loss, [h] + head.trainable_weights)
+
+        cluster_s = best_time(cluster_step, args.repeats)
+        read_s = best_time(read_rows, args.repeats)
+        step_s = best_time(hsm_step, args.repeats)
+        floor_s = cluster_s + 2 * read_s
+        row = {
+            "cluster_s": round(cluster_s, 4),
+            "read_rows_s": round(read_s, 4),
+            "floor_s": round(floor_s, 4),
+            "hsm_step_s": round(step_s, 4),
+            "floor_speedup": round(args.full_seconds / floor_s, 1),
+            "hsm_speedup": round(args.full_seconds / step_s, 1),
+        }
+        results["modes"][mode] = row
+        print(mode, json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
