@@ -89,11 +89,14 @@ class Row:
         full: whether this is a full-softmax reference row.
         eval: whether the row has an evaluation phase.
         tf_ref: name of the TensorFlow row this row is compared with.
+        xla: whether the row compiles with XLA (False: data-dependent
+            shapes by design; its `xla` cells are skipped, not failures).
     """
 
     def __init__(self, name, kind, make=None, est=None, full=False, eval=True,
-                 tf_ref=None):
+                 tf_ref=None, xla=True):
         self.name = name
+        self.xla = xla
         self.tf_ref = tf_ref
         self.kind = kind
         self.make = make
@@ -181,6 +184,12 @@ def _hierarchical(a):
     return HierarchicalSoftmax(a.v, counts=a.counts)
 
 
+def _hierarchical_dynamic(a):
+    from keras_softmax_heads.heads.hierarchical import HierarchicalSoftmax
+
+    return HierarchicalSoftmax(a.v, counts=a.counts, static_shapes=False)
+
+
 def _differentiated(a, chunk_size=None):
     from keras_softmax_heads.heads.differentiated import DifferentiatedSoftmax
 
@@ -206,6 +215,9 @@ ROWS = [
         est_self_normalized),
     Row("HierarchicalSoftmax", "head", _hierarchical,
         lambda a, phase, n: 3 * _f32(a.v, a.d) + 4 * _f32(n, 4 * int(a.v ** 0.5))),
+    Row("HierarchicalSoftmax (dynamic)", "head", _hierarchical_dynamic,
+        lambda a, phase, n: 3 * _f32(a.v, a.d) + 4 * _f32(n, 4 * int(a.v ** 0.5)),
+        xla=False),
     Row("DifferentiatedSoftmax", "head", _differentiated, est_dense()),
     Row("DifferentiatedSoftmax (chunked)", "head", _differentiated_chunked,
         est_chunked),
@@ -486,6 +498,8 @@ def main():
                         continue
                     if unavailable.get(row.name):
                         r = {"skipped": unavailable[row.name]}
+                    elif mode == "xla" and not row.xla:
+                        r = {"skipped": "data-dependent shapes: not for XLA"}
                     elif row.name == "FullSoftmax (chunked)" and "step_s" in measured.get(
                         "FullSoftmax", {}
                     ):

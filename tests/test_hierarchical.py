@@ -10,6 +10,7 @@ from battery import HeadBattery
 import keras_softmax_heads as ksh
 from keras_softmax_heads import clustering
 from keras_softmax_heads.heads.hierarchical import HierarchicalSoftmax
+from keras_softmax_heads.heads.hierarchical import size_class_widths
 from keras_softmax_heads.heads.hierarchical import split_large_clusters
 
 V, D = 13, 6
@@ -34,6 +35,26 @@ class TestHierarchicalBattery(HeadBattery):
             clusters=np.arange(_vocab(v, kw)) % 3,
             tile_size=1,
             use_bias=False,
+            **kw,
+        ),
+    }
+
+
+class TestHierarchicalDynamicBattery(HeadBattery):
+    """`static_shapes=False`: data-dependent tiles (graph mode only)."""
+
+    jit_compatible = False
+    cases = {
+        "dynamic": lambda v, d, **kw: HierarchicalSoftmax(
+            v, counts=COUNTS[: _vocab(v, kw)], static_shapes=False, **kw
+        ),
+        # Interleaved (non-contiguous) clusters, padded width, no biases.
+        "dynamic_explicit": lambda v, d, **kw: HierarchicalSoftmax(
+            v,
+            clusters=np.arange(_vocab(v, kw)) % 3,
+            max_cluster_size=7,
+            use_bias=False,
+            static_shapes=False,
             **kw,
         ),
     }
@@ -322,3 +343,102 @@ def test_bad_targets():
         head.log_likelihood(h, np.array([0, 13]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="non-negative"):
         head.log_likelihood(h, np.array([-1, 0]))
+
+
+# ------------------------------------------------------ static_shapes=False
+def _nll_and_grads(head, h, t, weights, jit=False):
+    def run(h):
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            ll = head.log_likelihood(h, t)
+            loss = -tf.reduce_sum(ll * weights)
+        grads = tape.gradient(loss, [h] + head.trainable_weights)
+        return ll, [tf.convert_to_tensor(g) for g in grads]
+
+    return tf.function(run, jit_compile=jit)(tf.convert_to_tensor(h))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(counts=np.random.default_rng(1).integers(1, 1000, size=57)),
+        dict(clusters=np.arange(57) % 5, use_bias=False),
+        dict(clustering="random", num_clusters=9, max_cluster_size=11, seed=2),
+        dict(clusters=np.minimum(np.arange(57) // 2, 20)),  # sizes 2 ... 17
+    ],
+    ids=["frequency", "interleaved_no_bias", "random_padded", "unequal"],
+)
+def test_dynamic_tiles_equal_static_tiles(kwargs):
+    """Same log-likelihood and gradients (h, both kernels, both biases) as the
+    static path (itself checked against NumPy), eagerly and in a graph with an
+    unknown batch size; skewed targets fill many tiles of one cluster."""
+    rng = np.random.default_rng(0)
+    vocab, n = 57, 45
+    h = (2 * rng.normal(size=(n, 8))).astype("float32")
+    t = np.where(rng.random(n) < 0.5, 0, rng.integers(0, vocab, size=n)).astype("int32")
+    static = randomised(HierarchicalSoftmax(vocab, **kwargs), h, seed=1)
+    dynamic = HierarchicalSoftmax(vocab, static_shapes=False, **kwargs)
+    dynamic(h)
+    for a, b in zip(static.weights, dynamic.weights):
+        b.assign(a.numpy())
+    weights = np.linspace(0.5, 2.0, n).astype("float32")
+    ll, grads = _nll_and_grads(static, h, t, weights, jit=True)
+    log_p = np.asarray(static(h))
+    np.testing.assert_allclose(ll, log_p[np.arange(n), t], atol=1e-5)
+    got_ll, got_grads = _nll_and_grads(dynamic, h, t, weights)
+    np.testing.assert_allclose(got_ll, ll, atol=1e-5)
+    for got, want, w in zip(got_grads, grads, ["h"] + static.trainable_weights):
+        np.testing.assert_allclose(got, want, atol=2e-5, err_msg=str(w))
+    spec = [tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None], tf.int32)]
+    unknown = tf.function(dynamic.log_likelihood, input_signature=spec)
+    np.testing.assert_allclose(np.asarray(unknown(h, t)), ll, atol=1e-5)
+    # One token, and every token in the same cluster.
+    np.testing.assert_allclose(
+        np.asarray(dynamic.log_likelihood(h[:1], t[:1])), ll[:1], atol=1e-5
+    )
+    same = np.zeros(n, "int32")
+    np.testing.assert_allclose(
+        np.asarray(dynamic.log_likelihood(h, same)), log_p[:, 0], atol=1e-5
+    )
+
+
+def test_dynamic_tiles_gather_only_the_clusters_hit():
+    """Data-dependent tiles: the gathered rows follow the clusters the batch
+    hits (size classes M, M/2, ...), not the static worst case."""
+    vocab = 4000
+    counts = 1.0 / np.arange(1, vocab + 1)
+    head = HierarchicalSoftmax(vocab, counts=counts, static_shapes=False)
+    h = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    head(h)
+    layout = head.cluster_assignment
+    t = np.full(64, vocab - 1, "int32")  # one (large) cluster
+    plan = head._dynamic_plan(
+        tf.gather(layout.cluster_of_word, t), tf.gather(layout.position_in_cluster, t)
+    )
+    rows = sum(int(np.prod(words.shape)) for _, _, words, _ in plan)
+    assert rows == -(-64 // max(1, 4096 // layout.max_cluster_size)) * layout.max_cluster_size
+    assert rows < head.likelihood_cost(64)["gathered_rows"] / 4
+    t = np.zeros(64, "int32")  # the most frequent word: a one-word cluster
+    plan = head._dynamic_plan(
+        tf.gather(layout.cluster_of_word, t), tf.gather(layout.position_in_cluster, t)
+    )
+    assert sum(int(np.prod(words.shape)) for _, _, words, _ in plan) == 1
+
+
+def test_size_class_widths():
+    assert size_class_widths(1) == [1]
+    assert size_class_widths(891) == [891, 446, 223, 112, 56, 28, 14, 7, 4, 2, 1]
+
+
+def test_static_shapes_config_and_jit_fallback():
+    head = HierarchicalSoftmax(V, counts=COUNTS, static_shapes=False)
+    assert head.get_config()["static_shapes"] is False
+    assert HierarchicalSoftmax.from_config(head.get_config()).static_shapes is False
+    assert not head.supports_jit and HierarchicalSoftmax(V).supports_jit
+    with pytest.raises(ValueError, match="static_shapes='no'"):
+        HierarchicalSoftmax(V, static_shapes="no")
+    # Keras' default on CPU/GPU (`jit_compile="auto"`) leaves XLA off.
+    backbone = keras.Sequential([keras.layers.Embedding(V, D)])
+    model = ksh.HeadModel(backbone, head)
+    model.compile(optimizer="adam")
+    assert not model.jit_compile
