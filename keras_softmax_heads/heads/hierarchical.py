@@ -70,8 +70,13 @@ Design notes (see the class docstring for the user-facing summary):
   tile. The step is then bounded by memory traffic of the gathered blocks
   (gather, forward product, the two backward products, the concatenation
   of the classes' gradients: ~4 GB at ~10-20 GB/s) plus the cluster
-  softmax; measured 0.33-0.41 s graph-mode train step (static: 1.1-1.35 s)
-  and 0.07-0.08 s evaluation at N = 1024 (static: 0.31-0.39 s).
+  softmax. Measured (`benchmarks/bench_large_vocab.py`, graph mode, fresh
+  process per row, best of 5; `docs/results/bench_hsm_dynamic.json`):
+  train step 0.39-0.42 s over three runs, 88-104x the chunked full softmax
+  of the same run (36-40 s; the static path: 1.1-1.25 s, 32x), evaluation
+  0.07-0.13 s at N = 1024 (static 0.31-0.39 s). At V = 100k: 0.13 s train
+  (static 0.18 s); at V = 10k the extra ops make it slower than the static
+  path (0.055 vs 0.041 s): it pays for large vocabularies only.
   Finer classes (ratio 1.5 or 1.25: 308k / 291k rows) were slower (more
   ops), coarser (3, 4) no faster.
 * `tile_size` trades gathered rows (fewer with larger tiles) against padded
