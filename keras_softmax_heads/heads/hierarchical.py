@@ -72,8 +72,9 @@ Design notes (see the class docstring for the user-facing summary):
   of the classes' gradients: ~4 GB at ~10-20 GB/s) plus the cluster
   softmax. Measured (`benchmarks/bench_large_vocab.py`, graph mode, fresh
   process per row, best of 5; `docs/results/bench_hsm_dynamic.json`):
-  train step 0.39-0.42 s over three runs, 88-104x the chunked full softmax
-  of the same run (36-40 s; the static path: 1.1-1.25 s, 32x), evaluation
+  train step 0.40 and 0.42 s in two runs, 93x and 94x the chunked full
+  softmax of the same run (37 s, 40 s; the static path: 1.1-1.25 s, 32x),
+  0.39 s in a third run of the row alone; evaluation
   0.07-0.13 s at N = 1024 (static 0.31-0.39 s). At V = 100k: 0.13 s train
   (static 0.18 s); at V = 10k the extra ops make it slower than the static
   path (0.055 vs 0.041 s): it pays for large vocabularies only.
