@@ -13,7 +13,8 @@ compares them with the layer's own step:
   and backward (`N x d x C` products, the same in every implementation);
 * `read rows`: reading the hit clusters' rows once (`sum(gather(W, rows))`);
 * `hsm step`: the layer's exact NLL + backward (`bench_large_vocab.py`'s
-  train step) at the same shapes.
+  train step) at the same shapes, with static shapes and (graph mode only)
+  with `static_shapes=False`.
 
 `floor = cluster + 2 x read rows` (one read forward, one backward, not
 counting the gradient write) is a lower bound on the step on this machine;
@@ -87,6 +88,9 @@ def main():
     targets_np = rng.choice(args.v, size=args.n, p=counts / counts.sum())
     head = HierarchicalSoftmax(args.v, counts=counts)
     head.build((None, args.d))
+    dynamic = HierarchicalSoftmax(args.v, counts=counts, static_shapes=False)
+    dynamic.build((None, args.d))
+    dynamic.set_weights(head.get_weights())
     layout = head.cluster_assignment
     stats = layout_stats(layout, counts, targets_np)
     hit = np.unique(layout.cluster_of_word[targets_np])
@@ -118,16 +122,19 @@ def main():
         def read_rows():
             return tf.reduce_sum(tf.gather(kernel, rows))
 
-        @tf.function(jit_compile=jit)
-        def hsm_step():
-            with tf.GradientTape() as tape:
-                tape.watch(h)
-                loss = tf.reduce_sum(head.training_loss(h, targets))
-            return tape.gradient(loss, [h] + head.trainable_weights)
+        def hsm_step(layer):
+            @tf.function(jit_compile=jit)
+            def step():
+                with tf.GradientTape() as tape:
+                    tape.watch(h)
+                    loss = tf.reduce_sum(layer.training_loss(h, targets))
+                return tape.gradient(loss, [h] + layer.trainable_weights)
+
+            return step
 
         cluster_s = best_time(cluster_step, args.repeats)
         read_s = best_time(read_rows, args.repeats)
-        step_s = best_time(hsm_step, args.repeats)
+        step_s = best_time(hsm_step(head), args.repeats)
         floor_s = cluster_s + 2 * read_s
         row = {
             "cluster_s": round(cluster_s, 4),
@@ -137,6 +144,10 @@ def main():
             "floor_speedup": round(args.full_seconds / floor_s, 1),
             "hsm_speedup": round(args.full_seconds / step_s, 1),
         }
+        if not jit:  # data-dependent shapes: graph mode only
+            dynamic_s = best_time(hsm_step(dynamic), args.repeats)
+            row["hsm_dynamic_step_s"] = round(dynamic_s, 4)
+            row["hsm_dynamic_speedup"] = round(args.full_seconds / dynamic_s, 1)
         results["modes"][mode] = row
         print(mode, json.dumps(row), flush=True)
     if args.json:

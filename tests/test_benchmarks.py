@@ -38,6 +38,8 @@ def test_hsm_floor(tmp_path):
         row = result["modes"][mode]
         assert row["floor_s"] == pytest.approx(row["cluster_s"] + 2 * row["read_rows_s"], abs=2e-4)
         assert row["hsm_step_s"] > 0
+    assert result["modes"]["graph"]["hsm_dynamic_step_s"] > 0
+    assert "hsm_dynamic_step_s" not in result["modes"]["xla"]
 
 
 @pytest.mark.slow

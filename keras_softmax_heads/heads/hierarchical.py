@@ -40,11 +40,13 @@ Design notes (see the class docstring for the user-facing summary):
   same size.
 * The floor (`benchmarks/hsm_floor.py`, `docs/results/hsm_floor.json`): in
   one such batch 834 of the 1,598 clusters are hit, 265k distinct word rows
-  (540 MB at d = 512; the expected count is the same). Reading them once
-  takes 0.09 s (graph) / 0.12 s (XLA), the cluster-level softmax alone
-  0.09 / 0.045 s, so `cluster + 2 x read` = 0.26-0.28 s is a lower bound on
-  any exact step here (the gradient write not counted): at most ~120-130x
-  over the 34 s full softmax, and the layer's step is ~5x that bound.
+  (540 MB at d = 512; the expected count is the same). Over two runs,
+  reading them once took 0.08-0.09 s (graph) / 0.12-0.14 s (XLA) and the
+  cluster-level softmax alone 0.055-0.09 s / 0.045-0.065 s, so
+  `cluster + 2 x read` = 0.22-0.35 s is a lower bound on any exact step
+  here (the gradient write not counted): ~105-170x over a 37 s full
+  softmax. The static step is ~5x that bound; `static_shapes=False` below
+  ~1.5-2x.
 * Tried and not kept (2026-11-23, same shapes): (1) a `tf.while_loop` over
   the tiles actually used (dynamic trip count, static shapes inside), each
   reading its cluster's `[M, d]` window of a cluster-contiguous kernel in
@@ -72,9 +74,9 @@ Design notes (see the class docstring for the user-facing summary):
   of the classes' gradients: ~4 GB at ~10-20 GB/s) plus the cluster
   softmax. Measured (`benchmarks/bench_large_vocab.py`, graph mode, fresh
   process per row, best of 5; `docs/results/bench_hsm_dynamic.json`):
-  train step 0.40 and 0.42 s in two runs, 93x and 94x the chunked full
-  softmax of the same run (37 s, 40 s; the static path: 1.1-1.25 s, 32x),
-  0.39 s in a third run of the row alone; evaluation
+  train step 0.40, 0.42 and 0.48 s in three runs, 93x, 94x and 77x the
+  chunked full softmax of the same run (37, 40, 37 s; the static path:
+  1.1-1.25 s, 31-33x); evaluation
   0.07-0.13 s at N = 1024 (static 0.31-0.39 s). At V = 100k: 0.13 s train
   (static 0.18 s); at V = 10k the extra ops make it slower than the static
   path (0.055 vs 0.041 s): it pays for large vocabularies only.
