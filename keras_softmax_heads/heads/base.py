@@ -63,8 +63,18 @@ def gather_targets(values, targets):
     return ops.squeeze(picked, -1)
 
 
-def build_context_checks(layer, input_shape):
-    """Shared `build` checks: known `d`, input spec, tied embedding dims."""
+def check_embedding_layer(embedding, name):
+    """Raises unless `embedding` looks like a `keras.layers.Embedding`
+    (has `input_dim` and `output_dim`); `name` is the argument's name."""
+    if not hasattr(embedding, "input_dim") or not hasattr(embedding, "output_dim"):
+        raise ValueError(
+            f"`{name}` must be a keras.layers.Embedding. "
+            f"Received: {name}={embedding!r}"
+        )
+
+
+def set_context_dim(layer, input_shape):
+    """Sets `layer.input_dim` (the known last dimension `d`) and its input spec."""
     input_dim = input_shape[-1]
     if input_dim is None:
         raise ValueError(
@@ -73,6 +83,11 @@ def build_context_checks(layer, input_shape):
         )
     layer.input_dim = int(input_dim)
     layer.input_spec = keras.InputSpec(min_ndim=2, axes={-1: layer.input_dim})
+
+
+def build_context_checks(layer, input_shape):
+    """Shared `build` checks: known `d`, input spec, tied embedding dims."""
+    set_context_dim(layer, input_shape)
     embedding = getattr(layer, "token_embedding", None)
     if embedding is not None:
         if embedding.output_dim != layer.input_dim:
@@ -130,13 +145,7 @@ class SoftmaxHead(keras.layers.Layer):
                 "Received: vocab_size=None, token_embedding=None"
             )
         if token_embedding is not None:
-            if not hasattr(token_embedding, "input_dim") or not hasattr(
-                token_embedding, "output_dim"
-            ):
-                raise ValueError(
-                    "`token_embedding` must be a keras.layers.Embedding. "
-                    f"Received: token_embedding={token_embedding!r}"
-                )
+            check_embedding_layer(token_embedding, "token_embedding")
             if vocab_size is not None and vocab_size != token_embedding.input_dim:
                 raise ValueError(
                     "`vocab_size` must equal the input dimension of "

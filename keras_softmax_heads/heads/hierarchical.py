@@ -178,7 +178,8 @@ def pack_tiles(cluster, tile, num_tiles, num_clusters):
         cluster: int32 `[n]`, the cluster of every token.
         tile: int, tokens per tile.
         num_tiles: int or scalar tensor `K`, at least the tiles needed
-            (`sum_c ceil(n_c / tile)`); the tiles beyond are empty.
+            (`sum_c ceil(n_c / tile)`); the tiles beyond are empty. None:
+            exactly the tiles needed (a data-dependent shape, not for XLA).
         num_clusters: int `C`.
 
     Returns:
@@ -193,6 +194,8 @@ def pack_tiles(cluster, tile, num_tiles, num_clusters):
     first_token = ops.cumsum(per_cluster) - per_cluster
     tiles_per_cluster = (per_cluster + (tile - 1)) // tile
     first_tile = ops.cumsum(tiles_per_cluster) - tiles_per_cluster
+    if num_tiles is None:
+        num_tiles = ops.sum(tiles_per_cluster)
     rank = ops.arange(n, dtype="int32") - ops.take(first_token, sorted_cluster)
     slot_sorted = (ops.take(first_tile, sorted_cluster) + rank // tile) * tile + (
         rank % tile
@@ -759,11 +762,7 @@ class HierarchicalSoftmax(SoftmaxHead):
             tile = max(1, min(DYNAMIC_MAX_TILE, DYNAMIC_TILE_SCORES // width))
             members = tf.cast(tf.where(token_class == j)[:, 0], "int32")  # data-dependent
             member_cluster = ops.take(cluster, members)
-            per_cluster = ops.segment_sum(
-                ops.ones_like(member_cluster), member_cluster, num_segments=self.num_clusters
-            )
-            num_tiles = ops.sum((per_cluster + (tile - 1)) // tile)
-            slot_token, _ = pack_tiles(member_cluster, tile, num_tiles, self.num_clusters)
+            slot_token, _ = pack_tiles(member_cluster, tile, None, self.num_clusters)
             slots = ops.reshape(slot_token, (-1, tile))  # [K, T], -1 empty
             tokens = ops.where(slots >= 0, ops.take(members, ops.maximum(slots, 0)), -1)
             positions = ops.where(

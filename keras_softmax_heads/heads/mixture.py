@@ -31,6 +31,7 @@ from keras_softmax_heads.heads.base import SoftmaxHead
 from keras_softmax_heads.heads.base import check_targets
 from keras_softmax_heads.heads.base import gather_targets
 from keras_softmax_heads.heads.base import nan_if_invalid
+from keras_softmax_heads.heads.base import set_context_dim
 
 _COMPONENTS = ("softmax", "sigsoftmax")
 
@@ -114,14 +115,7 @@ class _MixtureHead(SoftmaxHead):
 
     # ------------------------------------------------------------------ build
     def build(self, input_shape):
-        input_dim = input_shape[-1]
-        if input_dim is None:
-            raise ValueError(
-                f"{self.__class__.__name__} needs a known last dimension of the "
-                f"context vectors. Received: input_shape={input_shape}"
-            )
-        self.input_dim = int(input_dim)
-        self.input_spec = keras.InputSpec(min_ndim=2, axes={-1: self.input_dim})
+        set_context_dim(self, input_shape)
         latent_dim = self.latent_dim if self.latent_dim is not None else self.input_dim
         self.latent_units = latent_dim
         self.kernel = None

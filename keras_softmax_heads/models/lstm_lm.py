@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_softmax_heads.heads.base import check_embedding_layer
+
 
 def _check_int(value, name, minimum):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -17,13 +19,7 @@ def _check_embedding(embedding, vocab_size, embedding_dim):
     `embedding_dim`; returns `vocab_size` (taken from the embedding when
     None)."""
     if embedding is not None:
-        if not hasattr(embedding, "input_dim") or not hasattr(
-            embedding, "output_dim"
-        ):
-            raise ValueError(
-                "`embedding` must be a keras.layers.Embedding. "
-                f"Received: embedding={embedding!r}"
-            )
+        check_embedding_layer(embedding, "embedding")
         if vocab_size is None:
             vocab_size = embedding.input_dim
         if vocab_size != embedding.input_dim or (
