@@ -427,7 +427,19 @@ def test_dynamic_tiles_gather_only_the_clusters_hit():
 
 def test_size_class_widths():
     assert size_class_widths(1) == [1]
-    assert size_class_widths(891) == [891, 446, 223, 112, 56, 28, 14, 7, 4, 2, 1]
+    assert size_class_widths(891, top_ratio=2) == [891, 446, 223, 112, 56, 28, 14, 7, 4, 2, 1]
+    assert size_class_widths(891) == [891, 743, 620, 517, 446, 223, 112, 56, 28, 14, 7, 4, 2, 1]
+    assert size_class_widths(3) == [3, 2, 1] and size_class_widths(2) == [2, 1]
+    for m in range(1, 300):
+        widths = size_class_widths(m)
+        assert widths[0] == m and widths[-1] == 1
+        assert all(a > b for a, b in zip(widths, widths[1:]))
+        # Padding of a cluster in its class: < 2x, and < 1.2x (+1 for the
+        # rounding) above M / 2.
+        for a, b in zip(widths, widths[1:]):
+            assert a <= 2 * b
+            if b >= (m + 1) // 2:
+                assert a <= 1.2 * b + 1
 
 
 def test_static_shapes_config_and_jit_fallback():
