@@ -22,8 +22,17 @@ counting the gradient write) is a lower bound on the step on this machine;
 for the chunked full softmax at V = 793k on the 2-core CPU) turns the
 times into speed-ups.
 
+`--measure-full` times the other side instead, and only that: the fastest
+exact full-softmax train step we could fit at these shapes. It stores one
+`[N, V]` float32 logits tensor (6.5 GB at V = 793k, N = 2048; ~18 GB peak)
+and does the three `N x d x V` products of a dense step (the chunked loss of
+the library recomputes the logits: four), with no bias (one pass fewer, so
+a conservative reference). The library's dense `FullSoftmax` does not fit at
+V = 793k: autodiff keeps several `[N, V]` tensors.
+
 Usage:
     python benchmarks/hsm_floor.py                       # V = 793k, graph and XLA
+    python benchmarks/hsm_floor.py --measure-full        # the full-softmax side
     python benchmarks/hsm_floor.py --v 100000 --modes graph --full-seconds 3.3
 """
 
@@ -49,6 +58,43 @@ def best_time(fn, repeats):
         tf.nest.map_structure(np.asarray, fn(), expand_composites=True)
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def full_softmax_step(h, kernel, targets):
+    """Exact full-softmax NLL + backward, three products, logits stored once.
+
+    `h` `[N, d]`, `kernel` `[V, d]` (a variable), `targets` int32 `[N]`. The
+    log-sum-exp is taken over blocks of rows, so that no second `[N, V]`
+    tensor is alive in the forward pass.
+    """
+    n, rows = h.shape[0], 128
+
+    @tf.custom_gradient
+    def nll(h, w):
+        z = tf.matmul(h, w, transpose_b=True)  # [N, V], kept for the backward
+        lse = tf.concat(
+            [tf.reduce_logsumexp(z[i:i + rows], axis=-1) for i in range(0, n, rows)], 0
+        )
+        loss = lse - tf.gather(z, targets, batch_dims=1)
+
+        def grad(g):
+            gz = tf.exp(z - lse[:, None])  # softmax
+            gz = tf.tensor_scatter_nd_sub(
+                gz, tf.stack([tf.range(n), targets], 1), tf.ones([n])
+            )
+            gz = gz * g[:, None]
+            return gz @ w, tf.matmul(gz, h, transpose_a=True)
+
+        return loss, grad
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            loss = tf.reduce_sum(nll(h, kernel))
+        return loss, tape.gradient(loss, [h, kernel])
+
+    return step
 
 
 def layout_stats(layout, counts, targets):
@@ -81,11 +127,28 @@ def main():
     parser.add_argument("--full-seconds", type=float, default=34.3,
                         help="full-softmax train step at the same shapes")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument(
+        "--measure-full", action="store_true",
+        help="only time the fastest exact full-softmax step that fits (graph mode)",
+    )
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
     counts = 1.0 / (np.arange(args.v) + 1.0)
     targets_np = rng.choice(args.v, size=args.n, p=counts / counts.sum())
+    if args.measure_full:
+        h = tf.constant(rng.normal(0.0, 0.5, (args.n, args.d)).astype("float32"))
+        kernel = tf.Variable(
+            rng.standard_normal((args.v, args.d), dtype=np.float32) / args.d**0.5
+        )
+        step = full_softmax_step(h, kernel, tf.constant(targets_np.astype("int32")))
+        full_s = best_time(step, args.repeats)
+        result = {"v": args.v, "d": args.d, "n": args.n, "full_softmax_step_s": round(full_s, 4)}
+        print(json.dumps(result))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return
     head = HierarchicalSoftmax(args.v, counts=counts)
     head.build((None, args.d))
     dynamic = HierarchicalSoftmax(args.v, counts=counts, static_shapes=False)

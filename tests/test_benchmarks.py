@@ -42,6 +42,40 @@ def test_hsm_floor(tmp_path):
     assert "hsm_dynamic_step_s" not in result["modes"]["xla"]
 
 
+def test_hsm_floor_full_reference(tmp_path):
+    out = tmp_path / "full.json"
+    _run("hsm_floor.py", "--measure-full", "--v", "300", "--d", "8", "--n", "200",
+         "--repeats", "1", "--json", str(out))
+    assert json.loads(out.read_text())["full_softmax_step_s"] > 0
+
+
+def test_full_softmax_step_is_exact():
+    """The reference step of `--measure-full` is the exact NLL and gradient."""
+    sys.path.insert(0, BENCH)
+    try:
+        import hsm_floor
+    finally:
+        sys.path.remove(BENCH)
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+    h = tf.constant(rng.standard_normal((300, 4)).astype("float32"))
+    kernel = tf.Variable(rng.standard_normal((7, 4)).astype("float32"))
+    targets = tf.constant(rng.integers(0, 7, 300).astype("int32"))
+    loss, (d_h, d_kernel) = hsm_floor.full_softmax_step(h, kernel, targets)()
+    with tf.GradientTape() as tape:
+        tape.watch(h)
+        z = tf.matmul(h, kernel, transpose_b=True)
+        ref = tf.reduce_sum(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=z)
+        )
+    ref_h, ref_kernel = tape.gradient(ref, [h, kernel])
+    np.testing.assert_allclose(loss, ref, rtol=1e-5)
+    np.testing.assert_allclose(d_h, ref_h, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(d_kernel, ref_kernel, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["bench_chunked.py", "bench_exact_heads.py",
                                     "bench_large_vocab.py"])
