@@ -45,8 +45,11 @@ Design notes (see the class docstring for the user-facing summary):
   cluster-level softmax alone 0.055-0.09 s / 0.045-0.065 s, so
   `cluster + 2 x read` = 0.22-0.35 s is a lower bound on any exact step
   here (the gradient write not counted): ~105-170x over a 37 s full
-  softmax. The static step is ~5x that bound; `static_shapes=False` below
-  ~1.5-2x.
+  softmax. On a quieter machine (2026-11-24, the JSON): read 0.050 s,
+  cluster 0.062 s, floor 0.162 s (graph; XLA 0.234 s), i.e. 154x over the
+  fastest exact full-softmax step that fits (24.9 s, `--measure-full`).
+  The static step is ~5-6x that bound (1.0 s); `static_shapes=False` ~1.6x
+  (0.26 s in the same run).
 * Tried and not kept (2026-11-23, same shapes): (1) a `tf.while_loop` over
   the tiles actually used (dynamic trip count, static shapes inside), each
   reading its cluster's `[M, d]` window of a cluster-contiguous kernel in
@@ -63,25 +66,38 @@ Design notes (see the class docstring for the user-facing summary):
 * `static_shapes=False` (kept; graph mode on CPU / GPU, not XLA / TPU)
   drops the static worst case instead: only the tiles a batch uses are
   built (data-dependent shapes), and clusters are grouped in size classes
-  of widths `M, ceil(M/2), ..., 1`, each with its own tiles (about 4096
-  word scores per token row, at most 64 tokens), so a tile pads its cluster
-  by less than 2x. At V = 793k, N = 2048 the batch above gathers 326k rows
-  in 840 tiles (the static path: 1.45M), within 1.23x of the 265k rows hit.
-  A custom gradient recomputes nothing: it returns one `IndexedSlices` for
-  the word embeddings and bias, and `d ll / d s = onehot - softmax` per
-  tile. The step is then bounded by memory traffic of the gathered blocks
-  (gather, forward product, the two backward products, the concatenation
-  of the classes' gradients: ~4 GB at ~10-20 GB/s) plus the cluster
-  softmax. Measured (`benchmarks/bench_large_vocab.py`, graph mode, fresh
-  process per row, best of 5; `docs/results/bench_hsm_dynamic.json`):
-  train step 0.40, 0.42 and 0.48 s in three runs, 93x, 94x and 77x the
-  chunked full softmax of the same run (37, 40, 37 s; the static path:
-  1.1-1.25 s, 31-33x); evaluation
-  0.07-0.13 s at N = 1024 (static 0.31-0.39 s). At V = 100k: 0.13 s train
-  (static 0.18 s); at V = 10k the extra ops make it slower than the static
-  path (0.055 vs 0.041 s): it pays for large vocabularies only.
-  Finer classes (ratio 1.5 or 1.25: 308k / 291k rows) were slower (more
-  ops), coarser (3, 4) no faster.
+  (`size_class_widths`: `M, ceil(M/1.2), ...` down to `ceil(M/2)`, then
+  halving down to 1), each with its own tiles (about 4096 word scores per
+  token row, at most 64 tokens), so a tile pads its cluster by less than
+  1.2x in the wide classes, which hold most rows (the rare words, split to
+  the cap `M`), and less than 2x below. At V = 793k, N = 2048 the batch
+  above gathers 296k rows in 838 tiles (the static path: 1.45M), within
+  1.12x of the 265k rows hit (with halving classes only: 326k rows, and a
+  ~6% slower step). A custom gradient recomputes nothing: it returns one
+  `IndexedSlices` for the word embeddings and bias, and
+  `d ll / d s = onehot - softmax` per tile. The step is then bounded by
+  memory traffic of the gathered blocks (gather, forward product, the two
+  backward products, the concatenation of the classes' gradients) plus the
+  cluster softmax; in a CPU-time profile (2026-11-24) the batched products
+  are ~41% of the op time, gathers ~17%, the cluster softmax's products
+  ~16%, the concatenation ~8%, the segment sums into `[N, d]` ~8%.
+  Measured (`docs/results/bench_hsm_793k_runs.json`, 2026-11-24: three
+  rounds, each `python benchmarks/hsm_floor.py --measure-full` then
+  `benchmarks/bench_large_vocab.py`, graph mode, fresh process per row,
+  best of 5): train step 0.278 / 0.279 / 0.296 s, i.e. 128x / 127x / 120x
+  the library's exact full softmax at this size (the chunked loss, 35.5 s:
+  four products; the dense head does not fit in 24 GB) and 89x / 90x / 84x
+  the fastest exact full-softmax step we could fit (three products, the
+  `[N, V]` logits stored once, no bias: 24.8-25.2 s); the static path
+  1.00-1.08 s (33-36x / 23-25x). Peak memory 350-366 MB (static: 6 GB).
+  Evaluation (N = 1024): 0.064-0.066 s, 68-69x the dense full softmax
+  (4.4-4.5 s; static: 0.27-0.28 s, 16-17x). On 2026-11-23, with the
+  halving classes and a noisier machine, the train step measured 0.40-0.48
+  s (77-94x the chunked loss). At V = 100k: 0.13 s train (static 0.18 s);
+  at V = 10k the extra ops make it slower than the static path (0.055 vs
+  0.041 s): it pays for large vocabularies only. Finer classes everywhere
+  (ratio 1.5 or 1.25: 308k / 291k rows) were slower (more ops), coarser
+  (3, 4) no faster.
 * `tile_size` trades gathered rows (fewer with larger tiles) against padded
   word scores (`K * tile_size * M`, more with larger tiles). At V = 793k,
   N = 2048: graph mode 1.28 s (16), 0.90 s (4), 0.93 s (2); under XLA
@@ -434,12 +450,13 @@ class HierarchicalSoftmax(SoftmaxHead):
             gathers one block per token).
         static_shapes: bool (default `True`). `False`: `log_likelihood` (and
             so training) computes only the tiles the batch uses, with
-            data-dependent shapes, grouping clusters in size classes of
-            widths `M, ceil(M/2), ..., 1` (tiles of
+            data-dependent shapes, grouping clusters in size classes
+            (`size_class_widths(M)`: `M, ceil(M/1.2), ..., ceil(M/2)`,
+            then halving down to 1; tiles of
             `clip(4096 // width, 1, 64)` tokens), and a custom gradient that
             returns one `IndexedSlices` for the word embeddings. It gathers
             about the rows of the clusters hit instead of the static worst
-            case (at V = 793k, N = 2048: 326k rows instead of 1.45M), for
+            case (at V = 793k, N = 2048: 296k rows instead of 1.45M), for
             graph mode on CPU / GPU; it does not compile with XLA (TPU), so
             the layer sets `supports_jit = False` and Keras runs a model
             containing it without XLA.
