@@ -295,9 +295,17 @@ def dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
     n = tf.shape(h)[0]
     acc = accumulation_dtype
 
+    # Every token has exactly one slot in the classes' tiles, concatenated:
+    # per-slot results go back to the tokens with one gather.
+    flat_tokens = tf.concat([tf.reshape(tokens, [-1]) for tokens, _, _, _ in plan], 0)
+    filled = tf.where(flat_tokens >= 0)[:, 0]
+    slot_of_token = tf.scatter_nd(
+        tf.gather(flat_tokens, filled)[:, None], tf.cast(filled, "int32"), [n]
+    )
+
     def forward(h, words_matrix, *maybe_bias):
         bias = maybe_bias[0] if maybe_bias else None
-        saved, ll = [], tf.zeros([n], acc)
+        saved, ll = [], []
         for tokens, positions, words, valid in plan:
             used = tokens >= 0
             slots = tf.maximum(tokens, 0)
@@ -309,26 +317,27 @@ def dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
             s = tf.where(valid[:, None, :], s, float("-inf"))
             log_p = s - tf.reduce_logsumexp(s, axis=-1, keepdims=True)  # [K, T, w]
             picked = tf.gather(log_p, positions, batch_dims=2)  # [K, T]
-            ll += tf.math.unsorted_segment_sum(tf.where(used, picked, 0.0), slots, n)
+            ll.append(tf.reshape(picked, [-1]))
             saved.append((slots, used, positions, words, h_tiles, blocks, log_p))
+        ll = tf.gather(tf.concat(ll, 0), slot_of_token)
 
         def grad(g):
             g = tf.cast(g, acc)
-            d_h = tf.zeros_like(h)
-            rows, indices, d_bias = [], [], []
+            d_h, rows, indices, d_bias = [], [], [], []
             for slots, used, positions, words, h_tiles, blocks, log_p in saved:
                 g_slot = tf.where(used, tf.gather(g, slots), 0.0)[:, :, None]
                 width = tf.shape(log_p)[-1]
                 # d ll / d s = onehot(target) - softmax(s), per slot.
                 g_scores = g_slot * (tf.one_hot(positions, width, dtype=acc) - tf.exp(log_p))
                 g_cast = tf.cast(g_scores, h.dtype)
-                d_h += tf.math.unsorted_segment_sum(
-                    tf.einsum("ktw,kwd->ktd", g_cast, blocks), slots, n
+                d_h.append(
+                    tf.reshape(tf.einsum("ktw,kwd->ktd", g_cast, blocks), [-1, tf.shape(h)[-1]])
                 )
                 d_blocks = tf.einsum("ktw,ktd->kwd", g_cast, h_tiles)  # [K, w, d]
                 rows.append(tf.reshape(d_blocks, [-1, tf.shape(h)[-1]]))
                 indices.append(tf.reshape(words, [-1]))
                 d_bias.append(tf.reshape(tf.reduce_sum(g_scores, 1), [-1]))
+            d_h = tf.gather(tf.concat(d_h, 0), slot_of_token)
             indices = tf.concat(indices, 0)
             d_words = tf.IndexedSlices(
                 tf.cast(tf.concat(rows, 0), words_matrix.dtype),
