@@ -80,18 +80,21 @@ Design notes (see the class docstring for the user-facing summary):
   backward products, the concatenation of the classes' gradients) plus the
   cluster softmax; in a CPU-time profile (2026-11-24) the batched products
   are ~41% of the op time, gathers ~17%, the cluster softmax's products
-  ~16%, the concatenation ~8%, the segment sums into `[N, d]` ~8%.
-  Measured (`docs/results/bench_hsm_793k_runs.json`, 2026-11-24: three
-  rounds, each `python benchmarks/hsm_floor.py --measure-full` then
+  ~16%, the concatenation ~8%, and one segment sum into `[N, d]` per size
+  class ~8% (now a single gather through `slot_of_token`).
+  Measured (`docs/results/bench_hsm_793k_runs.json`, 2026-11-24: rounds
+  of `python benchmarks/hsm_floor.py --measure-full` then
   `benchmarks/bench_large_vocab.py`, graph mode, fresh process per row,
-  best of 5): train step 0.278 / 0.279 / 0.296 s, i.e. 128x / 127x / 120x
-  the library's exact full softmax at this size (the chunked loss, 35.5 s:
-  four products; the dense head does not fit in 24 GB) and 89x / 90x / 84x
-  the fastest exact full-softmax step we could fit (three products, the
-  `[N, V]` logits stored once, no bias: 24.8-25.2 s); the static path
-  1.00-1.08 s (33-36x / 23-25x). Peak memory 350-366 MB (static: 6 GB).
-  Evaluation (N = 1024): 0.064-0.066 s, 68-69x the dense full softmax
-  (4.4-4.5 s; static: 0.27-0.28 s, 16-17x). On 2026-11-23, with the
+  best of 5): train step 0.269 / 0.261 s with this code (two rounds),
+  i.e. 132x / 136x the library's exact full softmax at this size (the
+  chunked loss, 35.4-35.5 s: four products; the dense head does not fit in
+  24 GB) and 92x / 97x the fastest exact full-softmax step we could fit
+  (three products, the `[N, V]` logits stored once, no bias: 24.8-25.2 s);
+  one segment sum per size class instead of the final gather measured
+  0.278 / 0.279 / 0.296 s (120-128x / 84-90x). The static path: 0.99-1.08
+  s (33-36x / 23-25x). Peak memory 350-397 MB (static: 6 GB).
+  Evaluation (N = 1024): 0.064-0.066 s, 67-69x the dense full softmax
+  (4.4-4.5 s; static: 0.27-0.29 s, 15-17x). On 2026-11-23, with the
   halving classes and a noisier machine, the train step measured 0.40-0.48
   s (77-94x the chunked loss). At V = 100k: 0.13 s train (static 0.18 s);
   at V = 10k the extra ops make it slower than the static path (0.055 vs
