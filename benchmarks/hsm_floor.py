@@ -97,6 +97,13 @@ def full_softmax_step(h, kernel, targets):
     return step
 
 
+def write_json(results, path):
+    """Writes `results` to `path` (nothing if `path` is None)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def layout_stats(layout, counts, targets):
     """Clusters hit, distinct rows of the hit clusters, target/word pairs."""
     clusters = layout.cluster_of_word[targets]
@@ -136,18 +143,17 @@ def main():
     rng = np.random.default_rng(0)
     counts = 1.0 / (np.arange(args.v) + 1.0)
     targets_np = rng.choice(args.v, size=args.n, p=counts / counts.sum())
+    h = tf.constant(rng.normal(0.0, 0.5, (args.n, args.d)).astype("float32"))
+    targets = tf.constant(targets_np.astype("int32"))
+    results = {"v": args.v, "d": args.d, "n": args.n}
     if args.measure_full:
-        h = tf.constant(rng.normal(0.0, 0.5, (args.n, args.d)).astype("float32"))
         kernel = tf.Variable(
             rng.standard_normal((args.v, args.d), dtype=np.float32) / args.d**0.5
         )
-        step = full_softmax_step(h, kernel, tf.constant(targets_np.astype("int32")))
-        full_s = best_time(step, args.repeats)
-        result = {"v": args.v, "d": args.d, "n": args.n, "full_softmax_step_s": round(full_s, 4)}
-        print(json.dumps(result))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+        full_s = best_time(full_softmax_step(h, kernel, targets), args.repeats)
+        results["full_softmax_step_s"] = round(full_s, 4)
+        print(json.dumps(results))
+        write_json(results, args.json)
         return
     head = HierarchicalSoftmax(args.v, counts=counts)
     head.build((None, args.d))
@@ -161,14 +167,12 @@ def main():
         [layout.cluster_words[c, : layout.cluster_sizes[c]] for c in hit]
     )
 
-    h = tf.constant(rng.normal(0.0, 0.5, (args.n, args.d)).astype("float32"))
-    targets = tf.constant(targets_np.astype("int32"))
     rows = tf.constant(np.sort(rows_np).astype("int32"))
     cluster_targets = tf.constant(layout.cluster_of_word[targets_np].astype("int32"))
     kernel, cluster_kernel = head.kernel, head.cluster_kernel
     cluster_bias = head.cluster_bias
 
-    results = {"v": args.v, "d": args.d, "n": args.n, **stats, "modes": {}}
+    results.update(stats, modes={})
     print(json.dumps(stats))
     for mode in args.modes.split(","):
         jit = mode == "xla"
@@ -213,9 +217,7 @@ def main():
             row["hsm_dynamic_speedup"] = round(args.full_seconds / dynamic_s, 1)
         results["modes"][mode] = row
         print(mode, json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(results, args.json)
 
 
 if __name__ == "__main__":

@@ -295,7 +295,7 @@ def dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
         `words_matrix` (and `bias`) is one `tf.IndexedSlices` with a row per
         tile and word.
     """
-    n = tf.shape(h)[0]
+    n, d = tf.shape(h)[0], tf.shape(h)[-1]
     acc = accumulation_dtype
 
     # Every token has exactly one slot in the classes' tiles, concatenated:
@@ -311,8 +311,8 @@ def dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
         saved, ll = [], []
         for tokens, positions, words, valid in plan:
             used = tokens >= 0
-            slots = tf.maximum(tokens, 0)
-            h_tiles = tf.gather(h, slots)  # [K, T, d]
+            safe_tokens = tf.maximum(tokens, 0)  # empty slots read token 0
+            h_tiles = tf.gather(h, safe_tokens)  # [K, T, d]
             blocks = tf.gather(words_matrix, words)  # [K, w, d]
             s = tf.cast(tf.einsum("ktd,kwd->ktw", h_tiles, blocks), acc)
             if bias is not None:
@@ -321,23 +321,23 @@ def dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
             log_p = s - tf.reduce_logsumexp(s, axis=-1, keepdims=True)  # [K, T, w]
             picked = tf.gather(log_p, positions, batch_dims=2)  # [K, T]
             ll.append(tf.reshape(picked, [-1]))
-            saved.append((slots, used, positions, words, h_tiles, blocks, log_p))
+            saved.append((safe_tokens, used, positions, words, h_tiles, blocks, log_p))
         ll = tf.gather(tf.concat(ll, 0), slot_of_token)
 
         def grad(g):
             g = tf.cast(g, acc)
             d_h, rows, indices, d_bias = [], [], [], []
-            for slots, used, positions, words, h_tiles, blocks, log_p in saved:
-                g_slot = tf.where(used, tf.gather(g, slots), 0.0)[:, :, None]
+            for safe_tokens, used, positions, words, h_tiles, blocks, log_p in saved:
+                g_slot = tf.where(used, tf.gather(g, safe_tokens), 0.0)[:, :, None]
                 width = tf.shape(log_p)[-1]
                 # d ll / d s = onehot(target) - softmax(s), per slot.
                 g_scores = g_slot * (tf.one_hot(positions, width, dtype=acc) - tf.exp(log_p))
                 g_cast = tf.cast(g_scores, h.dtype)
                 d_h.append(
-                    tf.reshape(tf.einsum("ktw,kwd->ktd", g_cast, blocks), [-1, tf.shape(h)[-1]])
+                    tf.reshape(tf.einsum("ktw,kwd->ktd", g_cast, blocks), [-1, d])
                 )
                 d_blocks = tf.einsum("ktw,ktd->kwd", g_cast, h_tiles)  # [K, w, d]
-                rows.append(tf.reshape(d_blocks, [-1, tf.shape(h)[-1]]))
+                rows.append(tf.reshape(d_blocks, [-1, d]))
                 indices.append(tf.reshape(words, [-1]))
                 d_bias.append(tf.reshape(tf.reduce_sum(g_scores, 1), [-1]))
             d_h = tf.gather(tf.concat(d_h, 0), slot_of_token)
