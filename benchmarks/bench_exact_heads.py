@@ -83,14 +83,14 @@ def make_head(name, vocab, args):
             return PLIFSoftmax(
                 vocab, num_knots=args.plif_knots, knot_bound=args.plif_bound
             )
-        from keras_softmax_heads import ops as ksh_ops
+        from keras_softmax_heads import functional
         from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
 
         class NaivePLIF(PLIFSoftmax):
             """Two gathers + autodiff, dense `log_softmax` loss."""
 
             def score_transform(self, z):
-                return ksh_ops.plif_reference(z, self.raw_slopes, self.knot_bound)
+                return functional.plif_reference(z, self.raw_slopes, self.knot_bound)
 
             log_likelihood = PointwiseSoftmaxHead.log_likelihood
 

@@ -5,8 +5,8 @@ log-probabilities `[..., V]`; see `docs/head_contract.md`.
 """
 
 from keras_softmax_heads import clustering
-from keras_softmax_heads import metrics
-from keras_softmax_heads import ops
+from keras_softmax_heads import diagnostics
+from keras_softmax_heads import functional
 from keras_softmax_heads.clustering import ClusterAssignment
 from keras_softmax_heads.clustering import make_clusters
 from keras_softmax_heads.head_model import HeadModel
@@ -20,12 +20,13 @@ from keras_softmax_heads.heads.mixture import MixtureOfSoftmaxes
 from keras_softmax_heads.heads.monotonic import MonotonicSoftmax
 from keras_softmax_heads.heads.nce import NCE
 from keras_softmax_heads.heads.plif import PLIFSoftmax
+from keras_softmax_heads.heads.registry import available_heads
+from keras_softmax_heads.heads.registry import make_head
 from keras_softmax_heads.heads.sampled import SampledSoftmax
 from keras_softmax_heads.heads.self_normalized import SelfNormalizedSoftmax
 from keras_softmax_heads.heads.sigsoftmax import SigSoftmax
+from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
 from keras_softmax_heads.models.lstm_lm import LSTMLanguageModel
 from keras_softmax_heads.models.ngram_lm import NgramLanguageModel
-from keras_softmax_heads.models.registry import available_heads
-from keras_softmax_heads.models.registry import make_head
 
 __version__ = "0.1.0"

@@ -44,8 +44,11 @@ import warnings
 import numpy as np
 import scipy.sparse
 
+from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_seed
+
 __all__ = [
-    "STRATEGIES",
+    "CLUSTERING_STRATEGIES",
     "PAD_WORD",
     "ClusterAssignment",
     "random_clusters",
@@ -58,7 +61,7 @@ __all__ = [
     "make_clusters",
 ]
 
-STRATEGIES = ("random", "frequency", "kmeans", "weighted_kmeans")
+CLUSTERING_STRATEGIES = ("random", "frequency", "kmeans", "weighted_kmeans")
 """Strategy names accepted by `make_clusters`."""
 
 PAD_WORD = -1
@@ -76,28 +79,8 @@ _CAP_RTOL = 1e-9
 # ----------------------------------------------------------------------------
 
 
-def _check_int(name, value, minimum=None):
-    """Returns `value` as a Python int; rejects bools, floats and strings."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise ValueError(
-            f"`{name}` must be an integer. Received: {name}={value!r} "
-            f"(type {type(value).__name__})"
-        )
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}. Received: {name}={value}")
-    return value
-
-
-def _check_seed(seed):
-    seed = _check_int("seed", seed, minimum=0)
-    if seed >= 2**32:
-        raise ValueError(f"`seed` must be < 2**32. Received: seed={seed}")
-    return seed
-
-
 def _check_num_clusters(num_clusters, vocab_size):
-    num_clusters = _check_int("num_clusters", num_clusters, minimum=1)
+    num_clusters = check_int("num_clusters", num_clusters, minimum=1)
     if num_clusters > vocab_size:
         raise ValueError(
             "`num_clusters` cannot exceed the vocabulary size (every cluster "
@@ -226,7 +209,7 @@ def default_num_clusters(vocab_size):
     >>> default_num_clusters(100), default_num_clusters(101)
     (10, 11)
     """
-    vocab_size = _check_int("vocab_size", vocab_size, minimum=1)
+    vocab_size = check_int("vocab_size", vocab_size, minimum=1)
     root = math.isqrt(vocab_size)
     return root if root * root == vocab_size else root + 1
 
@@ -258,9 +241,9 @@ def random_clusters(vocab_size, num_clusters, seed=0):
     >>> sorted(np.bincount(a).tolist())
     [3, 3, 4]
     """
-    vocab_size = _check_int("vocab_size", vocab_size, minimum=1)
+    vocab_size = check_int("vocab_size", vocab_size, minimum=1)
     num_clusters = _check_num_clusters(num_clusters, vocab_size)
-    rng = np.random.default_rng(_check_seed(seed))
+    rng = np.random.default_rng(check_seed(seed, allow_none=False))
     assignment = np.empty(vocab_size, dtype=np.int32)
     assignment[rng.permutation(vocab_size)] = np.arange(vocab_size) % num_clusters
     return assignment
@@ -373,9 +356,9 @@ def cooccurrence_matrix(ids, vocab_size, window=5, context_size=10000):
     >>> m.toarray().tolist()  # columns: words 0, 1, 2 by frequency
     [[0.0, 2.0, 1.0], [2.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
     """
-    vocab_size = _check_int("vocab_size", vocab_size, minimum=1)
-    window = _check_int("window", window, minimum=1)
-    context_size = _check_int("context_size", context_size, minimum=1)
+    vocab_size = check_int("vocab_size", vocab_size, minimum=1)
+    window = check_int("window", window, minimum=1)
+    context_size = check_int("context_size", context_size, minimum=1)
     ids = _as_ids(ids, vocab_size)
     context_size = min(context_size, vocab_size)
     counts = np.bincount(ids, minlength=vocab_size)
@@ -448,8 +431,8 @@ def hellinger_embeddings(cooccurrence, embedding_dim=64, seed=0):
     from sklearn.decomposition import TruncatedSVD
 
     matrix = _as_cooccurrence(cooccurrence)
-    embedding_dim = _check_int("embedding_dim", embedding_dim, minimum=1)
-    seed = _check_seed(seed)
+    embedding_dim = check_int("embedding_dim", embedding_dim, minimum=1)
+    seed = check_seed(seed, allow_none=False)
     row_sums = np.asarray(matrix.sum(axis=1)).ravel()
     scale = np.divide(1.0, row_sums, out=np.zeros_like(row_sums), where=row_sums > 0)
     hellinger = scipy.sparse.diags(scale) @ matrix
@@ -594,13 +577,13 @@ def kmeans_clusters(
     from sklearn.exceptions import ConvergenceWarning
 
     fraction = _check_fraction(max_cluster_fraction)
-    seed = _check_seed(seed)
-    n_init = _check_int("n_init", n_init, minimum=1)
+    seed = check_seed(seed, allow_none=False)
+    n_init = check_int("n_init", n_init, minimum=1)
     is_matrix = scipy.sparse.issparse(cooccurrence_or_corpus) or np.ndim(cooccurrence_or_corpus) == 2
     if is_matrix:
         matrix = _as_cooccurrence(cooccurrence_or_corpus)
         num_words = matrix.shape[0]
-        if vocab_size is not None and _check_int("vocab_size", vocab_size, 1) != num_words:
+        if vocab_size is not None and check_int("vocab_size", vocab_size, 1) != num_words:
             raise ValueError(
                 "`vocab_size` must match the co-occurrence matrix rows. "
                 f"Received: vocab_size={vocab_size} != matrix.shape[0]={num_words}"
@@ -615,7 +598,7 @@ def kmeans_clusters(
                     "corpus. Received: vocab_size=None, counts=None"
                 )
             vocab_size = np.asarray(counts).size
-        num_words = _check_int("vocab_size", vocab_size, minimum=1)
+        num_words = check_int("vocab_size", vocab_size, minimum=1)
         ids = _as_ids(cooccurrence_or_corpus, num_words)
         matrix = cooccurrence_matrix(ids, num_words, window=window, context_size=context_size)
         if counts is None:
@@ -796,7 +779,7 @@ class ClusterAssignment:
         Returns:
             A new (writable) int32 array `[C, max_cluster_size]`.
         """
-        fill_value = _check_int("fill_value", fill_value)
+        fill_value = check_int("fill_value", fill_value)
         return np.where(self.mask, self.cluster_words, np.int32(fill_value)).astype(np.int32)
 
     def cluster_mass(self, counts):
@@ -987,7 +970,7 @@ def make_clusters(
     context_size=10000,
     n_init=4,
 ):
-    """Clusters a vocabulary with one of `STRATEGIES` and returns its layout.
+    """Clusters a vocabulary with one of `CLUSTERING_STRATEGIES` and returns its layout.
 
     Inputs needed per strategy (`V` is taken from `vocab_size`, `len(counts)`
     or `cooccurrence.shape[0]`, which must agree):
@@ -1023,11 +1006,11 @@ def make_clusters(
     >>> layout.num_clusters, layout.cluster_sizes.tolist()
     (4, [3, 3, 2, 2])
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"Unknown `strategy`. Expected one of {STRATEGIES}. Received: strategy={strategy!r}")
+    if strategy not in CLUSTERING_STRATEGIES:
+        raise ValueError(f"Unknown `strategy`. Expected one of {CLUSTERING_STRATEGIES}. Received: strategy={strategy!r}")
     sources = []
     if vocab_size is not None:
-        sources.append(("vocab_size", _check_int("vocab_size", vocab_size, minimum=1)))
+        sources.append(("vocab_size", check_int("vocab_size", vocab_size, minimum=1)))
     if counts is not None:
         sources.append(("len(counts)", int(np.asarray(counts).size)))
     if cooccurrence is not None:

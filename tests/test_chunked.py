@@ -22,7 +22,7 @@ import tensorflow as tf
 from battery import HeadBattery
 
 import keras_softmax_heads as ksh
-from keras_softmax_heads import ops as kops
+from keras_softmax_heads import functional
 from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import chunked_mixture_nll
 from keras_softmax_heads.chunked import chunked_pointwise_nll
@@ -49,7 +49,7 @@ KNOT_BOUND = 3.0
 
 
 def plif_fn(z, raw_slopes):
-    return kops.plif(z, raw_slopes, KNOT_BOUND)
+    return functional.plif(z, raw_slopes, KNOT_BOUND)
 
 
 def monotonic_mlp_fn(z, a, b, c):
@@ -63,7 +63,7 @@ def make_transform(name, rng):
     if name == "identity":
         return None, []
     if name == "sigsoftmax":
-        return (lambda z: kops.log_sigmoid_scores(z)), []
+        return (lambda z: functional.log_sigmoid_scores(z)), []
     if name == "plif":
         return plif_fn, [tf.constant(rng.normal(size=(7,)), tf.float32)]
     if name == "mlp":
@@ -205,7 +205,7 @@ def test_large_logits(transform):
     assert np.abs(z).max() > 1e3
     fn, params = make_transform(transform, np.random.default_rng(1))
     if transform == "plif":  # knots where the scores are
-        fn = lambda z, s: kops.plif(z, s, 2000.0)  # noqa: E731
+        fn = lambda z, s: functional.plif(z, s, 2000.0)  # noqa: E731
     nll, _ = compare(h, kernel, bias, targets, weights, fn, params, chunk_size=8)
     assert np.all(np.asarray(nll) >= 0)
 
@@ -465,11 +465,11 @@ def test_mixture_of_softmaxes_head_inputs():
             pytest.skip("MixtureOfSoftmaxes internals changed")
         fn, params = None, []
         if head.raw_slopes is not None:
-            fn = lambda z, s: kops.plif(z, s, head.knot_bound)  # noqa: E731
+            fn = lambda z, s: functional.plif(z, s, head.knot_bound)  # noqa: E731
             params = [head.raw_slopes]
         if head.component == "sigsoftmax":
             inner = fn
-            fn = lambda z, *p: kops.log_sigmoid_scores(  # noqa: E731
+            fn = lambda z, *p: functional.log_sigmoid_scores(  # noqa: E731
                 z if inner is None else inner(z, *p)
             )
         nll = chunked_mixture_nll(
@@ -592,7 +592,7 @@ class _PLIFTestHead(PointwiseSoftmaxHead):
         )
 
     def score_transform(self, z):
-        return kops.plif(z, self.raw_slopes, KNOT_BOUND)
+        return functional.plif(z, self.raw_slopes, KNOT_BOUND)
 
 
 def _head_ll_and_grads(head, h, y, weights):

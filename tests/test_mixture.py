@@ -7,7 +7,7 @@ import tensorflow as tf
 from battery import HeadBattery
 
 import keras_softmax_heads as ksh
-from keras_softmax_heads import ops as ksh_ops
+from keras_softmax_heads import functional
 from keras_softmax_heads.heads.mixture import MixtureOfContexts
 from keras_softmax_heads.heads.mixture import MixtureOfSoftmaxes
 
@@ -321,7 +321,7 @@ def test_untrained_plif_equals_mos():
     assert np.abs(z).max() > 2.0  # some scores lie outside [-1, 1]
     np.testing.assert_allclose(np.asarray(plif(h)), np.asarray(mos(h)), atol=1e-5)
     np.testing.assert_allclose(
-        plif.raw_slopes.numpy(), ksh_ops.plif_identity_raw_slope(), rtol=1e-6
+        plif.raw_slopes.numpy(), functional.plif_identity_raw_slope(), rtol=1e-6
     )
 
 

@@ -9,7 +9,8 @@ import pytest
 import keras_softmax_heads as ksh
 from keras_softmax_heads.models import LSTMLanguageModel
 from keras_softmax_heads.models import NgramLanguageModel
-from keras_softmax_heads.models import registry
+from keras_softmax_heads.heads import registry
+from keras_softmax_heads.models import get_model_class
 
 V, D = 23, 6
 
@@ -244,15 +245,6 @@ def test_registry_errors_and_aliases(monkeypatch):
     if "differentiated" in registry.available_heads():
         assert not registry.supports_tying("differentiated")  # per-band sizes
     assert registry.supports_tying("full_softmax")
-    assert registry.get_model_class("lstm") is LSTMLanguageModel
+    assert get_model_class("lstm") is LSTMLanguageModel
     with pytest.raises(ValueError, match="Unknown model"):
-        registry.get_model_class("gru")
-
-
-def test_parse_options():
-    assert registry.parse_options("a=1,b=2.5,c=frequency,d=[1, 2],e='x,y'") == {
-        "a": 1, "b": 2.5, "c": "frequency", "d": [1, 2], "e": "x,y"}
-    assert registry.parse_options("") == {}
-    assert registry.parse_options(None) == {}
-    with pytest.raises(ValueError, match="key=value"):
-        registry.parse_options("a=1,b")
+        get_model_class("gru")

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 from battery import HeadBattery
 
-import keras_softmax_heads.ops as kops
+from keras_softmax_heads import functional
 from keras_softmax_heads.heads.full_softmax import FullSoftmax
 from keras_softmax_heads.heads.plif import PLIFSoftmax
 
@@ -33,7 +33,7 @@ def numpy_log_softmax(x):
 
 
 def dense_ll(z, raw, knot_bound, targets):
-    log_p = tf.nn.log_softmax(kops.plif_reference(z, raw, knot_bound))
+    log_p = tf.nn.log_softmax(functional.plif_reference(z, raw, knot_bound))
     return tf.gather(log_p, targets, batch_dims=len(targets.shape))
 
 
@@ -60,10 +60,10 @@ def test_numpy_reference():
     z = np.concatenate([rng.normal(size=500) * 4, [-50.0, -3.0, 0.0, 3.0, 50.0]])
     expected = numpy_plif(z, raw, 3.0)
     for dtype in ["float32", "float64"]:
-        out = kops.plif(tf.constant(z, dtype), tf.constant(raw, dtype), 3.0)
+        out = functional.plif(tf.constant(z, dtype), tf.constant(raw, dtype), 3.0)
         assert out.dtype == dtype
         np.testing.assert_allclose(np.asarray(out), expected, atol=1e-5)
-    half = kops.plif(tf.constant(z[:8], tf.bfloat16), raw.astype("float32"), 3.0)
+    half = functional.plif(tf.constant(z[:8], tf.bfloat16), raw.astype("float32"), 3.0)
     assert half.dtype == tf.bfloat16
 
 
@@ -72,26 +72,26 @@ def test_monotone_inside_and_outside_and_continuous_at_knots():
     num_knots, bound = 50, 2.0
     raw = tf.constant(rng.normal(size=(num_knots,)) * 3, tf.float64)
     grid = tf.constant(np.linspace(-3 * bound, 3 * bound, 30001), tf.float64)
-    f = np.asarray(kops.plif(grid, raw, bound))
+    f = np.asarray(functional.plif(grid, raw, bound))
     assert np.all(np.diff(f) > 0), "PLIF must be strictly increasing"
     # Left and right limits at every knot (the outer knots included).
     knots = -bound + 2 * bound * np.arange(num_knots + 1) / num_knots
     delta = 1e-9
-    left = np.asarray(kops.plif(tf.constant(knots - delta), raw, bound))
-    right = np.asarray(kops.plif(tf.constant(knots + delta), raw, bound))
+    left = np.asarray(functional.plif(tf.constant(knots - delta), raw, bound))
+    right = np.asarray(functional.plif(tf.constant(knots + delta), raw, bound))
     np.testing.assert_allclose(left, right, atol=1e-5)
     # float32 too, within float32 resolution of the knot positions.
     raw32 = tf.cast(raw, tf.float32)
-    left32 = np.asarray(kops.plif(tf.constant(knots - 1e-5, tf.float32), raw32, bound))
-    right32 = np.asarray(kops.plif(tf.constant(knots + 1e-5, tf.float32), raw32, bound))
+    left32 = np.asarray(functional.plif(tf.constant(knots - 1e-5, tf.float32), raw32, bound))
+    right32 = np.asarray(functional.plif(tf.constant(knots + 1e-5, tf.float32), raw32, bound))
     slopes = softplus(np.asarray(raw))
     np.testing.assert_allclose(left32, right32, atol=2e-5 * slopes.max() + 1e-5)
 
 
 def test_identity_slopes_give_identity():
-    raw = tf.fill([1000], kops.plif_identity_raw_slope())
+    raw = tf.fill([1000], functional.plif_identity_raw_slope())
     z = tf.constant(np.linspace(-30, 30, 1001), tf.float32)
-    np.testing.assert_allclose(np.asarray(kops.plif(z, raw, 20.0)), np.asarray(z), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(functional.plif(z, raw, 20.0)), np.asarray(z), atol=2e-5)
 
 
 @pytest.mark.parametrize(
@@ -111,9 +111,9 @@ def test_custom_gradient_matches_autodiff(monkeypatch, tile_elements, mode):
     def values_and_grads(z, raw):
         with tf.GradientTape(persistent=True) as tape:
             tape.watch([z, raw])
-            f = kops.plif(z, raw, 2.0)
+            f = functional.plif(z, raw, 2.0)
             ours = tf.reduce_sum(f * w)
-            ref = tf.reduce_sum(kops.plif_reference(z, raw, 2.0) * w)
+            ref = tf.reduce_sum(functional.plif_reference(z, raw, 2.0) * w)
         return f, ours, ref, tape.gradient(ours, [z, raw]), tape.gradient(ref, [z, raw])
 
     if mode != "eager":
@@ -154,7 +154,7 @@ def test_fused_log_likelihood_matches_dense(monkeypatch, tile_elements, mode, hi
     def values_and_grads(z, raw):
         with tf.GradientTape(persistent=True) as tape:
             tape.watch([z, raw])
-            ll = kops.plif_log_likelihood(z, raw, 1.5, t)
+            ll = functional.plif_log_likelihood(z, raw, 1.5, t)
             ref = dense_ll(z, raw, 1.5, t)
             a, b = tf.reduce_sum(ll * u), tf.reduce_sum(ref * u)
         return ll, ref, tape.gradient(a, [z, raw]), tape.gradient(b, [z, raw])
@@ -179,7 +179,7 @@ def test_fused_log_likelihood_unknown_rows():
     def loss_and_grad(z, t):
         with tf.GradientTape() as tape:
             tape.watch([z, raw])
-            ll = kops.plif_log_likelihood(z, raw, 1.5, t)
+            ll = functional.plif_log_likelihood(z, raw, 1.5, t)
             total = tf.reduce_sum(ll)
         return ll, tape.gradient(total, [z, raw])
 
@@ -232,9 +232,9 @@ def test_memory_does_not_scale_with_knots_times_batch(monkeypatch, path):
         with tf.GradientTape() as tape:
             tape.watch([z, raw])
             if path == "fused":
-                loss = -tf.reduce_sum(kops.plif_log_likelihood(z, raw, 3.0, t))
+                loss = -tf.reduce_sum(functional.plif_log_likelihood(z, raw, 3.0, t))
             else:
-                log_p = tf.nn.log_softmax(kops.plif(z, raw, 3.0))
+                log_p = tf.nn.log_softmax(functional.plif(z, raw, 3.0))
                 loss = -tf.reduce_sum(tf.gather(log_p, t, batch_dims=1))
         return loss, tape.gradient(loss, [z, raw])
 
@@ -356,4 +356,4 @@ def test_bad_knot_bound(knot_bound):
     with pytest.raises(ValueError, match="Received: knot_bound="):
         PLIFSoftmax(10, knot_bound=knot_bound)
     with pytest.raises(ValueError, match="Received: knot_bound="):
-        kops.plif(tf.zeros([3]), tf.zeros([4]), knot_bound)
+        functional.plif(tf.zeros([3]), tf.zeros([4]), knot_bound)

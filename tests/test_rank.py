@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_softmax_heads import metrics
+from keras_softmax_heads import diagnostics
 
 D, V, CONTEXTS = 4, 60, 300
 
@@ -28,7 +28,7 @@ def _rank(head):
     for w in head.trainable_weights:
         value = w.numpy()
         w.assign(value + 0.5 * rng.normal(size=value.shape).astype(value.dtype))
-    return metrics.empirical_rank(metrics.log_prob_matrix(head, h))
+    return diagnostics.empirical_rank(diagnostics.log_prob_matrix(head, h))
 
 
 def _heads():
@@ -40,11 +40,11 @@ def _heads():
 def test_empirical_rank_threshold_matches_press():
     rng = np.random.default_rng(0)
     low = rng.normal(size=(50, 3)) @ rng.normal(size=(3, 40))
-    assert metrics.empirical_rank(low) == 3
-    assert metrics.empirical_rank(low.astype("float32")) == 3
-    assert metrics.empirical_rank(rng.normal(size=(50, 40))) == 40
+    assert diagnostics.empirical_rank(low) == 3
+    assert diagnostics.empirical_rank(low.astype("float32")) == 3
+    assert diagnostics.empirical_rank(rng.normal(size=(50, 40))) == 40
     with pytest.raises(ValueError, match="2-D"):
-        metrics.empirical_rank(np.zeros(3))
+        diagnostics.empirical_rank(np.zeros(3))
 
 
 @pytest.mark.parametrize(
@@ -78,4 +78,4 @@ def test_untrained_plif_is_low_rank():
     ksh = _heads()
     head = ksh.PLIFSoftmax(V, num_knots=200, knot_bound=5.0)
     h = _contexts()
-    assert metrics.empirical_rank(metrics.log_prob_matrix(head, h)) <= D + 2
+    assert diagnostics.empirical_rank(diagnostics.log_prob_matrix(head, h)) <= D + 2

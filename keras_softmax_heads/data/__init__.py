@@ -5,10 +5,16 @@
 * `Vocabulary`: token <-> id with training counts; save/load as text.
 * `make_stream_dataset` (contiguous BPTT streams), `make_ngram_dataset`
   (fixed windows), `word_counts`.
-* TFDS builders `ptb_lm` and `wikitext2_lm` are registered on import.
+* TFDS builders `ptb_lm` and `wikitext2_lm` (`PtbLm`, `Wikitext2Lm`,
+  `load_tfds_corpus`) and `load_lm1b` need tensorflow-datasets; they are
+  imported on first access (`data.PtbLm`, or
+  `import keras_softmax_heads.data.tfds_builders`, which registers the
+  builders with TFDS), so that importing this package does not import TFDS.
 
 See `docs/data.md`.
 """
+
+import importlib
 
 from keras_softmax_heads.data.batching import (
     batchify,
@@ -18,19 +24,16 @@ from keras_softmax_heads.data.batching import (
     word_counts,
 )
 from keras_softmax_heads.data.corpus import LMCorpus
-from keras_softmax_heads.data.lm1b import load_lm1b
 from keras_softmax_heads.data.load import DATASET_NAMES, load_dataset
 from keras_softmax_heads.data.synthetic import MarkovLanguageModel, make_synthetic_corpus
+from keras_softmax_heads.data.named_corpora import load_ptb, load_wikitext2
 from keras_softmax_heads.data.text import (
     PTB_FILES,
     WIKITEXT2_FILES,
     ChecksumMismatchError,
     DatasetDownloadError,
-    load_ptb,
     load_text_corpus,
-    load_wikitext2,
 )
-from keras_softmax_heads.data.tfds_builders import PtbLm, Wikitext2Lm, load_tfds_corpus
 from keras_softmax_heads.data.vocabulary import EOS_TOKEN, UNK_TOKEN, Vocabulary
 
 __all__ = [
@@ -59,3 +62,19 @@ __all__ = [
     "num_stream_windows",
     "word_counts",
 ]
+
+#: Public names that need tensorflow-datasets, and their modules.
+_LAZY = {
+    "PtbLm": "keras_softmax_heads.data.tfds_builders",
+    "Wikitext2Lm": "keras_softmax_heads.data.tfds_builders",
+    "load_tfds_corpus": "keras_softmax_heads.data.tfds_builders",
+    "load_lm1b": "keras_softmax_heads.data.lm1b",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

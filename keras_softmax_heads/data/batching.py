@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from keras_softmax_heads.validation import check_int
+
 import numpy as np
 import tensorflow as tf
 
@@ -30,12 +32,6 @@ def _as_id_array(ids, name: str = "ids", vocab_size: int | None = None) -> np.nd
     return arr.astype(np.int32, copy=False)
 
 
-def _check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    return int(value)
-
-
 def batchify(ids, batch_size: int) -> np.ndarray:
     """Cuts an id stream into `batch_size` parallel streams (numpy).
 
@@ -61,7 +57,7 @@ def batchify(ids, batch_size: int) -> np.ndarray:
            [6, 7, 8]], dtype=int32)
     """
     ids = _as_id_array(ids)
-    batch_size = _check_positive_int(batch_size, "batch_size")
+    batch_size = check_int("batch_size", batch_size, minimum=1)
     length = ids.size // batch_size
     if length == 0:
         raise ValueError(
@@ -118,7 +114,7 @@ def make_stream_dataset(ids, batch_size: int, bptt: int) -> tf.data.Dataset:
     >>> x.shape, y.shape
     (TensorShape([20, 35]), TensorShape([20, 35]))
     """
-    bptt = _check_positive_int(bptt, "bptt")
+    bptt = check_int("bptt", bptt, minimum=1)
     streams = batchify(ids, batch_size)
     batch_size, length = streams.shape
     if bptt > length - 1:
@@ -194,10 +190,10 @@ def make_ngram_dataset(
     (TensorShape([128, 3]), TensorShape([128]))
     """
     ids = _as_id_array(ids)
-    order = _check_positive_int(order, "order")
+    order = check_int("order", order, minimum=1)
     if order < 2:
         raise ValueError(f"`order` must be >= 2 (context of order - 1 words). Received: order={order}")
-    batch_size = _check_positive_int(batch_size, "batch_size")
+    batch_size = check_int("batch_size", batch_size, minimum=1)
     context = order - 1
     if pad_id is not None:
         ids = np.concatenate([np.full(context, pad_id, dtype=np.int32), ids])
@@ -248,6 +244,6 @@ def word_counts(ids, vocab_size: int) -> np.ndarray:
     >>> word_counts(np.array([0, 2, 2]), vocab_size=4)
     array([1, 0, 2, 0])
     """
-    vocab_size = _check_positive_int(vocab_size, "vocab_size")
+    vocab_size = check_int("vocab_size", vocab_size, minimum=1)
     ids = _as_id_array(ids, vocab_size=vocab_size)
     return np.bincount(ids, minlength=vocab_size).astype(np.int64)

@@ -55,11 +55,11 @@ def load_dataset(name: str = "synthetic", data_dir: str | os.PathLike | None = N
 
         return make_synthetic_corpus(**kwargs)
     if key == "ptb":
-        from keras_softmax_heads.data.text import load_ptb
+        from keras_softmax_heads.data.named_corpora import load_ptb
 
         return load_ptb(data_dir, **kwargs)
     if key == "wikitext2":
-        from keras_softmax_heads.data.text import load_wikitext2
+        from keras_softmax_heads.data.named_corpora import load_wikitext2
 
         return load_wikitext2(data_dir, **kwargs)
     if key == "lm1b":

@@ -32,7 +32,7 @@ from keras_softmax_heads.data.vocabulary import (
     EOS_TOKEN,
     UNK_TOKEN,
     Vocabulary,
-    _cut_and_order_with_map,
+    cut_and_order_vocabulary,
 )
 
 SPLITS = ("train", "valid", "test")
@@ -233,7 +233,7 @@ def encode_train(
     pids = np.frombuffer(provisional, dtype=np.int32)
     counts = np.bincount(pids, minlength=len(index)).astype(np.int64)
     types = list(index)  # insertion order == provisional id
-    tokens, final_counts, remap = _cut_and_order_with_map(
+    tokens, final_counts, remap = cut_and_order_vocabulary(
         types, counts, min_count, max_size, unk_token, ensure_unk
     )
     ids = remap[pids].astype(np.int32)
@@ -354,6 +354,15 @@ def load_text_corpus(
     return corpus
 
 
+def corpus_spec(name: str):
+    """`(files, aliases)` of the named text corpus `"ptb"` or `"wikitext2"`."""
+    if name not in CORPORA:
+        raise ValueError(
+            f"Unknown text corpus. Expected one of {sorted(CORPORA)}. Received: name={name!r}"
+        )
+    return CORPORA[name]
+
+
 def download_corpus_files(
     name: str, cache_dir: str | os.PathLike | None = None
 ) -> pathlib.Path:
@@ -377,7 +386,7 @@ def download_corpus_files(
     """
     import keras
 
-    files, _ = _corpus_spec(name)
+    files, _ = corpus_spec(name)
     paths = {}
     for split, remote in files.items():
         try:
@@ -398,87 +407,3 @@ def download_corpus_files(
             ) from err
         verify_sha256(paths[split], remote.sha256)
     return paths["train"].parent
-
-
-def _corpus_spec(name: str):
-    if name not in CORPORA:
-        raise ValueError(
-            f"Unknown text corpus. Expected one of {sorted(CORPORA)}. Received: name={name!r}"
-        )
-    return CORPORA[name]
-
-
-def _load_named(name, data_dir, verify_checksums, cache_dir, use_tfds, tfds_data_dir):
-    files, aliases = _corpus_spec(name)
-    if use_tfds:
-        from keras_softmax_heads.data.tfds_builders import load_tfds_corpus
-
-        return load_tfds_corpus(name, data_dir=tfds_data_dir, manual_dir=data_dir)
-    if data_dir is None:
-        data_dir = download_corpus_files(name, cache_dir=cache_dir)
-    checksums = {s: f.sha256 for s, f in files.items()} if verify_checksums else None
-    return load_text_corpus(data_dir, checksums=checksums, name=name, aliases=aliases)
-
-
-def load_ptb(
-    data_dir: str | os.PathLike | None = None,
-    *,
-    verify_checksums: bool = True,
-    cache_dir: str | os.PathLike | None = None,
-    use_tfds: bool = False,
-    tfds_data_dir: str | os.PathLike | None = None,
-) -> LMCorpus:
-    """Penn Treebank (Mikolov preprocessing): 929,589 / 73,760 / 82,430 tokens, V=10,000.
-
-    Args:
-        data_dir: directory with `train.txt`, `valid.txt`, `test.txt` (or a
-            parent with a `ptb/` sub-directory). `None` downloads the public
-            files (`PTB_FILES`); offline this raises `DatasetDownloadError`.
-        verify_checksums: check the files' sha256 against `PTB_FILES`
-            (the TFDS builder always checks).
-        cache_dir: download cache root (when `data_dir` is None).
-        use_tfds: read through the `ptb_lm` TFDS builder instead of the fast
-            direct path (`data_dir` becomes the builder's manual dir).
-        tfds_data_dir: TFDS data dir for the prepared dataset (`use_tfds`).
-
-    Returns:
-        An `LMCorpus` named `"ptb"`.
-
-    Example (needs the files)::
-
-        corpus = load_ptb("/data/ptb")
-        corpus.train.size, corpus.vocab_size  # (929589, 10000)
-    """
-    return _load_named("ptb", data_dir, verify_checksums, cache_dir, use_tfds, tfds_data_dir)
-
-
-def load_wikitext2(
-    data_dir: str | os.PathLike | None = None,
-    *,
-    verify_checksums: bool = True,
-    cache_dir: str | os.PathLike | None = None,
-    use_tfds: bool = False,
-    tfds_data_dir: str | os.PathLike | None = None,
-) -> LMCorpus:
-    """WikiText-2 v1 (tokenized): 2,088,628 / 217,646 / 245,569 tokens, V=33,278.
-
-    Args:
-        data_dir: directory with `train.txt`, `valid.txt`, `test.txt` (the
-            `wiki.*.tokens` files renamed), or a parent with a `wikitext-2/`
-            sub-directory. `None` downloads the public files
-            (`WIKITEXT2_FILES`); offline this raises `DatasetDownloadError`.
-        verify_checksums: check the files' sha256 against `WIKITEXT2_FILES`
-            (the TFDS builder always checks).
-        cache_dir: download cache root (when `data_dir` is None).
-        use_tfds: read through the `wikitext2_lm` TFDS builder instead.
-        tfds_data_dir: TFDS data dir for the prepared dataset (`use_tfds`).
-
-    Returns:
-        An `LMCorpus` named `"wikitext2"`.
-
-    Example (needs the files)::
-
-        corpus = load_wikitext2("/data/wikitext-2")
-        corpus.train.size, corpus.vocab_size  # (2088628, 33278)
-    """
-    return _load_named("wikitext2", data_dir, verify_checksums, cache_dir, use_tfds, tfds_data_dir)

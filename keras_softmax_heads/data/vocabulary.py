@@ -314,12 +314,17 @@ def _cut_and_order(types, values, min_count, max_size, unk_token):
 
     `types[i]` has count `values[i]`; input order = tie-break order.
     """
-    tokens, final_counts, _ = _cut_and_order_with_map(types, values, min_count, max_size, unk_token)
+    tokens, final_counts, _ = cut_and_order_vocabulary(types, values, min_count, max_size, unk_token)
     return tokens, final_counts
 
 
-def _cut_and_order_with_map(types, values, min_count, max_size, unk_token, ensure_unk=False):
-    """Like `_cut_and_order`, also returning `remap[i]` = new id of `types[i]`.
+def cut_and_order_vocabulary(types, values, min_count, max_size, unk_token, ensure_unk=False):
+    """Applies the vocabulary cut-off and order to `types` with counts `values`.
+
+    Returns `(tokens, counts, remap)`: the kept tokens (by descending count;
+    ties keep the input order), their counts, and `remap[i]`, the new id of
+    `types[i]` (dropped types map to the `unk_token` id). Like `_cut_and_order`,
+    which drops `remap`.
 
     With `ensure_unk`, `unk_token` is added (count 0 if nothing is dropped)
     even when the cut-off keeps every type.

@@ -20,8 +20,8 @@ normalised log-probabilities computes exactly this), with Adam: full batch
 by default, so `epochs` is the number of optimiser steps. Context vectors
 start as `N(0, 1)` draws, the heads with their own initialisers. The fitted
 models are
-scored with the average KL divergence (`metrics.kl_divergence`) and the mode
-matching rate (`metrics.mode_matching`, the fraction of contexts whose most
+scored with the average KL divergence (`diagnostics.kl_divergence`) and the mode
+matching rate (`diagnostics.mode_matching`, the fraction of contexts whose most
 likely word is the model's most likely word), over a grid of `D` and `M`.
 
 Because the contexts are free vectors, nothing but the head limits the fit:
@@ -341,7 +341,7 @@ def fit_and_score(name, probs, dim, config, seed=0):
     """
     import keras
 
-    from keras_softmax_heads import metrics
+    from keras_softmax_heads import diagnostics
 
     num_contexts, vocab_size = probs.shape
     keras.utils.set_random_seed(int(seed))
@@ -360,9 +360,9 @@ def fit_and_score(name, probs, dim, config, seed=0):
     kl_sum = mode_sum = 0.0
     for lo in range(0, num_contexts, _EVAL_BATCH):
         ids = np.arange(lo, min(lo + _EVAL_BATCH, num_contexts), dtype=np.int32)
-        log_q = metrics.log_prob_matrix(model, ids, batch_size=_EVAL_BATCH)
-        kl_sum += metrics.kl_divergence(probs[ids], log_q) * len(ids)
-        mode_sum += metrics.mode_matching(probs[ids], log_q) * len(ids)
+        log_q = diagnostics.log_prob_matrix(model, ids, batch_size=_EVAL_BATCH)
+        kl_sum += diagnostics.kl_divergence(probs[ids], log_q) * len(ids)
+        mode_sum += diagnostics.mode_matching(probs[ids], log_q) * len(ids)
     return {
         "model": name,
         "D": int(dim),

@@ -20,84 +20,15 @@ exact heads also work as the last layer of a `keras.Sequential` with
 """
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
-
-
-def check_targets(targets, vocab_size):
-    """Casts word ids to int32 and checks that they lie in `[0, vocab_size)`.
-
-    Eagerly and in `tf.function` graphs an out-of-range id raises
-    `InvalidArgumentError` (TensorFlow's gather on GPU would silently return
-    0 instead). Under XLA (`jit_compile=True`) assertions are compiled away;
-    use `nan_if_invalid` on the result so that such ids give NaN, not a number.
-    """
-    targets = ops.cast(ops.convert_to_tensor(targets), "int32")
-    checks = [
-        tf.debugging.assert_less(
-            targets,
-            tf.constant(vocab_size, tf.int32),
-            message=f"targets must be word ids in [0, vocab_size={vocab_size})",
-        ),
-        tf.debugging.assert_non_negative(
-            targets, message="targets must be non-negative word ids"
-        ),
-    ]
-    with tf.control_dependencies(checks):
-        return tf.identity(targets)
-
-
-def nan_if_invalid(values, targets, vocab_size):
-    """`values` with NaN wherever `targets` is outside `[0, vocab_size)`."""
-    valid = ops.logical_and(targets >= 0, targets < vocab_size)
-    return ops.where(valid, values, ops.full_like(values, float("nan")))
-
-
-def gather_targets(values, targets):
-    """`values[..., targets]` along the last axis: `[..., V]` -> `targets.shape`."""
-    idx = ops.clip(targets, 0, ops.shape(values)[-1] - 1)
-    picked = ops.take_along_axis(values, ops.expand_dims(idx, -1), axis=-1)
-    return ops.squeeze(picked, -1)
-
-
-def check_embedding_layer(embedding, name):
-    """Raises unless `embedding` looks like a `keras.layers.Embedding`
-    (has `input_dim` and `output_dim`); `name` is the argument's name."""
-    if not hasattr(embedding, "input_dim") or not hasattr(embedding, "output_dim"):
-        raise ValueError(
-            f"`{name}` must be a keras.layers.Embedding. "
-            f"Received: {name}={embedding!r}"
-        )
-
-
-def set_context_dim(layer, input_shape):
-    """Sets `layer.input_dim` (the known last dimension `d`) and its input spec."""
-    input_dim = input_shape[-1]
-    if input_dim is None:
-        raise ValueError(
-            f"{layer.__class__.__name__} needs a known last dimension of the "
-            f"context vectors. Received: input_shape={input_shape}"
-        )
-    layer.input_dim = int(input_dim)
-    layer.input_spec = keras.InputSpec(min_ndim=2, axes={-1: layer.input_dim})
-
-
-def build_context_checks(layer, input_shape):
-    """Shared `build` checks: known `d`, input spec, tied embedding dims."""
-    set_context_dim(layer, input_shape)
-    embedding = getattr(layer, "token_embedding", None)
-    if embedding is not None:
-        if embedding.output_dim != layer.input_dim:
-            raise ValueError(
-                "The tied `token_embedding` has output_dim="
-                f"{embedding.output_dim} but the context vectors have last "
-                f"dimension {layer.input_dim}. Received: input_shape={input_shape}"
-            )
-        if not embedding.built:
-            embedding.build((None,))
+from keras_softmax_heads.heads.head_utils import build_context_checks
+from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.heads.head_utils import gather_targets
+from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.validation import check_embedding_layer
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")

@@ -41,10 +41,10 @@ from keras import ops
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.heads.base import SoftmaxHead
-from keras_softmax_heads.heads.base import build_context_checks
-from keras_softmax_heads.heads.base import check_targets
-from keras_softmax_heads.heads.base import nan_if_invalid
-from keras_softmax_heads.heads.hierarchical import constant_int_weight
+from keras_softmax_heads.heads.head_utils import build_context_checks
+from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.heads.head_utils import add_constant_weight
 from keras_softmax_heads.samplers import check_counts
 
 # The paper's billionW setting (Figure 7): 1024 units for the 50K most
@@ -278,8 +278,8 @@ class DifferentiatedSoftmax(SoftmaxHead):
         order = self._initial_order
         rank = np.empty_like(order)
         rank[order] = np.arange(order.size)
-        self.word_order = constant_int_weight(self, "word_order", order)
-        self.word_rank = constant_int_weight(self, "word_rank", rank)
+        self.word_order = add_constant_weight(self, "word_order", "int32", order)
+        self.word_rank = add_constant_weight(self, "word_rank", "int32", rank)
         self.build_head(input_shape)
 
     # ---------------------------------------------------------------- scores

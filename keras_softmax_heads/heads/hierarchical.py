@@ -115,7 +115,6 @@ Design notes (see the class docstring for the user-facing summary):
 """
 
 import math
-import numbers
 
 import keras
 import numpy as np
@@ -123,25 +122,13 @@ import tensorflow as tf
 from keras import ops
 
 from keras_softmax_heads import clustering
+from keras_softmax_heads.clustering import CLUSTERING_STRATEGIES
 from keras_softmax_heads.heads.base import SoftmaxHead
-from keras_softmax_heads.heads.base import check_targets
-from keras_softmax_heads.heads.base import nan_if_invalid
+from keras_softmax_heads.heads.head_utils import add_constant_weight
+from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.heads.head_utils import nan_if_invalid
 from keras_softmax_heads.samplers import check_counts
-
-_STRATEGIES = ("frequency", "random", "kmeans", "weighted_kmeans")
-
-
-def _check_int(name, value, minimum):
-    if (
-        isinstance(value, (bool, np.bool_))
-        or not isinstance(value, numbers.Integral)
-        or value < minimum
-    ):
-        raise ValueError(
-            f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
-        )
-    return int(value)
-
+from keras_softmax_heads.validation import check_int
 
 
 
@@ -174,7 +161,7 @@ def split_large_clusters(layout, cap, counts=None):
     >>> split_large_clusters(layout, 2).cluster_of_word.tolist()
     [0, 0, 1, 1, 2, 3, 3]
     """
-    cap = _check_int("cap", cap, 1)
+    cap = check_int("cap", cap, 1)
     if layout.max_cluster_size <= cap:
         return layout
     assignment = np.empty(layout.vocab_size, dtype=np.int64)
@@ -360,27 +347,6 @@ def dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
     return tf.custom_gradient(forward)(*args)
 
 
-def constant_int_weight(layer, name, values):
-    """A non-trainable int32 weight holding `values`.
-
-    The values come from the initializer (not an `assign` after creation), so
-    they are right even when the layer is built inside a traced function.
-    """
-    values = np.asarray(values, dtype=np.int32)
-
-    def initializer(shape, dtype=None):
-        del shape
-        return ops.convert_to_tensor(values, dtype="int32")
-
-    return layer.add_weight(
-        name=name,
-        shape=values.shape,
-        dtype="int32",
-        initializer=initializer,
-        trainable=False,
-    )
-
-
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class HierarchicalSoftmax(SoftmaxHead):
     """Two-level hierarchical softmax over a fixed word clustering.
@@ -550,13 +516,13 @@ class HierarchicalSoftmax(SoftmaxHead):
             **kwargs,
         )
         vocab = self.vocab_size
-        if clustering not in _STRATEGIES:
+        if clustering not in CLUSTERING_STRATEGIES:
             raise ValueError(
-                f"`clustering` must be one of {_STRATEGIES}. "
+                f"`clustering` must be one of {CLUSTERING_STRATEGIES}. "
                 f"Received: clustering={clustering!r}"
             )
         self.clustering = clustering
-        self.tile_size = _check_int("tile_size", tile_size, 1)
+        self.tile_size = check_int("tile_size", tile_size, 1)
         if not isinstance(static_shapes, (bool, np.bool_)):
             raise ValueError(
                 "`static_shapes` must be a bool. "
@@ -566,9 +532,9 @@ class HierarchicalSoftmax(SoftmaxHead):
         # Keras turns `jit_compile="auto"` (and `True`, with a warning) off
         # for a model with this layer when the shapes are data-dependent.
         self.supports_jit = self.static_shapes
-        self.seed = _check_int("seed", seed, 0)
+        self.seed = check_int("seed", seed, 0)
         if num_clusters is not None:
-            num_clusters = _check_int("num_clusters", num_clusters, 1)
+            num_clusters = check_int("num_clusters", num_clusters, 1)
             if num_clusters > vocab:
                 raise ValueError(
                     "`num_clusters` cannot exceed the vocabulary size (every "
@@ -576,7 +542,7 @@ class HierarchicalSoftmax(SoftmaxHead):
                     f"{num_clusters} > vocab_size={vocab}"
                 )
         if cluster_size_cap not in (None, "auto"):
-            cluster_size_cap = _check_int("cluster_size_cap", cluster_size_cap, 1)
+            cluster_size_cap = check_int("cluster_size_cap", cluster_size_cap, 1)
         self.cluster_size_cap = cluster_size_cap
         counts = check_counts(counts, vocab)
         layout = self._resolve_layout(clusters, counts, num_clusters)
@@ -588,7 +554,7 @@ class HierarchicalSoftmax(SoftmaxHead):
             layout = split_large_clusters(layout, cluster_size_cap, counts)
         if max_cluster_size is None:
             max_cluster_size = layout.max_cluster_size
-        max_cluster_size = _check_int("max_cluster_size", max_cluster_size, 1)
+        max_cluster_size = check_int("max_cluster_size", max_cluster_size, 1)
         if max_cluster_size < layout.max_cluster_size:
             raise ValueError(
                 "`max_cluster_size` must be at least the size of the largest "
@@ -669,12 +635,11 @@ class HierarchicalSoftmax(SoftmaxHead):
         layout = self._initial_layout
         table = np.zeros((num_clusters, self.max_cluster_size), np.int32)
         table[:, : layout.max_cluster_size] = layout.padded_cluster_words(0)
-        self.cluster_of_word = constant_int_weight(self, "cluster_of_word", layout.cluster_of_word)
-        self.position_in_cluster = constant_int_weight(
-            self, "position_in_cluster", layout.position_in_cluster
+        self.cluster_of_word = add_constant_weight(self, "cluster_of_word", "int32", layout.cluster_of_word)
+        self.position_in_cluster = add_constant_weight(self, "position_in_cluster", "int32", layout.position_in_cluster
         )
-        self.cluster_words = constant_int_weight(self, "cluster_words", table)
-        self.cluster_sizes = constant_int_weight(self, "cluster_sizes", layout.cluster_sizes)
+        self.cluster_words = add_constant_weight(self, "cluster_words", "int32", table)
+        self.cluster_sizes = add_constant_weight(self, "cluster_sizes", "int32", layout.cluster_sizes)
 
     @property
     def cluster_assignment(self):
@@ -836,7 +801,7 @@ class HierarchicalSoftmax(SoftmaxHead):
             `word_scores` (`K * tile_size * M`) and `cluster_scores`
             (`N * C`). A dense softmax computes `N * V` scores.
         """
-        n = _check_int("num_tokens", num_tokens, 0)
+        n = check_int("num_tokens", num_tokens, 0)
         tile, width, num_clusters = self.tile_size, self.max_cluster_size, self.num_clusters
         tiles = min(n, (n + (tile - 1) * min(num_clusters, n)) // tile)
         return {

@@ -23,15 +23,15 @@ mixture happens:
 import keras
 from keras import ops
 
-from keras_softmax_heads import ops as ksh_ops
+from keras_softmax_heads import functional
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_mixture_nll
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.heads.base import SoftmaxHead
-from keras_softmax_heads.heads.base import check_targets
-from keras_softmax_heads.heads.base import gather_targets
-from keras_softmax_heads.heads.base import nan_if_invalid
-from keras_softmax_heads.heads.base import set_context_dim
+from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.heads.head_utils import gather_targets
+from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.heads.head_utils import set_context_dim
 
 _COMPONENTS = ("softmax", "sigsoftmax")
 
@@ -426,13 +426,13 @@ class MixtureOfSoftmaxes(_MixtureHead):
                 name="raw_slopes",
                 shape=(self.num_knots,),
                 initializer=keras.initializers.Constant(
-                    ksh_ops.plif_identity_raw_slope()
+                    functional.plif_identity_raw_slope()
                 ),
             )
 
     def _prior_log_normaliser(self, prior_logits):
         if self.component == "sigsoftmax":
-            return ksh_ops.log_sigsoftmax(prior_logits, axis=-1)
+            return functional.log_sigsoftmax(prior_logits, axis=-1)
         return ops.log_softmax(prior_logits, axis=-1)
 
     def _component_scores(self, latent):
@@ -445,21 +445,21 @@ class MixtureOfSoftmaxes(_MixtureHead):
         z = self._project(latent)
         if self.raw_slopes is not None:
             slopes = ops.cast(self.raw_slopes, self.accumulation_dtype)
-            z = ksh_ops.plif(z, slopes, self.knot_bound)
+            z = functional.plif(z, slopes, self.knot_bound)
         if self.component == "sigsoftmax":
-            z = ksh_ops.log_sigmoid_scores(z)
+            z = functional.log_sigmoid_scores(z)
         return z
 
     def _chunk_transform(self):
         """`(transform_fn, params)`: the component transform, chunked loss."""
         sig = self.component == "sigsoftmax"
         if self.raw_slopes is None:
-            return (ksh_ops.log_sigmoid_scores if sig else None), []
+            return (functional.log_sigmoid_scores if sig else None), []
         bound = self.knot_bound
 
         def transform(z, raw_slopes):
-            z = ksh_ops.plif(z, ops.cast(raw_slopes, z.dtype), bound)
-            return ksh_ops.log_sigmoid_scores(z) if sig else z
+            z = functional.plif(z, ops.cast(raw_slopes, z.dtype), bound)
+            return functional.log_sigmoid_scores(z) if sig else z
 
         return transform, [self.raw_slopes]
 

@@ -7,10 +7,10 @@ import keras
 from keras import ops
 
 from keras_softmax_heads import samplers
-from keras_softmax_heads.heads.sampled import WordMajorSoftmaxHead
-from keras_softmax_heads.heads.sampled import _check_num_sampled
-from keras_softmax_heads.heads.sampled import _check_seed
-from keras_softmax_heads.heads.sampled import build_sampler_tables
+from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
+from keras_softmax_heads.heads.head_utils import check_num_sampled
+from keras_softmax_heads.validation import check_seed
+from keras_softmax_heads.heads.head_utils import build_sampler_tables
 from keras_softmax_heads.heads.sampled import placeholder_counts
 
 
@@ -88,7 +88,7 @@ class NCE(WordMajorSoftmaxHead):
     CPU (see `benchmarks/bench_large_vocab.py`).
 
     Weights: `kernel` `[V, d]` (word-major, see
-    `keras_softmax_heads.heads.sampled.WordMajorSoftmaxHead`: the loss
+    `keras_softmax_heads.heads.word_major_softmax_head.WordMajorSoftmaxHead`: the loss
     gathers `N + m` rows and their gradient is sparse) and `bias` `[V]`.
 
     Word statistics: `counts`, a length-`V` array of training counts,
@@ -186,7 +186,7 @@ class NCE(WordMajorSoftmaxHead):
             return_probabilities=return_probabilities,
             **kwargs,
         )
-        num_sampled = _check_num_sampled(num_sampled)
+        num_sampled = check_num_sampled(num_sampled)
         if num_sampled == "all":
             raise ValueError(
                 "NCE needs a number of noise samples. Received: num_sampled='all'"
@@ -215,7 +215,7 @@ class NCE(WordMajorSoftmaxHead):
                 f"Received: log_normalizer={log_normalizer!r}"
             )
         self.log_normalizer = float(log_normalizer)
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         counts = samplers.check_counts(counts, self.vocab_size)
         if sampler == "unigram":
             if counts is None:

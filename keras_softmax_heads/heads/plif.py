@@ -4,10 +4,10 @@ import numbers
 
 import keras
 
-from keras_softmax_heads import ops as ksh_ops
+from keras_softmax_heads import functional
 from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
-from keras_softmax_heads.heads.base import check_targets
-from keras_softmax_heads.heads.base import nan_if_invalid
+from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.heads.head_utils import nan_if_invalid
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
@@ -30,7 +30,7 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
     with the same kernel and bias.
 
     `log_likelihood` / `training_loss` use
-    `keras_softmax_heads.ops.plif_log_likelihood`, which fuses PLIF,
+    `keras_softmax_heads.functional.plif_log_likelihood`, which fuses PLIF,
     `log_softmax` and the target lookup in one custom gradient: it saves the
     scores `z`, their int32 interval index and two per-row vectors (not the
     `[..., V]` PLIF scores or log-probabilities), so the extra memory over
@@ -47,12 +47,12 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
     1.64x-3.0x in plain graph mode (1.90x-3.46x); the ratio is lowest at
     d=512, where the matrix products weigh more. Peak step memory 1.00x-1.04x
     under XLA, 1.01x-1.52x in graph mode (straightforward: 2.0x-3.0x).
-    With `keras_softmax_heads.ops.TILE_HISTOGRAM = "complex_scatter"` XLA
+    With `keras_softmax_heads.functional.TILE_HISTOGRAM = "complex_scatter"` XLA
     gains ~5-8% more, at the price of graph mode. The paper's "negligible" is a
     GPU statement: on a memory-bound CPU the slopes' gradient, a weighted
     histogram of all `N V` scores into `K` intervals (a serial scatter-add
     under XLA), and the extra passes over `[N, V]` for the index and the
-    lookups remain (see the module docstring of `keras_softmax_heads.ops`).
+    lookups remain (see the module docstring of `keras_softmax_heads.functional`).
 
     Args:
         vocab_size: int, number of words `V` (or omit and pass
@@ -109,7 +109,7 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
                 "`num_knots` must be an integer >= 1. "
                 f"Received: num_knots={num_knots!r}"
             )
-        knot_bound = ksh_ops.check_knot_bound(knot_bound)
+        knot_bound = functional.check_knot_bound(knot_bound)
         super().__init__(vocab_size, **kwargs)
         self.num_knots = int(num_knots)
         self.knot_bound = knot_bound
@@ -121,19 +121,19 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
         self.raw_slopes = self.add_weight(
             name="raw_slopes",
             shape=(self.num_knots,),
-            initializer=keras.initializers.Constant(ksh_ops.plif_identity_raw_slope()),
+            initializer=keras.initializers.Constant(functional.plif_identity_raw_slope()),
             autocast=False,
         )
 
     def score_transform(self, z):
-        """The PLIF `f(z)` (custom gradient, see `keras_softmax_heads.ops.plif`)."""
-        return ksh_ops.plif(z, self.raw_slopes, self.knot_bound)
+        """The PLIF `f(z)` (custom gradient, see `keras_softmax_heads.functional.plif`)."""
+        return functional.plif(z, self.raw_slopes, self.knot_bound)
 
     def log_likelihood(self, inputs, targets):
         if self.chunk_size is not None:
             return super().log_likelihood(inputs, targets)
         targets = check_targets(targets, self.vocab_size)
-        ll = ksh_ops.plif_log_likelihood(
+        ll = functional.plif_log_likelihood(
             self.logits(inputs), self.raw_slopes, self.knot_bound, targets
         )
         return nan_if_invalid(ll, targets, self.vocab_size)

@@ -1,119 +1,27 @@
 """Target sampling (sampled softmax) with XLA-compatible candidate sampling.
 
-Also home of `WordMajorSoftmaxHead`, the base of the heads whose training
-loss touches only a few rows of the output matrix (`SampledSoftmax`, `NCE`,
-`SelfNormalizedSoftmax`): the matrix is stored word-major, `kernel` `[V, d]`
-(the layout of an embedding and of `tf.nn.sampled_softmax_loss`'s
-`weights`), like `HierarchicalSoftmax`. Scoring a set of candidate words is
-then a row gather whose gradient is sparse (`tf.IndexedSlices`, `[S, d]`).
-With the contract's `[d, V]` layout the gradient of a column gather is a
-dense `[d, V]` tensor built by `unsorted_segment_sum` and a transpose (1.6 GB
-at `V = 793k`, `d = 512`): a forward + backward sampled-softmax step with
-`N = 2048`, 1024 samples took 5.4 s with a `[d, V]` kernel against 49 ms with
-`[V, d]` (CPU, graph mode, 2 shared cores). `output_kernel()` still
-returns the `[d, V]` matrix (a transpose) for code that needs it, and
-`logits()` multiplies by the word-major matrix directly.
+`SampledSoftmax` stores its output matrix word-major (see
+`WordMajorSoftmaxHead`), so that scoring a set of candidate words is a row
+gather with a sparse gradient.
 """
 
 import math
-import numbers
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_softmax_heads import samplers
-from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
-from keras_softmax_heads.heads.base import check_targets
-from keras_softmax_heads.heads.base import nan_if_invalid
+from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
+from keras_softmax_heads.heads.head_utils import build_sampler_tables
+from keras_softmax_heads.heads.head_utils import check_num_sampled
+from keras_softmax_heads.validation import check_bool
+from keras_softmax_heads.validation import check_seed
 
 LOG_COUNT_FLOOR = -80.0
 """Lower bound of the log expected count of a *target* (a zero-count word
 under `sampler="unigram"` would give `+inf` corrected logits and a NaN loss;
 with the floor its loss is ~0, finite, so a zero `sample_weight` masks it)."""
-
-
-def _check_seed(seed):
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(
-            f"`seed` must be None or an integer >= 0. Received: seed={seed!r}"
-        )
-    return int(seed)
-
-
-def _check_bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
-    return bool(value)
-
-
-def _check_num_sampled(num_sampled):
-    if num_sampled == "all":
-        return "all"
-    if (
-        isinstance(num_sampled, (bool, np.bool_))
-        or not isinstance(num_sampled, numbers.Integral)
-        or num_sampled < 1
-    ):
-        raise ValueError(
-            "`num_sampled` must be an integer >= 1 (or 'all' for "
-            f"SampledSoftmax). Received: num_sampled={num_sampled!r}"
-        )
-    return int(num_sampled)
-
-
-def _constant_weight(layer, name, values, dtype):
-    """A non-trainable, non-autocast weight initialised to `values`."""
-    values = np.asarray(values)
-
-    def initializer(shape, dtype=None):
-        del shape
-        return ops.convert_to_tensor(values, dtype=dtype)
-
-    return layer.add_weight(
-        name=name,
-        shape=values.shape,
-        dtype=dtype,
-        initializer=initializer,
-        trainable=False,
-        autocast=False,
-    )
-
-
-def build_sampler_tables(layer, sampler, counts, distortion):
-    """Creates a head's sampling tables as non-trainable weights.
-
-    For `"log_uniform"` and `"unigram"`: `sampling_log_probs` (float32 `[V]`,
-    `log q`), `alias_thresholds` (float32 `[V]`) and `alias_indices` (int32
-    `[V]`); for `"unigram"` also `counts` (float32 `[V]`). Sets the layer
-    attributes of the same names (`None` when absent) and returns the
-    `samplers.CandidateSampler` reading them.
-    """
-    vocab = layer.vocab_size
-    layer.counts = None
-    layer.sampling_log_probs = None
-    layer.alias_thresholds = None
-    layer.alias_indices = None
-    if sampler not in ("log_uniform", "unigram"):
-        return samplers.CandidateSampler(vocab)
-    if sampler == "unigram":
-        layer.counts = _constant_weight(layer, "counts", counts, "float32")
-    probs = samplers.sampling_probs(sampler, vocab, counts, distortion)
-    threshold, alias = samplers.alias_table(probs)
-    with np.errstate(divide="ignore"):
-        log_probs = np.log(probs)
-    layer.sampling_log_probs = _constant_weight(
-        layer, "sampling_log_probs", log_probs, "float32"
-    )
-    layer.alias_thresholds = _constant_weight(
-        layer, "alias_thresholds", threshold, "float32"
-    )
-    layer.alias_indices = _constant_weight(layer, "alias_indices", alias, "int32")
-    return samplers.CandidateSampler(
-        vocab, layer.sampling_log_probs, layer.alias_thresholds, layer.alias_indices
-    )
 
 
 def sampled_softmax_nll(target_logits, candidate_logits, candidate_mask=None):
@@ -152,79 +60,6 @@ def sampled_softmax_nll(target_logits, candidate_logits, candidate_mask=None):
     # gradient, a softmax) is well defined even if every candidate is masked.
     logits = ops.concatenate([target_logits[:, None], candidate_logits], axis=-1)
     return ops.logsumexp(logits, axis=-1) - target_logits
-
-
-@keras.saving.register_keras_serializable(package="keras_softmax_heads")
-class WordMajorSoftmaxHead(PointwiseSoftmaxHead):
-    """A pointwise head whose output matrix is stored word-major, `[V, d]`.
-
-    `z = h W^T + b` with `W` the layer's `kernel` `[V, d]` (or the tied
-    `token_embedding`'s `[V, d]` matrix, the same code path). See the module
-    docstring for why. Subclasses add a training objective that scores only
-    some words: `target_scores` and `candidate_scores` gather rows of `W`
-    (sparse gradients). On its own the class is a Linear-Softmax with the
-    word-major layout. To move weights to a `FullSoftmax` (kernel `[d, V]`),
-    transpose the kernel.
-    """
-
-    word_major = True
-
-    def target_scores(self, h, targets):
-        """`z_{i, t_i}` for flat `h` `[N, d]` and targets `[N]`: float32 `[N]`.
-
-        Gathers `N` rows of `W` (sparse gradient); the dot products are
-        accumulated in float32 even under mixed precision.
-        """
-        acc = self.accumulation_dtype
-        ids = ops.clip(targets, 0, self.vocab_size - 1)
-        rows = ops.take(self.output_embeddings(), ids, axis=0)
-        rows = ops.cast(ops.cast(rows, self.compute_dtype), acc)
-        h = ops.cast(ops.cast(h, self.compute_dtype), acc)
-        z = ops.sum(h * rows, axis=-1)
-        if self.bias is not None:
-            z = z + ops.cast(ops.take(self.bias, ids, axis=0), acc)
-        return z
-
-    def candidate_scores(self, h, ids):
-        """`z_{i, s_j}` for flat `h` `[N, d]` and shared ids `[S]`: `[N, S]`."""
-        ids = ops.clip(ids, 0, self.vocab_size - 1)
-        acc = self.accumulation_dtype
-        rows = ops.take(self.output_embeddings(), ids, axis=0)
-        rows = ops.cast(rows, self.compute_dtype)
-        z = ops.matmul(ops.cast(h, self.compute_dtype), ops.transpose(rows))
-        z = ops.cast(z, acc)
-        if self.bias is not None:
-            z = z + ops.cast(ops.take(self.bias, ids, axis=0), acc)[None, :]
-        return z
-
-    def full_scores(self, h):
-        """`z` for flat `h` `[N, d]`: `[N, V]`."""
-        return self.logits(h)
-
-    # --------------------------------------------------------------- helpers
-    def _flatten(self, inputs, targets):
-        """Checks and flattens `inputs` `[..., d]`, `targets` `[...]`.
-
-        Returns `(h [N, d], targets [N] int32 validated, targets_shape)`.
-        """
-        inputs = self._check_inputs(inputs)
-        targets = check_targets(targets, self.vocab_size)
-        lead = tuple(inputs.shape[:-1])
-        tshape = tuple(targets.shape)
-        if len(lead) != len(tshape) or any(
-            a is not None and b is not None and a != b for a, b in zip(lead, tshape)
-        ):
-            raise ValueError(
-                "`targets` must have the leading shape of `inputs`. Received: "
-                f"inputs.shape={tuple(inputs.shape)}, targets.shape={tshape}"
-            )
-        h = ops.reshape(inputs, (-1, self.input_dim))
-        return h, ops.reshape(targets, (-1,)), ops.shape(targets)
-
-    def _finish(self, loss, targets, shape):
-        """Reshapes a flat per-token loss and turns invalid targets into NaN."""
-        loss = nan_if_invalid(loss, targets, self.vocab_size)
-        return ops.reshape(loss, shape)
 
 
 _SAMPLED_SAMPLERS = samplers.SAMPLERS + ("batch", "all")
@@ -388,18 +223,18 @@ class SampledSoftmax(WordMajorSoftmaxHead):
             **kwargs,
         )
         samplers.check_sampler(sampler, _SAMPLED_SAMPLERS)
-        num_sampled = _check_num_sampled(num_sampled)
+        num_sampled = check_num_sampled(num_sampled)
         if num_sampled == "all" or sampler == "all":
             num_sampled, sampler = "all", "all"
         self.num_sampled = num_sampled
         self.sampler = sampler
         self.distortion = samplers.check_distortion(distortion)
-        self.unique = _check_bool("unique", unique)
-        self.remove_accidental_hits = _check_bool(
+        self.unique = check_bool("unique", unique)
+        self.remove_accidental_hits = check_bool(
             "remove_accidental_hits", remove_accidental_hits
         )
-        self.subtract_log_q = _check_bool("subtract_log_q", subtract_log_q)
-        self.seed = _check_seed(seed)
+        self.subtract_log_q = check_bool("subtract_log_q", subtract_log_q)
+        self.seed = check_seed(seed)
         counts = samplers.check_counts(counts, self.vocab_size)
         if sampler == "unigram":
             if counts is None:

@@ -6,9 +6,9 @@ import numbers
 import keras
 from keras import ops
 
-from keras_softmax_heads.heads.sampled import WordMajorSoftmaxHead
-from keras_softmax_heads.heads.sampled import _check_bool
-from keras_softmax_heads.heads.sampled import _check_seed
+from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
+from keras_softmax_heads.validation import check_bool
+from keras_softmax_heads.validation import check_seed
 
 _VARIANTS = ("weaknorm", "weaknorm_sq")
 
@@ -198,8 +198,8 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
                 f"`gamma` must be a number in (0, 1]. Received: gamma={gamma!r}"
             )
         self.gamma = float(gamma)
-        self.score_bound = _check_bool("score_bound", score_bound)
-        self.seed = _check_seed(seed)
+        self.score_bound = check_bool("score_bound", score_bound)
+        self.seed = check_seed(seed)
         self.seed_generator = keras.random.SeedGenerator(seed)
 
     def score_transform(self, z):

@@ -5,7 +5,7 @@ import numbers
 
 import keras
 
-from keras_softmax_heads import ops as ksh_ops
+from keras_softmax_heads import functional
 from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
 
 OUTPUT_FUNCTIONS = ("sigsoftmax", "sigmoid", "relu")
@@ -98,10 +98,10 @@ class SigSoftmax(PointwiseSoftmaxHead):
     def score_transform(self, z):
         """`log g(z)`: the log of the chosen non-negative output function."""
         if self.output_fn == "sigsoftmax":
-            return ksh_ops.log_sigmoid_scores(z)
+            return functional.log_sigmoid_scores(z)
         if self.output_fn == "sigmoid":
-            return ksh_ops.log_sigmoid_output_scores(z)
-        return ksh_ops.log_relu_output_scores(z, self.epsilon)
+            return functional.log_sigmoid_output_scores(z)
+        return functional.log_relu_output_scores(z, self.epsilon)
 
     def get_config(self):
         config = super().get_config()

@@ -3,50 +3,9 @@
 import keras
 from keras import ops
 
-from keras_softmax_heads.heads.base import check_embedding_layer
-
-
-def _check_int(value, name, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
-        )
-    return value
-
-
-def _check_embedding(embedding, vocab_size, embedding_dim):
-    """Validates a shared input `embedding` against `vocab_size` /
-    `embedding_dim`; returns `vocab_size` (taken from the embedding when
-    None)."""
-    if embedding is not None:
-        check_embedding_layer(embedding, "embedding")
-        if vocab_size is None:
-            vocab_size = embedding.input_dim
-        if vocab_size != embedding.input_dim or (
-            embedding_dim != embedding.output_dim
-        ):
-            raise ValueError(
-                "`embedding` does not match vocab_size/embedding_dim. "
-                f"Received: vocab_size={vocab_size}, "
-                f"embedding_dim={embedding_dim}, embedding of shape "
-                f"[{embedding.input_dim}, {embedding.output_dim}]"
-            )
-    if vocab_size is None:
-        raise ValueError(
-            "One of `vocab_size` or `embedding` must be set. "
-            "Received: vocab_size=None, embedding=None"
-        )
-    return vocab_size
-
-
-def _check_rate(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        0.0 <= value < 1.0
-    ):
-        raise ValueError(
-            f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
-        )
-    return float(value)
+from keras_softmax_heads.validation import check_input_embedding
+from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_rate
 
 
 def _uniform(init_scale, default):
@@ -165,17 +124,17 @@ class LSTMLanguageModel(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        vocab_size = _check_embedding(embedding, vocab_size, embedding_dim)
-        self.vocab_size = _check_int(vocab_size, "vocab_size", 2)
-        self.embedding_dim = _check_int(embedding_dim, "embedding_dim", 1)
-        self.hidden_size = _check_int(hidden_size, "hidden_size", 1)
-        self.num_layers = _check_int(num_layers, "num_layers", 1)
+        vocab_size = check_input_embedding(embedding, vocab_size, embedding_dim)
+        self.vocab_size = check_int("vocab_size", vocab_size, 2)
+        self.embedding_dim = check_int("embedding_dim", embedding_dim, 1)
+        self.hidden_size = check_int("hidden_size", hidden_size, 1)
+        self.num_layers = check_int("num_layers", num_layers, 1)
         if output_dim is not None:
-            _check_int(output_dim, "output_dim", 1)
+            check_int("output_dim", output_dim, 1)
         self._projection_dim = output_dim
-        self.embedding_dropout = _check_rate(embedding_dropout, "embedding_dropout")
-        self.hidden_dropout = _check_rate(hidden_dropout, "hidden_dropout")
-        self.output_dropout = _check_rate(output_dropout, "output_dropout")
+        self.embedding_dropout = check_rate("embedding_dropout", embedding_dropout)
+        self.hidden_dropout = check_rate("hidden_dropout", hidden_dropout)
+        self.output_dropout = check_rate("output_dropout", output_dropout)
         self.stateful = bool(stateful)
         if self.stateful:
             if batch_size is None:
@@ -184,7 +143,7 @@ class LSTMLanguageModel(keras.layers.Layer):
                     "(per replica). Received: batch_size=None"
                 )
         if batch_size is not None:
-            _check_int(batch_size, "batch_size", 1)
+            check_int("batch_size", batch_size, 1)
         self.batch_size = batch_size
         if init_scale is not None and (
             isinstance(init_scale, bool)

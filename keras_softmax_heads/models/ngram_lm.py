@@ -3,9 +3,9 @@
 import keras
 from keras import ops
 
-from keras_softmax_heads.models.lstm_lm import _check_embedding
-from keras_softmax_heads.models.lstm_lm import _check_int
-from keras_softmax_heads.models.lstm_lm import _check_rate
+from keras_softmax_heads.validation import check_input_embedding
+from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_rate
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
@@ -67,10 +67,10 @@ class NgramLanguageModel(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        vocab_size = _check_embedding(embedding, vocab_size, embedding_dim)
-        self.vocab_size = _check_int(vocab_size, "vocab_size", 2)
-        self.order = _check_int(order, "order", 2)
-        self.embedding_dim = _check_int(embedding_dim, "embedding_dim", 1)
+        vocab_size = check_input_embedding(embedding, vocab_size, embedding_dim)
+        self.vocab_size = check_int("vocab_size", vocab_size, 2)
+        self.order = check_int("order", order, 2)
+        self.embedding_dim = check_int("embedding_dim", embedding_dim, 1)
         if isinstance(hidden_sizes, int) and not isinstance(hidden_sizes, bool):
             hidden_sizes = [hidden_sizes]
         hidden_sizes = list(hidden_sizes) if hidden_sizes is not None else []
@@ -80,9 +80,9 @@ class NgramLanguageModel(keras.layers.Layer):
                 f"Received: hidden_sizes={hidden_sizes!r}"
             )
         for size in hidden_sizes:
-            _check_int(size, "hidden_sizes entry", 1)
+            check_int("hidden_sizes entry", size, 1)
         self.hidden_sizes = [int(s) for s in hidden_sizes]
-        self.dropout = _check_rate(dropout, "dropout")
+        self.dropout = check_rate("dropout", dropout)
         if embedding is None:
             embedding = keras.layers.Embedding(
                 self.vocab_size, self.embedding_dim, name="embedding"

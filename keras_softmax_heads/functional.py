@@ -78,10 +78,10 @@ def log_sigsoftmax(z, axis=-1):
     Example:
 
     >>> import numpy as np
-    >>> from keras_softmax_heads import ops
+    >>> from keras_softmax_heads import functional
     >>> z = np.array([[-1.0, 0.0, 2.0]], "float32")
     >>> g = np.exp(z) / (1 + np.exp(-z))
-    >>> bool(np.allclose(np.exp(ops.log_sigsoftmax(z)), g / g.sum(), atol=1e-6))
+    >>> bool(np.allclose(np.exp(functional.log_sigsoftmax(z)), g / g.sum(), atol=1e-6))
     True
     """
     return ops.log_softmax(log_sigmoid_scores(z), axis=axis)
@@ -272,13 +272,13 @@ def plif(z, raw_slopes, knot_bound):
     Example:
 
     >>> import numpy as np
-    >>> from keras_softmax_heads import ops
-    >>> raw = np.full((4,), ops.plif_identity_raw_slope(), "float32")
+    >>> from keras_softmax_heads import functional
+    >>> raw = np.full((4,), functional.plif_identity_raw_slope(), "float32")
     >>> z = np.array([-3.0, -0.5, 0.25, 7.0], "float32")
-    >>> bool(np.allclose(ops.plif(z, raw, 2.0), z, atol=1e-6))  # identity
+    >>> bool(np.allclose(functional.plif(z, raw, 2.0), z, atol=1e-6))  # identity
     True
     >>> raw[2] = 3.0  # steeper on [0, 1]
-    >>> np.asarray(ops.plif(z, raw, 2.0)).round(3).tolist()  # doctest: +ELLIPSIS
+    >>> np.asarray(functional.plif(z, raw, 2.0)).round(3).tolist()  # doctest: +ELLIPSIS
     [-3.0, -0.5, 0.76..., 9.04...]
     """
     z, raw, knot_bound = _prepare(z, raw_slopes, knot_bound)
@@ -442,13 +442,13 @@ def plif_log_likelihood(z, raw_slopes, knot_bound, targets):
     Example:
 
     >>> import numpy as np, tensorflow as tf
-    >>> from keras_softmax_heads import ops
+    >>> from keras_softmax_heads import functional
     >>> rng = np.random.default_rng(0)
     >>> z = rng.normal(size=(3, 4, 9)).astype("float32")
     >>> raw = rng.normal(size=(16,)).astype("float32")
     >>> t = rng.integers(0, 9, size=(3, 4))
-    >>> ll = ops.plif_log_likelihood(z, raw, 2.0, t)
-    >>> dense = np.asarray(tf.nn.log_softmax(ops.plif(z, raw, 2.0)))
+    >>> ll = functional.plif_log_likelihood(z, raw, 2.0, t)
+    >>> dense = np.asarray(tf.nn.log_softmax(functional.plif(z, raw, 2.0)))
     >>> expected = np.take_along_axis(dense, t[..., None], -1)[..., 0]
     >>> bool(np.allclose(ll, expected, atol=1e-5))
     True

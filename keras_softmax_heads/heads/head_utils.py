@@ -1,0 +1,148 @@
+"""Helpers shared by the heads: target checks, context-size checks, constant
+weights and sampling tables.
+
+Every function here is public and used by more than one head module; a head
+module imports them from here, never from another head's module.
+"""
+
+import numbers
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from keras_softmax_heads import samplers
+
+
+def check_targets(targets, vocab_size):
+    """Casts word ids to int32 and checks that they lie in `[0, vocab_size)`.
+
+    Eagerly and in `tf.function` graphs an out-of-range id raises
+    `InvalidArgumentError` (TensorFlow's gather on GPU would silently return
+    0 instead). Under XLA (`jit_compile=True`) assertions are compiled away;
+    use `nan_if_invalid` on the result so that such ids give NaN, not a number.
+    """
+    targets = ops.cast(ops.convert_to_tensor(targets), "int32")
+    checks = [
+        tf.debugging.assert_less(
+            targets,
+            tf.constant(vocab_size, tf.int32),
+            message=f"targets must be word ids in [0, vocab_size={vocab_size})",
+        ),
+        tf.debugging.assert_non_negative(
+            targets, message="targets must be non-negative word ids"
+        ),
+    ]
+    with tf.control_dependencies(checks):
+        return tf.identity(targets)
+
+
+def nan_if_invalid(values, targets, vocab_size):
+    """`values` with NaN wherever `targets` is outside `[0, vocab_size)`."""
+    valid = ops.logical_and(targets >= 0, targets < vocab_size)
+    return ops.where(valid, values, ops.full_like(values, float("nan")))
+
+
+def gather_targets(values, targets):
+    """`values[..., targets]` along the last axis: `[..., V]` -> `targets.shape`."""
+    idx = ops.clip(targets, 0, ops.shape(values)[-1] - 1)
+    picked = ops.take_along_axis(values, ops.expand_dims(idx, -1), axis=-1)
+    return ops.squeeze(picked, -1)
+
+
+def set_context_dim(layer, input_shape):
+    """Sets `layer.input_dim` (the known last dimension `d`) and its input spec."""
+    input_dim = input_shape[-1]
+    if input_dim is None:
+        raise ValueError(
+            f"{layer.__class__.__name__} needs a known last dimension of the "
+            f"context vectors. Received: input_shape={input_shape}"
+        )
+    layer.input_dim = int(input_dim)
+    layer.input_spec = keras.InputSpec(min_ndim=2, axes={-1: layer.input_dim})
+
+
+def build_context_checks(layer, input_shape):
+    """Shared `build` checks: known `d`, input spec, tied embedding dims."""
+    set_context_dim(layer, input_shape)
+    embedding = getattr(layer, "token_embedding", None)
+    if embedding is not None:
+        if embedding.output_dim != layer.input_dim:
+            raise ValueError(
+                "The tied `token_embedding` has output_dim="
+                f"{embedding.output_dim} but the context vectors have last "
+                f"dimension {layer.input_dim}. Received: input_shape={input_shape}"
+            )
+        if not embedding.built:
+            embedding.build((None,))
+
+
+def add_constant_weight(layer, name, dtype, values):
+    """A non-trainable weight of `layer` initialised to `values` (`dtype`).
+
+    The values come from the initializer (not an `assign` after creation), so
+    they are right even when the layer is built inside a traced function, and
+    the weight is never autocast (int32 tables, float32 counts stay as they
+    are under mixed precision).
+    """
+    values = np.asarray(values)
+
+    def initializer(shape, dtype=None):
+        del shape
+        return ops.convert_to_tensor(values, dtype=dtype)
+
+    return layer.add_weight(
+        name=name,
+        shape=values.shape,
+        dtype=dtype,
+        initializer=initializer,
+        trainable=False,
+        autocast=False,
+    )
+
+
+def check_num_sampled(num_sampled):
+    """`num_sampled` as an int >= 1, or the string `"all"`."""
+    if num_sampled == "all":
+        return "all"
+    if (
+        isinstance(num_sampled, (bool, np.bool_))
+        or not isinstance(num_sampled, numbers.Integral)
+        or num_sampled < 1
+    ):
+        raise ValueError(
+            "`num_sampled` must be an integer >= 1 (or 'all' for "
+            f"SampledSoftmax). Received: num_sampled={num_sampled!r}"
+        )
+    return int(num_sampled)
+
+
+def build_sampler_tables(layer, sampler, counts, distortion):
+    """Creates a head's sampling tables as non-trainable weights.
+
+    For `"log_uniform"` and `"unigram"`: `sampling_log_probs` (float32 `[V]`,
+    `log q`), `alias_thresholds` (float32 `[V]`) and `alias_indices` (int32
+    `[V]`); for `"unigram"` also `counts` (float32 `[V]`). Sets the layer
+    attributes of the same names (`None` when absent) and returns the
+    `samplers.CandidateSampler` reading them.
+    """
+    vocab = layer.vocab_size
+    layer.counts = None
+    layer.sampling_log_probs = None
+    layer.alias_thresholds = None
+    layer.alias_indices = None
+    if sampler not in ("log_uniform", "unigram"):
+        return samplers.CandidateSampler(vocab)
+    if sampler == "unigram":
+        layer.counts = add_constant_weight(layer, "counts", "float32", counts)
+    probs = samplers.sampling_probs(sampler, vocab, counts, distortion)
+    threshold, alias = samplers.alias_table(probs)
+    with np.errstate(divide="ignore"):
+        log_probs = np.log(probs)
+    layer.sampling_log_probs = add_constant_weight(layer, "sampling_log_probs", "float32", log_probs)
+    layer.alias_thresholds = add_constant_weight(layer, "alias_thresholds", "float32", threshold)
+    layer.alias_indices = add_constant_weight(layer, "alias_indices", "int32", alias)
+    return samplers.CandidateSampler(
+        vocab, layer.sampling_log_probs, layer.alias_thresholds, layer.alias_indices
+    )

@@ -1,0 +1,95 @@
+"""`WordMajorSoftmaxHead`: a pointwise head whose output matrix is `[V, d]`.
+
+The base of the heads whose training loss touches only a few rows of the
+output matrix (`SampledSoftmax`, `NCE`, `SelfNormalizedSoftmax`). The matrix
+is stored word-major, `kernel` `[V, d]` (the layout of an embedding and of
+`tf.nn.sampled_softmax_loss`'s `weights`), like `HierarchicalSoftmax`.
+Scoring `S` candidate words is then a row gather whose gradient is sparse
+(`tf.IndexedSlices`, `[S, d]`, O(S d) memory). With the contract's `[d, V]`
+layout the gradient of a column gather is a dense `[d, V]` tensor built by a
+segment sum and a transpose: O(V d) memory and time per step, which at large
+`V` costs far more than the sampled loss itself (measurements:
+`docs/results/bench_large_vocab.json`). `output_kernel()` still returns the
+`[d, V]` matrix (a transpose) for code that needs it, and `logits()`
+multiplies by the word-major matrix directly.
+"""
+
+import keras
+from keras import ops
+
+from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
+from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.heads.head_utils import nan_if_invalid
+
+
+@keras.saving.register_keras_serializable(package="keras_softmax_heads")
+class WordMajorSoftmaxHead(PointwiseSoftmaxHead):
+    """A pointwise head whose output matrix is stored word-major, `[V, d]`.
+
+    `z = h W^T + b` with `W` the layer's `kernel` `[V, d]` (or the tied
+    `token_embedding`'s `[V, d]` matrix, the same code path). Why word-major:
+    see the module docstring. Subclasses add a training objective that scores only
+    some words: `target_scores` and `candidate_scores` gather rows of `W`
+    (sparse gradients). On its own the class is a Linear-Softmax with the
+    word-major layout. To move weights to a `FullSoftmax` (kernel `[d, V]`),
+    transpose the kernel.
+    """
+
+    word_major = True
+
+    def target_scores(self, h, targets):
+        """`z_{i, t_i}` for flat `h` `[N, d]` and targets `[N]`: float32 `[N]`.
+
+        Gathers `N` rows of `W` (sparse gradient); the dot products are
+        accumulated in float32 even under mixed precision.
+        """
+        acc = self.accumulation_dtype
+        ids = ops.clip(targets, 0, self.vocab_size - 1)
+        rows = ops.take(self.output_embeddings(), ids, axis=0)
+        rows = ops.cast(ops.cast(rows, self.compute_dtype), acc)
+        h = ops.cast(ops.cast(h, self.compute_dtype), acc)
+        z = ops.sum(h * rows, axis=-1)
+        if self.bias is not None:
+            z = z + ops.cast(ops.take(self.bias, ids, axis=0), acc)
+        return z
+
+    def candidate_scores(self, h, ids):
+        """`z_{i, s_j}` for flat `h` `[N, d]` and shared ids `[S]`: `[N, S]`."""
+        ids = ops.clip(ids, 0, self.vocab_size - 1)
+        acc = self.accumulation_dtype
+        rows = ops.take(self.output_embeddings(), ids, axis=0)
+        rows = ops.cast(rows, self.compute_dtype)
+        z = ops.matmul(ops.cast(h, self.compute_dtype), ops.transpose(rows))
+        z = ops.cast(z, acc)
+        if self.bias is not None:
+            z = z + ops.cast(ops.take(self.bias, ids, axis=0), acc)[None, :]
+        return z
+
+    def full_scores(self, h):
+        """`z` for flat `h` `[N, d]`: `[N, V]`."""
+        return self.logits(h)
+
+    # --------------------------------------------------------------- helpers
+    def _flatten(self, inputs, targets):
+        """Checks and flattens `inputs` `[..., d]`, `targets` `[...]`.
+
+        Returns `(h [N, d], targets [N] int32 validated, targets_shape)`.
+        """
+        inputs = self._check_inputs(inputs)
+        targets = check_targets(targets, self.vocab_size)
+        lead = tuple(inputs.shape[:-1])
+        tshape = tuple(targets.shape)
+        if len(lead) != len(tshape) or any(
+            a is not None and b is not None and a != b for a, b in zip(lead, tshape)
+        ):
+            raise ValueError(
+                "`targets` must have the leading shape of `inputs`. Received: "
+                f"inputs.shape={tuple(inputs.shape)}, targets.shape={tshape}"
+            )
+        h = ops.reshape(inputs, (-1, self.input_dim))
+        return h, ops.reshape(targets, (-1,)), ops.shape(targets)
+
+    def _finish(self, loss, targets, shape):
+        """Reshapes a flat per-token loss and turns invalid targets into NaN."""
+        loss = nan_if_invalid(loss, targets, self.vocab_size)
+        return ops.reshape(loss, shape)
