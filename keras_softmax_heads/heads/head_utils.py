@@ -18,23 +18,40 @@ from keras_softmax_heads import samplers
 def check_targets(targets, vocab_size):
     """Casts word ids to int32 and checks that they lie in `[0, vocab_size)`.
 
-    Eagerly and in `tf.function` graphs an out-of-range id raises
-    `InvalidArgumentError` (TensorFlow's gather on GPU would silently return
-    0 instead). Under XLA (`jit_compile=True`) assertions are compiled away;
-    use `nan_if_invalid` on the result so that such ids give NaN, not a number.
+    An out-of-range id raises `InvalidArgumentError` naming the first bad
+    value and its index, e.g. `targets must be word ids in [0,
+    vocab_size=50). Received: targets[2, 7]=57 (3 of 96 out of range)`:
+    eagerly at once, in `tf.function` graphs when the step runs
+    (TensorFlow's gather on GPU would silently return 0 instead). Under XLA
+    (`jit_compile=True`) assertions are compiled away; use `nan_if_invalid`
+    on the result so that such ids give NaN, not a number.
     """
     targets = ops.cast(ops.convert_to_tensor(targets), "int32")
-    checks = [
-        tf.debugging.assert_less(
-            targets,
-            tf.constant(vocab_size, tf.int32),
-            message=f"targets must be word ids in [0, vocab_size={vocab_size})",
-        ),
-        tf.debugging.assert_non_negative(
-            targets, message="targets must be non-negative word ids"
-        ),
-    ]
-    with tf.control_dependencies(checks):
+    message = f"targets must be word ids in [0, vocab_size={vocab_size})"
+    if tf.executing_eagerly():
+        values = np.asarray(targets)
+        bad = (values < 0) | (values >= vocab_size)
+        if bad.any():
+            index = np.unravel_index(int(np.argmax(bad)), values.shape)
+            where = ", ".join(str(int(i)) for i in index)
+            raise tf.errors.InvalidArgumentError(
+                None, None,
+                f"{message}. Received: targets[{where}]={int(values[index])} "
+                f"({int(bad.sum())} of {values.size} out of range)",
+            )
+        return targets
+    bad = tf.logical_or(targets < 0, targets >= vocab_size)
+    flat_bad = tf.reshape(bad, [-1])
+    first = tf.argmax(tf.cast(flat_bad, tf.int32), output_type=tf.int32)
+    index = tf.unravel_index(first, tf.shape(targets, out_type=tf.int32))
+    check = tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(flat_bad)),
+        [f"{message}. Received: targets at index", index, "=",
+         tf.gather(tf.reshape(targets, [-1]), first),
+         "; number out of range:", tf.reduce_sum(tf.cast(flat_bad, tf.int32))],
+        summarize=8,
+    )
+    with tf.control_dependencies([check]):
         return tf.identity(targets)
 
 
