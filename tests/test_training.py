@@ -177,12 +177,12 @@ def test_presets_and_validation():
     assert (small.hidden_size, small.num_layers, small.bptt, small.batch_size) == (200, 2, 20, 20)
     assert (small.epochs, small.init_scale, small.clip_norm, small.dropout) == (13, 0.1, 5.0, 0.0)
     assert small.tie_embeddings is False and small.optimizer == "sgd"
-    rates = [training._epoch_learning_rate(small, e) for e in range(13)]
+    rates = [training.epoch_learning_rate(small, e) for e in range(13)]
     assert rates[:4] == [1.0] * 4 and rates[4] == 0.5 and rates[12] == pytest.approx(0.5 ** 9)
     medium = training.get_config("zaremba_medium")
     assert (medium.hidden_size, medium.bptt, medium.epochs, medium.dropout) == (650, 35, 39, 0.5)
-    assert training._epoch_learning_rate(medium, 6) == pytest.approx(1 / 1.2)
-    assert training._epoch_learning_rate(medium, 5) == 1.0
+    assert training.epoch_learning_rate(medium, 6) == pytest.approx(1 / 1.2)
+    assert training.epoch_learning_rate(medium, 5) == 1.0
     with pytest.raises(ValueError, match="Unknown preset"):
         training.get_config("nope")
     with pytest.raises(ValueError, match="Unknown TrainConfig fields"):
@@ -221,13 +221,13 @@ def test_sum_over_time_rescaling_is_exact_sgd():
     expected = [np.asarray(v) - config.learning_rate * np.asarray(g)
                 for v, g in zip(model.trainable_variables, grads)]
     model.set_weights(start)
-    model.compile(training._make_optimizer(config))
+    model.compile(training.make_optimizer(config))
     model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False)
     for v, e in zip(model.trainable_variables, expected):
         np.testing.assert_allclose(np.asarray(v), e, atol=1e-6)
 
 
-def test_eval_arrays_cover_every_target_once():
+def test_eval_windows_cover_every_target_once():
     from keras_softmax_heads.data import load_dataset
 
     corpus = load_dataset("synthetic", vocab_size=20, num_train_tokens=100,
@@ -235,7 +235,7 @@ def test_eval_arrays_cover_every_target_once():
     ids = corpus.test
     for model, batch in [("lstm", 1), ("lstm", 3), ("lstm", 40), ("ngram", 8)]:
         config = training.get_config(model=model, bptt=4, ngram_order=3)
-        tokens, targets, position = training._eval_arrays(config, corpus, ids, batch)
+        tokens, targets, position = training.eval_windows(config, corpus, ids, batch)
         valid = position >= 0
         assert sorted(position[valid]) == list(range(len(ids) - 1))
         np.testing.assert_array_equal(targets[valid], ids[position[valid] + 1])
