@@ -133,8 +133,8 @@ def test_tpu_path_static_shapes_under_xla(tmp_path):
         config = training.get_config(**TINY).replace(
             model=model, ngram_order=3, jit_compile=True, steps_per_execution=2)
         corpus = load_dataset("synthetic", **config.dataset_options)
-        steps = training._train_steps_per_epoch(config, corpus)
-        spec = training._train_dataset(config, corpus, 0, steps, 0).element_spec
+        steps = training.train_steps_per_epoch(config, corpus)
+        spec = training.train_dataset(config, corpus, 0, steps, 0).element_spec
         for s in tf.nest.flatten(spec):
             assert s.shape.is_fully_defined(), (model, spec)
         assert spec[0].shape[0] == config.batch_size

@@ -177,12 +177,12 @@ def test_presets_and_validation():
     assert (small.hidden_size, small.num_layers, small.bptt, small.batch_size) == (200, 2, 20, 20)
     assert (small.epochs, small.init_scale, small.clip_norm, small.dropout) == (13, 0.1, 5.0, 0.0)
     assert small.tie_embeddings is False and small.optimizer == "sgd"
-    rates = [training._epoch_learning_rate(small, e) for e in range(13)]
+    rates = [training.epoch_learning_rate(small, e) for e in range(13)]
     assert rates[:4] == [1.0] * 4 and rates[4] == 0.5 and rates[12] == pytest.approx(0.5 ** 9)
     medium = training.get_config("zaremba_medium")
     assert (medium.hidden_size, medium.bptt, medium.epochs, medium.dropout) == (650, 35, 39, 0.5)
-    assert training._epoch_learning_rate(medium, 6) == pytest.approx(1 / 1.2)
-    assert training._epoch_learning_rate(medium, 5) == 1.0
+    assert training.epoch_learning_rate(medium, 6) == pytest.approx(1 / 1.2)
+    assert training.epoch_learning_rate(medium, 5) == 1.0
     with pytest.raises(ValueError, match="Unknown preset"):
         training.get_config("nope")
     with pytest.raises(ValueError, match="Unknown TrainConfig fields"):
@@ -221,13 +221,13 @@ def test_sum_over_time_rescaling_is_exact_sgd():
     expected = [np.asarray(v) - config.learning_rate * np.asarray(g)
                 for v, g in zip(model.trainable_variables, grads)]
     model.set_weights(start)
-    model.compile(training._make_optimizer(config))
+    model.compile(training.make_optimizer(config))
     model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False)
     for v, e in zip(model.trainable_variables, expected):
         np.testing.assert_allclose(np.asarray(v), e, atol=1e-6)
 
 
-def test_eval_arrays_cover_every_target_once():
+def test_eval_windows_cover_every_target_once():
     from keras_softmax_heads.data import load_dataset
 
     corpus = load_dataset("synthetic", vocab_size=20, num_train_tokens=100,
@@ -235,7 +235,7 @@ def test_eval_arrays_cover_every_target_once():
     ids = corpus.test
     for model, batch in [("lstm", 1), ("lstm", 3), ("lstm", 40), ("ngram", 8)]:
         config = training.get_config(model=model, bptt=4, ngram_order=3)
-        tokens, targets, position = training._eval_arrays(config, corpus, ids, batch)
+        tokens, targets, position = training.eval_windows(config, corpus, ids, batch)
         valid = position >= 0
         assert sorted(position[valid]) == list(range(len(ids) - 1))
         np.testing.assert_array_equal(targets[valid], ids[position[valid] + 1])
@@ -255,3 +255,86 @@ def test_every_available_head_trains_and_evaluates(tmp_path, model):
         results = training.train_and_evaluate(config, str(tmp_path / name))
         assert np.isfinite(results["test"]["nll"]), name
         assert results["model"]["tied_embeddings"] == registry.supports_tying(name)
+
+
+# ----------------------------------------------------------------- the flags
+def _parse_flags(*args):
+    from absl import flags
+
+    flag_values = flags.FlagValues()
+    training.define_flags(flag_values)
+    flag_values(["train_lm.py", *args])
+    return flag_values
+
+
+def test_every_config_field_has_a_flag_with_its_default_and_help():
+    import dataclasses
+
+    flag_values = _parse_flags()
+    defaults = training.TrainConfig()
+    for field in dataclasses.fields(training.TrainConfig):
+        assert field.name in flag_values, field.name
+        assert field.metadata["help"], field.name
+        assert field.metadata["help"] in flag_values[field.name].help, field.name
+        assert flag_values[field.name].value == getattr(defaults, field.name), field.name
+    assert "preset" in flag_values
+    # Nothing given: the defaults, exactly.
+    assert training.config_from_flags(flag_values) == defaults
+
+
+def test_flags_preset_then_explicit_flags():
+    config = training.config_from_flags(_parse_flags("--preset=zaremba_small", "--epochs=2"))
+    assert config == training.get_config("zaremba_small", epochs=2)
+    # A flag left out keeps the preset's value, not the flag's default.
+    assert (config.hidden_size, config.clip_norm, config.tie_embeddings) == (200, 5.0, False)
+    assert config.optimizer == "sgd" and config.eval_batch_size == 1
+
+
+def test_flags_parse_bool_none_dict_tuple():
+    config = training.config_from_flags(_parse_flags(
+        "--head_options=static_shapes=false,num_knots=10,clustering=frequency",
+        "--dataset_options=vocab_size=40,verify_checksums=FALSE",
+        "--band_fractions=0.1,0.5", "--notensorboard", "--deterministic=true",
+        "--tie_embeddings=true", "--unroll=auto", "--jit_compile=false",
+        "--embedding_dropout=0.25", "--hidden_dropout=none", "--clip_norm=0",
+        "--checkpoint_every=0", "--eval_bptt=7", "--mixed_precision=mixed_bfloat16",
+        "--loss_reduction=mean", "--data_dir=/tmp/x",
+    ))
+    assert config.head_options == {"static_shapes": False, "num_knots": 10,
+                                   "clustering": "frequency"}
+    assert config.dataset_options == {"vocab_size": 40, "verify_checksums": False}
+    assert config.band_fractions == (0.1, 0.5)
+    assert config.tensorboard is False and config.deterministic is True
+    assert config.tie_embeddings is True and config.unroll is None
+    assert config.jit_compile is False
+    assert config.embedding_dropout == 0.25 and config.hidden_dropout is None
+    assert config.clip_norm is None and config.checkpoint_every is None
+    assert config.eval_bptt == 7 and config.mixed_precision == "mixed_bfloat16"
+    assert config.data_dir == "/tmp/x"
+    config = training.config_from_flags(_parse_flags(
+        "--preset=zaremba_small", "--unroll=true", "--tie_embeddings=none",
+        "--jit_compile=auto", "--eval_batch_size=None", "--mixed_precision=none"))
+    assert config.unroll is True and config.tie_embeddings is None
+    assert config.jit_compile == "auto" and config.eval_batch_size is None
+    assert config.mixed_precision is None
+    for bad in ("--unroll=maybe", "--optimizer=lbfgs", "--batch_size=none",
+                "--band_fractions=0.1,x"):
+        with pytest.raises(Exception, match="flag"):
+            _parse_flags(bad)
+
+
+def test_parse_options_words():
+    assert training.parse_options("a=true,b=False,c=NONE,d=None,e=nonesuch") == {
+        "a": True, "b": False, "c": None, "d": None, "e": "nonesuch"}
+    assert training.parse_options("x='false',y=[1, 2]") == {"x": "false", "y": [1, 2]}
+    assert training.parse_options({"k": 1}) == {"k": 1} and training.parse_options(None) == {}
+
+
+def test_resumable_fields():
+    assert training.RESUMABLE_FIELDS == {
+        "epochs", "verbose", "checkpoint_every", "keep_checkpoints", "tensorboard",
+        "kill_after_steps", "eval_steps", "eval_batch_size", "eval_bptt",
+        "strategy", "tpu", "jit_compile", "steps_per_execution",
+        "validate_every_epoch", "band_fractions", "num_diagnostic_contexts",
+        "data_dir", "deterministic", "mixed_precision", "unroll",
+    }

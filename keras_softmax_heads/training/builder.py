@@ -1,0 +1,173 @@
+"""The model and its optimisation: backbone + head in a `HeadModel`, the
+optimizer, and the learning rate of each epoch."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_softmax_heads.head_model import HeadModel
+from keras_softmax_heads.models import registry
+from keras_softmax_heads.training.config import parse_options
+
+
+def build_model(config, corpus, batch_size=None, *, compile=True, num_replicas=1):
+    """Backbone + head in a `HeadModel`, built (and compiled).
+
+    Call under `strategy.scope()`. `batch_size` is the global batch the model
+    will see (`config.batch_size` by default); a stateful LSTM is given the
+    per-replica share. The model is built for inputs `[B/R, bptt]` (LSTM) or
+    `[B/R, n - 1]` (n-gram).
+
+    Returns:
+        `(model, info)`; `info` says whether weights are tied (`"tied"`),
+        the canonical head name (`"head"`) and the `"input_shape"`.
+    """
+    batch_size = config.batch_size if batch_size is None else batch_size
+    if batch_size % num_replicas:
+        raise ValueError(
+            f"The batch size must be divisible by the number of replicas. "
+            f"Received: batch_size={batch_size}, replicas={num_replicas}"
+        )
+    per_replica = batch_size // num_replicas
+    head_name = registry.canonical_head_name(config.head)
+    tie = _tie_embeddings(config, head_name)
+    if config.model == "lstm":
+        backbone = _lstm_backbone(config, corpus.vocab_size, per_replica, tie)
+        input_shape = (per_replica, config.bptt)
+    else:
+        backbone = _ngram_backbone(config, corpus.vocab_size, tie)
+        input_shape = (per_replica, config.ngram_order - 1)
+    head = registry.make_head(
+        head_name,
+        corpus.vocab_size,
+        counts=np.asarray(corpus.vocab.counts),
+        token_embedding=backbone.token_embedding if tie else None,
+        chunk_size=config.chunk_size,
+        init_scale=config.init_scale,
+        **parse_options(config.head_options),
+    )
+    model = HeadModel(backbone, head)
+    model.build(input_shape)
+    if compile:
+        model.compile(
+            optimizer=make_optimizer(config),
+            jit_compile=config.jit_compile,
+            steps_per_execution=config.steps_per_execution,
+        )
+        model.optimizer.build(model.trainable_variables)
+    return model, {"tied": bool(tie), "head": head_name, "input_shape": input_shape}
+
+
+def _tie_embeddings(config, head_name):
+    """`config.tie_embeddings`, with `None` resolved to what the head supports."""
+    tie = config.tie_embeddings
+    if tie is None:
+        return registry.supports_tying(head_name)
+    if tie and not registry.supports_tying(head_name):
+        raise ValueError(
+            f"Head {head_name!r} cannot tie its output projection to the input "
+            "embedding. Received: tie_embeddings=True"
+        )
+    return tie
+
+
+def _lstm_backbone(config, vocab_size, per_replica, tie):
+    def rate(name):
+        value = getattr(config, name)
+        return config.dropout if value is None else value
+
+    output_dim = None
+    if tie and config.hidden_size != config.embedding_dim:
+        output_dim = config.embedding_dim  # project h to the embedding size
+    return registry.get_model_class("lstm")(
+        vocab_size=vocab_size,
+        embedding_dim=config.embedding_dim,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_layers,
+        output_dim=output_dim,
+        embedding_dropout=rate("embedding_dropout"),
+        hidden_dropout=rate("hidden_dropout"),
+        output_dropout=rate("output_dropout"),
+        stateful=True,
+        batch_size=per_replica,
+        init_scale=config.init_scale,
+        unit_forget_bias=config.unit_forget_bias,
+        unroll=lstm_unroll(config),
+    )
+
+
+def _ngram_backbone(config, vocab_size, tie):
+    if tie and config.hidden_size != config.embedding_dim:
+        raise ValueError(
+            "Tying the n-gram model's output projection needs "
+            "hidden_size == embedding_dim. Received: "
+            f"hidden_size={config.hidden_size}, embedding_dim={config.embedding_dim} "
+            "(or set tie_embeddings=False)"
+        )
+    return registry.get_model_class("ngram")(
+        vocab_size=vocab_size,
+        order=config.ngram_order,
+        embedding_dim=config.embedding_dim,
+        hidden_sizes=[config.hidden_size] * config.num_layers,
+        dropout=config.dropout,
+    )
+
+
+def lstm_unroll(config):
+    """Whether the LSTM is unrolled: `config.unroll`, or when it is `None`,
+    only on CPU (on GPU the non-unrolled LSTM uses cuDNN; a TPU compiles
+    the loop)."""
+    if config.unroll is not None:
+        return bool(config.unroll)
+    return config.strategy != "tpu" and not tf.config.list_logical_devices("GPU")
+
+
+def loss_time_steps(config):
+    """Target positions per example: `bptt` (LSTM windows) or 1 (n-gram)."""
+    return config.bptt if config.model == "lstm" else 1
+
+
+def make_optimizer(config):
+    """The Keras optimizer of `config`, with global-norm clipping.
+
+    For `loss_reduction="sum_over_time"` the learning rate is multiplied and
+    the clipping norm divided by `loss_time_steps(config)`: `HeadModel`
+    minimises the token mean, `T` times smaller than Zaremba's sum over time
+    of the batch mean, and for SGD the rescaled step is exactly the paper's.
+    """
+    lr, clip = config.learning_rate, config.clip_norm
+    if config.loss_reduction == "sum_over_time":
+        # sum_t mean_b NLL = T * (token mean): exact SGD equivalent.
+        lr = lr * loss_time_steps(config)
+        clip = None if clip is None else clip / loss_time_steps(config)
+    cls = {
+        "sgd": keras.optimizers.SGD,
+        "adam": keras.optimizers.Adam,
+        "adamw": keras.optimizers.AdamW,
+        "adagrad": keras.optimizers.Adagrad,
+        "rmsprop": keras.optimizers.RMSprop,
+    }[config.optimizer]
+    return cls(learning_rate=lr, global_clipnorm=clip)
+
+
+def epoch_learning_rate(config, epoch):
+    """Learning rate of (0-based) `epoch` in the paper's units.
+
+    From epoch `decay_after_epochs + 1` on (1-based), the rate is
+    multiplied by `lr_decay` every epoch.
+    """
+    decays = max(0, epoch + 1 - config.decay_after_epochs) if config.decay_after_epochs else 0
+    if config.lr_decay == 1.0:
+        decays = 0
+    return config.learning_rate * config.lr_decay ** decays
+
+
+def optimizer_learning_rate(config, epoch):
+    """The optimizer's learning rate for `epoch`: `epoch_learning_rate`,
+    rescaled for `loss_reduction="sum_over_time"` as in `make_optimizer`."""
+    lr = epoch_learning_rate(config, epoch)
+    if config.loss_reduction == "sum_over_time":
+        lr *= loss_time_steps(config)
+    return lr

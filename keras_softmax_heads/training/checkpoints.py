@@ -1,0 +1,250 @@
+"""`CheckpointManager`: the checkpoint directory of a run and its format.
+
+Resuming. Keras' `BackupAndRestore` restores at epoch granularity and knows
+nothing of the LSTM state carried across windows or of the position in the
+data stream. Here a checkpoint (`workdir/checkpoints/ckpt-<step>.npz`, written
+to a temporary name and renamed, so a kill never leaves a half-written one)
+holds every model variable (weights and the dropout/sampling RNG states), the
+optimizer variables, the carried LSTM state, the running training-loss
+metric, the epoch and step within the epoch, and the history so far. On
+restart the latest checkpoint is restored and the already consumed batches of
+the interrupted epoch are skipped (`dataset.skip(k)`): the data order is a
+pure function of (seed, epoch), so the resumed run continues exactly where the
+killed one was and ends with the same weights and metrics.
+
+Format of `ckpt-<global step, 10 digits>.npz` (one `np.savez` archive):
+`model_<i>` (the `i`-th of `model.variables`), `optimizer_<i>`, `carry_<i>`
+(the `i`-th carried LSTM state variable, all local replicas concatenated
+along the batch axis), `metric_<i>` (running-metric variables; mid-epoch
+checkpoints only) and `meta` (JSON: epoch, step_in_epoch, global_step,
+steps_per_epoch, history, config, variable counts, time).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from keras_softmax_heads.training.config import RESUMABLE_FIELDS
+
+
+class CheckpointManager:
+    """Saves and restores the state of one run in `workdir/checkpoints`.
+
+    Args:
+        workdir: the run's work directory.
+        config: the run's `TrainConfig` (saved with every checkpoint and
+            compared on restore).
+        model: the training `HeadModel`, compiled (its optimizer built).
+        strategy: the strategy the model was built under (the carried LSTM
+            state is read and written per local replica).
+        steps_per_epoch: training steps per epoch (global step =
+            `epoch * steps_per_epoch + step_in_epoch`).
+    """
+
+    def __init__(self, workdir, config, model, strategy, steps_per_epoch):
+        self._directory = os.path.join(workdir, "checkpoints")
+        self._config = config
+        self._model = model
+        self._strategy = strategy
+        self._steps_per_epoch = steps_per_epoch
+        self._last_saved_step = 0
+        self._resumed_metric_values = None
+
+    @property
+    def directory(self):
+        """`workdir/checkpoints`."""
+        return self._directory
+
+    @property
+    def last_saved_step(self):
+        """Global step of the last checkpoint saved or restored (0: none)."""
+        return self._last_saved_step
+
+    def list_checkpoints(self):
+        """`[(global_step, path)]` of the complete checkpoints, oldest first."""
+        found = []
+        for path in tf.io.gfile.glob(os.path.join(self._directory, "ckpt-*.npz")):
+            m = re.search(r"ckpt-(\d+)\.npz$", path)
+            if m:
+                found.append((int(m.group(1)), path))
+        return sorted(found)
+
+    # ------------------------------------------------------------ save
+    def save(self, epoch, step_in_epoch, history):
+        """Writes the checkpoint of global step `epoch * steps_per_epoch +
+        step_in_epoch` (atomically) and deletes all but the newest
+        `config.keep_checkpoints`.
+
+        `step_in_epoch=0` is the end of epoch `epoch - 1`: no running
+        metric is saved then (the next epoch starts a new mean); mid-epoch
+        checkpoints save the running training-loss mean.
+        """
+        global_step = epoch * self._steps_per_epoch + step_in_epoch
+        model = self._model
+        arrays = {}
+        for i, v in enumerate(model.variables):
+            arrays[f"model_{i}"] = np.asarray(v.numpy())
+        for i, v in enumerate(model.optimizer.variables):
+            arrays[f"optimizer_{i}"] = np.asarray(v.numpy())
+        for i, value in enumerate(self.read_carried_state()):
+            arrays[f"carry_{i}"] = value
+        for i, value in enumerate(self.running_metric_values() if step_in_epoch else []):
+            arrays[f"metric_{i}"] = value
+        meta = {
+            "epoch": epoch,
+            "step_in_epoch": step_in_epoch,
+            "global_step": global_step,
+            "steps_per_epoch": self._steps_per_epoch,
+            "history": history,
+            "config": self._config.to_dict(),
+            "num_model_variables": len(model.variables),
+            "num_optimizer_variables": len(model.optimizer.variables),
+            "time": time.time(),
+        }
+        arrays["meta"] = np.array(json.dumps(meta))
+        tf.io.gfile.makedirs(self._directory)
+        final = os.path.join(self._directory, f"ckpt-{global_step:010d}.npz")
+        tmp = final + f".tmp-{os.getpid()}"
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        with tf.io.gfile.GFile(tmp, "wb") as f:
+            f.write(buffer.getvalue())
+        tf.io.gfile.rename(tmp, final, overwrite=True)
+        for _, path in self.list_checkpoints()[: -self._config.keep_checkpoints]:
+            tf.io.gfile.remove(path)
+        self._last_saved_step = global_step
+
+    # --------------------------------------------------------- restore
+    def restore(self):
+        """Restores the latest checkpoint; returns its metadata or `None`.
+
+        Removes temporary files of saves interrupted by a kill. The running
+        metric of a mid-epoch checkpoint is kept until
+        `restore_running_metrics()` puts it back (after Keras resets the
+        metrics at the start of the resumed epoch).
+
+        Raises:
+            ValueError: the checkpoint belongs to a different run (config,
+                steps per epoch or variable counts differ).
+        """
+        found = self.list_checkpoints()
+        for stale in tf.io.gfile.glob(os.path.join(self._directory, "*.tmp-*")):
+            tf.io.gfile.remove(stale)  # a save interrupted by a kill
+        if not found:
+            return None
+        step, path = found[-1]
+        with tf.io.gfile.GFile(path, "rb") as f:
+            data = np.load(io.BytesIO(f.read()), allow_pickle=False)
+            arrays = {k: data[k] for k in data.files}
+        meta = json.loads(str(arrays["meta"]))
+        self.check_resume_config(meta["config"], path)
+        self._check_compatible(meta, path)
+        for i, v in enumerate(self._model.variables):
+            v.assign(arrays[f"model_{i}"])
+        for i, v in enumerate(self._model.optimizer.variables):
+            v.assign(arrays[f"optimizer_{i}"])
+        carried = self._model.backbone.carried_state_variables
+        self.write_carried_state([arrays[f"carry_{i}"] for i in range(len(carried))])
+        # Mid-epoch checkpoints hold the running training-loss mean.
+        self._resumed_metric_values = [
+            arrays[f"metric_{i}"] for i in range(len(self._metric_variables()))
+            if f"metric_{i}" in arrays
+        ] or None
+        self._last_saved_step = step
+        return meta
+
+    def _check_compatible(self, meta, path):
+        if meta["steps_per_epoch"] != self._steps_per_epoch:
+            raise ValueError(
+                f"{path} was written with {meta['steps_per_epoch']} steps per epoch; "
+                f"this run has {self._steps_per_epoch}."
+            )
+        variables = self._model.variables
+        opt_variables = self._model.optimizer.variables
+        if (meta["num_model_variables"] != len(variables)
+                or meta["num_optimizer_variables"] != len(opt_variables)):
+            raise ValueError(
+                f"{path} does not match this model: {meta['num_model_variables']} model / "
+                f"{meta['num_optimizer_variables']} optimizer variables saved, "
+                f"{len(variables)} / {len(opt_variables)} here."
+            )
+
+    def check_resume_config(self, saved, path):
+        """Raises `ValueError` naming every field of `saved` (a checkpoint's
+        config dict, from `path`) that differs from this run's config,
+        except `RESUMABLE_FIELDS`."""
+        current = self._config.to_dict()
+        differing = sorted(
+            k for k in current
+            if k not in RESUMABLE_FIELDS and saved.get(k) != current[k]
+            and not (isinstance(current[k], (list, tuple)) and list(saved.get(k) or []) == list(current[k]))
+        )
+        if differing:
+            details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in differing)
+            raise ValueError(
+                f"The workdir holds a checkpoint ({path}) of a different run "
+                f"({details}). Use another workdir or the same settings."
+            )
+
+    # ------------------------------------------------ running metrics
+    def _metric_variables(self):
+        return [v for m in self._model.metrics for v in m.variables]
+
+    def running_metric_values(self):
+        """Current values of the model's metric variables (the running
+        training-loss mean), as NumPy arrays."""
+        return [np.asarray(v.numpy()) for v in self._metric_variables()]
+
+    def restore_running_metrics(self):
+        """Assigns the running metric of the restored mid-epoch checkpoint
+        to the model's metric variables, once; later calls (and calls
+        without such a checkpoint) do nothing. Returns whether it did."""
+        values, self._resumed_metric_values = self._resumed_metric_values, None
+        if values is None:
+            return False
+        for v, value in zip(self._metric_variables(), values):
+            v.assign(value)
+        return True
+
+    # -------------------------------------------- carried LSTM state
+    def read_carried_state(self):
+        """The backbone's carried state, one array per state variable with
+        the local replicas' rows concatenated (`[local batch, units]`)."""
+        out = []
+        for var in self._model.backbone.carried_state_variables:
+            parts = self._strategy.experimental_local_results(var.value)
+            out.append(np.concatenate([np.asarray(p.numpy()) for p in parts], axis=0))
+        return out
+
+    def write_carried_state(self, values):
+        """Inverse of `read_carried_state`: splits each array's rows between
+        the local replicas."""
+        variables = self._model.backbone.carried_state_variables
+        if len(values) != len(variables):
+            raise ValueError(
+                f"The checkpoint carries {len(values)} LSTM states but the model "
+                f"has {len(variables)}."
+            )
+        for var, value in zip(variables, values):
+            parts = self._strategy.experimental_local_results(var.value)
+            local = len(parts)
+            rows = parts[0].shape[0]
+            if value.shape[0] != local * rows:
+                raise ValueError(
+                    "The checkpoint's carried LSTM state has "
+                    f"{value.shape[0]} rows but this process holds {local} replica(s) "
+                    f"of {rows} rows; resume with the same global batch size."
+                )
+            chunks = [value[i * rows:(i + 1) * rows] for i in range(local)]
+            if local == 1 and self._strategy.num_replicas_in_sync == 1:
+                var.assign(chunks[0])
+                continue
+            for part, chunk in zip(parts, chunks):
+                part.assign(chunk)

@@ -1,0 +1,212 @@
+"""Exact evaluation of a split (`Evaluator`) and the papers' diagnostics
+(`compute_diagnostics`)."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_softmax_heads import metrics as ksh_metrics
+from keras_softmax_heads.training.builder import build_model
+from keras_softmax_heads.training.distribute import distribute_dataset
+from keras_softmax_heads.training.inputs import eval_windows
+
+
+class Scorer(keras.Model):
+    """`{"tokens", "targets"}` -> exact `log p(target)` (and optionally h).
+
+    Wraps a backbone and head (shared, not copied) for `predict`: the
+    backbone runs with `training=False`; with `return_contexts=True` the
+    output is `(log_likelihood, h)` with `h` cast to float32.
+    """
+
+    def __init__(self, backbone, head, return_contexts=False, **kwargs):
+        super().__init__(**kwargs)
+        self.backbone = backbone
+        self.head = head
+        self.return_contexts = return_contexts
+        self.built = True
+
+    def call(self, inputs, training=False):
+        h = self.backbone(inputs["tokens"], training=False)
+        ll = self.head.log_likelihood(h, inputs["targets"])
+        if self.return_contexts:
+            return ll, keras.ops.cast(h, "float32")
+        return ll
+
+
+class Evaluator:
+    """Scores the splits of `corpus` exactly with the weights of `model`.
+
+    Evaluation runs on the training replicas, except for multi-worker runs,
+    where each worker evaluates a local copy (`predict` gathers local
+    replicas only). The evaluation batch (`config.eval_batch_size`, default
+    `config.batch_size`) is rounded up to a multiple of the replicas. When
+    the training model cannot be used as is (another strategy, or a stateful
+    LSTM with another batch size), an evaluation copy is built and given
+    the training weights before every evaluation.
+
+    Call under no strategy scope; builds its models in the right one.
+    """
+
+    def __init__(self, config, corpus, model, strategy):
+        self.config = config
+        self.corpus = corpus
+        self.model = model
+        multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        self.strategy = tf.distribute.get_strategy() if multi_worker else strategy
+        replicas = self.strategy.num_replicas_in_sync
+        batch = config.eval_batch_size or config.batch_size
+        if batch % replicas:
+            batch = -(-batch // replicas) * replicas
+        self.batch_size = batch
+        stateful = config.model == "lstm"
+        if self.strategy is strategy and (not stateful or batch == config.batch_size):
+            self.eval_model = model
+        else:
+            with self.strategy.scope():
+                self.eval_model, _ = build_model(config, corpus, batch, compile=False,
+                                                 num_replicas=replicas)
+        with self.strategy.scope():
+            self._scorer = Scorer(self.eval_model.backbone, self.eval_model.head, name="scorer")
+            self._scorer.compile(jit_compile=config.jit_compile)
+            self._context_scorer = Scorer(self.eval_model.backbone, self.eval_model.head,
+                                          return_contexts=True, name="context_scorer")
+            self._context_scorer.compile(jit_compile=config.jit_compile)
+
+    @property
+    def head(self):
+        """The head that scores (shares the training model's weights)."""
+        return self.eval_model.head
+
+    def evaluate(self, ids, max_windows=None, with_contexts=0):
+        """Exact per-target log-likelihoods of split `ids`, in stream order.
+
+        Args:
+            ids: the split's token ids; every token but the first is a target.
+            max_windows: optional cap on the evaluation windows (the result
+                is then `partial`).
+            with_contexts: also return the context vectors of the first
+                `with_contexts` targets (in stream order).
+
+        Returns:
+            A dict: `ll` (float64 `[N]`), `targets` (`[N]`), `partial`
+            (bool) and with contexts `contexts` (`[C, d]`) and
+            `context_inputs` (the last input token of each, `[C]`).
+        """
+        config = self.config
+        if self.eval_model is not self.model:
+            self.eval_model.set_weights(self.model.get_weights())
+        tokens, targets, position = eval_windows(config, self.corpus, ids, self.batch_size)
+        windows = len(tokens) if not max_windows else min(max_windows, len(tokens))
+        partial = windows < len(tokens)
+        tokens, targets, position = tokens[:windows], targets[:windows], position[:windows]
+        valid = position >= 0
+        order = np.argsort(position[valid], kind="stable")
+        ll = np.asarray(self._predict(self._scorer, tokens, targets, windows))
+        ll = ll.reshape(position.shape)
+        out = {
+            "ll": ll[valid][order].astype(np.float64),
+            "targets": targets[valid][order],
+            "partial": partial,
+        }
+        if with_contexts:
+            per_window = int(np.prod(position.shape[1:]))
+            count = min(windows, -(-with_contexts // per_window))
+            _, h = self._predict(self._context_scorer, tokens, targets, count)
+            h = np.asarray(h).reshape(position[:count].shape + (-1,))
+            sub_valid = valid[:count]
+            sub_order = np.argsort(position[:count][sub_valid], kind="stable")
+            last_input = tokens[:count] if config.model == "lstm" else tokens[:count][..., -1]
+            out["contexts"] = h[sub_valid][sub_order][:with_contexts]
+            out["context_inputs"] = last_input[sub_valid][sub_order][:with_contexts]
+        return out
+
+    def _predict(self, scorer, tokens, targets, count):
+        """`scorer` over the first `count` windows, from a zero LSTM state."""
+        self.eval_model.backbone.reset_states()
+        sub = {"tokens": tokens[:count], "targets": targets[:count]}
+        dataset = distribute_dataset(
+            self.strategy, lambda: tf.data.Dataset.from_tensor_slices(sub))
+        return scorer.predict(dataset, steps=count, verbose=0)
+
+    @staticmethod
+    def summarise(result):
+        """`nll` (nats per token), `perplexity`, `bits_per_token`, `tokens`
+        and `partial` of an `evaluate` result."""
+        nll = float(-np.mean(result["ll"]))
+        return {"nll": nll, "perplexity": float(np.exp(nll)),
+                "bits_per_token": nll / math.log(2.0),
+                "tokens": int(result["ll"].size), "partial": bool(result["partial"])}
+
+    def score(self, ids, max_windows=None):
+        """`summarise(evaluate(ids, max_windows))`."""
+        return self.summarise(self.evaluate(ids, max_windows))
+
+
+def band_edges(vocab_size, band_fractions):
+    """Frequency-rank band edges: `round(f * V)` clipped to `[1, V - 1]`,
+    sorted, duplicates dropped."""
+    return sorted({max(1, min(vocab_size - 1, int(round(f * vocab_size))))
+                   for f in band_fractions})
+
+
+def compute_diagnostics(config, corpus, head, test_result, test_summary):
+    """The papers' diagnostics of the test split.
+
+    Args:
+        config: the run's `TrainConfig` (`band_fractions`).
+        corpus: the `LMCorpus` (word counts; `true_model` and `info` of the
+            synthetic corpus).
+        head: the trained head.
+        test_result: `Evaluator.evaluate(test, with_contexts=C)`.
+        test_summary: `Evaluator.summarise(test_result)`.
+
+    Returns:
+        A dict: `entropy_per_frequency_band` and `band_edges` (Chen et al.
+        2016), `empirical_rank` of the `[C, V]` log-probability matrix
+        (Kanai et al. 2018; a linear softmax has rank at most `d + 2`),
+        and, for a corpus with a known `true_model`, `synthetic`: KL to the
+        truth, mode matching (Ganea et al. 2019) and the gaps of the test
+        cross-entropy to the entropy rate and to the floor of this test
+        sample.
+    """
+    vocab_size = corpus.vocab_size
+    edges = band_edges(vocab_size, config.band_fractions)
+    diagnostics = {
+        "entropy_per_frequency_band": ksh_metrics.entropy_per_frequency_band(
+            test_result["ll"], test_result["targets"], np.asarray(corpus.vocab.counts), edges),
+        "band_edges": edges,
+    }
+    contexts = test_result["contexts"]
+    log_q = ksh_metrics.log_prob_matrix(head, contexts.astype("float32"))
+    diagnostics["empirical_rank"] = {
+        "rank": ksh_metrics.empirical_rank(log_q),
+        "num_contexts": int(len(contexts)),
+        "vocab_size": vocab_size,
+        "context_dim": int(contexts.shape[-1]),
+        "linear_softmax_bound": int(contexts.shape[-1]) + 2,
+    }
+    true_model = getattr(corpus, "true_model", None)
+    if true_model is None:
+        return diagnostics
+    true_probs = true_model.next_word_probs(test_result["context_inputs"])
+    floor = corpus.info.get("test_cross_entropy") if getattr(corpus, "info", None) else None
+    nll = test_summary["nll"]
+    synthetic = {
+        "kl_to_truth": ksh_metrics.kl_divergence(true_probs, log_q),
+        "mode_matching": ksh_metrics.mode_matching(true_probs, log_q),
+        "num_contexts": int(len(contexts)),
+        "true_entropy_rate": float(true_model.entropy_rate),
+        "test_cross_entropy": nll,
+        "gap_to_entropy_rate": nll - float(true_model.entropy_rate),
+    }
+    if floor is not None:
+        synthetic["test_floor"] = float(floor)
+        synthetic["gap_to_floor"] = nll - float(floor)
+        synthetic["floor_perplexity"] = float(np.exp(floor))
+    diagnostics["synthetic"] = synthetic
+    return diagnostics

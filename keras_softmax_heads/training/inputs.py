@@ -1,0 +1,105 @@
+"""Input pipelines: the training batches of an epoch and the evaluation
+windows that score every target of a split exactly once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def train_steps_per_epoch(config, corpus):
+    """Training steps per epoch: the full windows (LSTM) or full batches
+    (n-gram) of the training split, capped by `config.steps_per_epoch`.
+
+    Raises:
+        ValueError: the split is too short for one step (with the numbers).
+    """
+    from keras_softmax_heads import data as ksh_data
+
+    if config.model == "lstm":
+        steps = ksh_data.num_stream_windows(len(corpus.train), config.batch_size, config.bptt)
+        if steps < 1:
+            # make_stream_dataset raises the explanatory error.
+            ksh_data.make_stream_dataset(corpus.train, config.batch_size, config.bptt)
+    else:
+        steps = (len(corpus.train) - (config.ngram_order - 1)) // config.batch_size
+        if steps < 1:
+            raise ValueError(
+                f"Received: batch_size={config.batch_size} but the training split "
+                f"has only {len(corpus.train)} tokens, fewer n-gram examples than "
+                "one batch."
+            )
+    if config.steps_per_epoch:
+        steps = min(steps, config.steps_per_epoch)
+    return steps
+
+
+def train_dataset(config, corpus, epoch, steps, skip):
+    """Global-batch dataset of `epoch`, its first `skip` batches skipped.
+
+    The batches are a pure function of `(config.seed, epoch)` (contiguous
+    streams for the LSTM, shuffled n-grams otherwise) with static shapes,
+    so a resumed run skipping the consumed batches continues exactly.
+    """
+    from keras_softmax_heads import data as ksh_data
+
+    if config.model == "lstm":
+        ds = ksh_data.make_stream_dataset(corpus.train, config.batch_size, config.bptt)
+    else:
+        ds = ksh_data.make_ngram_dataset(
+            corpus.train, config.ngram_order, config.batch_size, shuffle=True,
+            seed=config.seed * 100_003 + epoch, drop_remainder=True,
+        )
+    return ds.take(steps).skip(skip).prefetch(2)
+
+
+def _eval_pad_id(corpus):
+    eos = getattr(corpus.vocab, "eos_id", None)
+    return 0 if eos is None else int(eos)
+
+
+def eval_windows(config, corpus, ids, batch_size):
+    """Every token but the first of `ids` as a target, exactly once.
+
+    Returns window-major arrays `(tokens, targets, position)` of shapes
+    `[K, B, bptt]` (LSTM; `tokens` likewise) or `[K, B, n-1]` / `[K, B]`
+    (n-gram), where `position` is the index `t - 1` of the target `ids[t]`
+    (`-1` for padding). The LSTM streams: stream `b` holds targets
+    `b*L .. (b+1)*L - 1`, `L = ceil((N - 1) / B)`, and starts from a zero
+    state; with `B = 1` the split is one stream (Zaremba et al.'s test).
+    The LSTM windows are `config.eval_bptt` long (`None`: `config.bptt`).
+    """
+    ids = np.asarray(ids, dtype=np.int32)
+    n = len(ids) - 1
+    if n < 1:
+        raise ValueError(f"An evaluation split needs at least 2 tokens. Received: {len(ids)}")
+    if config.model == "lstm":
+        return _stream_windows(ids, n, batch_size, config.eval_bptt or config.bptt)
+    context = config.ngram_order - 1
+    padded_ids = np.concatenate([np.full(context, _eval_pad_id(corpus), np.int32), ids])
+    all_windows = np.lib.stride_tricks.sliding_window_view(padded_ids, context)
+    tokens = all_windows[1 : n + 1]  # the n-1 words before each target ids[1..n]
+    targets = ids[1:]
+    num_batches = -(-n // batch_size)
+    total = num_batches * batch_size
+    tokens = np.concatenate([tokens, np.zeros((total - n, context), np.int32)])
+    targets = np.concatenate([targets, np.zeros(total - n, np.int32)])
+    position = np.where(np.arange(total) < n, np.arange(total), -1)
+    return (tokens.reshape(num_batches, batch_size, context),
+            targets.reshape(num_batches, batch_size),
+            position.reshape(num_batches, batch_size))
+
+
+def _stream_windows(ids, n, batch_size, bptt):
+    length = -(-n // batch_size)
+    windows = -(-length // bptt)
+    padded = windows * bptt
+    position = np.arange(batch_size)[:, None] * length + np.arange(padded)[None, :]
+    position[(np.arange(padded)[None, :] >= length) | (position >= n)] = -1
+    valid = position >= 0
+    tokens = np.where(valid, ids[np.where(valid, position, 0)], 0).astype(np.int32)
+    targets = np.where(valid, ids[np.where(valid, position + 1, 0)], 0).astype(np.int32)
+
+    def to_windows(a):
+        return np.ascontiguousarray(a.reshape(batch_size, windows, bptt).transpose(1, 0, 2))
+
+    return to_windows(tokens), to_windows(targets), to_windows(position)
