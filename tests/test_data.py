@@ -10,7 +10,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_softmax_heads import data
-from keras_softmax_heads.data import tfds_builders  # noqa: F401  (registers ptb_lm, wikitext2_lm)
+import keras_softmax_heads.data.tfds_builders  # noqa: F401  (registers ptb_lm, wikitext2_lm)
 from keras_softmax_heads.data import lm1b as lm1b_module
 from keras_softmax_heads.data.text import encode_train
 

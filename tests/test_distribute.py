@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from keras_softmax_heads import training
-from keras_softmax_heads.models import registry
+from keras_softmax_heads.heads import registry
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "train_lm.py"

@@ -102,7 +102,7 @@ def test_custom_gradient_matches_autodiff(monkeypatch, tile_elements, mode):
     """`plif`'s custom gradient (one piece, or tiles of 40 of the 141 scores:
     3 tiles and a remainder) equals autodiff of the plain formula, float64."""
     if tile_elements is not None:
-        monkeypatch.setattr(kops, "TILE_ELEMENTS", tile_elements)
+        monkeypatch.setattr(functional, "TILE_ELEMENTS", tile_elements)
     rng = np.random.default_rng(2)
     z = tf.constant(rng.normal(size=(3, 47)) * 3, tf.float64)
     raw = tf.constant(rng.normal(size=(16,)), tf.float64)
@@ -141,10 +141,10 @@ def test_fused_log_likelihood_matches_dense(monkeypatch, tile_elements, mode, hi
     """`plif_log_likelihood` (one tile, tiles dividing the rows, tiles with a
     remainder; both tile histograms) equals `log_softmax(plif(z))[t]`: values
     and gradients."""
-    monkeypatch.setattr(kops, "TILE_HISTOGRAM", histogram)
+    monkeypatch.setattr(functional, "TILE_HISTOGRAM", histogram)
     if tile_elements is not None:
         # V = 9: 4 rows per tile (5 tiles of 20 rows), or 6 (3 + remainder 2).
-        monkeypatch.setattr(kops, "TILE_ELEMENTS", tile_elements)
+        monkeypatch.setattr(functional, "TILE_ELEMENTS", tile_elements)
     rng = np.random.default_rng(3)
     z = tf.constant(rng.normal(size=(4, 5, 9)) * 2, tf.float64)
     raw = tf.constant(rng.normal(size=(24,)), tf.float64)
@@ -221,7 +221,7 @@ def test_memory_does_not_scale_with_knots_times_batch(monkeypatch, path):
     `max(K, N V)` elements: the backward state is index-sized (`[N, V]`)
     and the slope tables and their gradient are `[K]`; nothing is `N x K`
     or `N x V x K` (tiling forced: 2 rows per tile)."""
-    monkeypatch.setattr(kops, "TILE_ELEMENTS", 128)  # 2 rows per tile
+    monkeypatch.setattr(functional, "TILE_ELEMENTS", 128)  # 2 rows per tile
     num_knots, rows, vocab = 200_000, 8, 64
     rng = np.random.default_rng(5)
     z = tf.constant(rng.normal(size=(rows, vocab)), tf.float32)

@@ -246,7 +246,7 @@ def test_eval_windows_cover_every_target_once():
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["lstm", "ngram"])
 def test_every_available_head_trains_and_evaluates(tmp_path, model):
-    from keras_softmax_heads.models import registry
+    from keras_softmax_heads.heads import registry
 
     for name in registry.available_heads():
         config = _tiny_config(head=name, model=model, ngram_order=3, epochs=1,

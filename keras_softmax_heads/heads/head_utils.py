@@ -43,7 +43,9 @@ def check_targets(targets, vocab_size):
     bad = tf.logical_or(targets < 0, targets >= vocab_size)
     flat_bad = tf.reshape(bad, [-1])
     first = tf.argmax(tf.cast(flat_bad, tf.int32), output_type=tf.int32)
-    index = tf.unravel_index(first, tf.shape(targets, out_type=tf.int32))
+    shape = tf.shape(targets, out_type=tf.int32)
+    strides = tf.math.cumprod(shape, exclusive=True, reverse=True)
+    index = (first // strides) % shape  # unravel_index, which XLA lacks
     check = tf.debugging.Assert(
         tf.logical_not(tf.reduce_any(flat_bad)),
         [f"{message}. Received: targets at index", index, "=",

@@ -8,7 +8,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_softmax_heads.head_model import HeadModel
-from keras_softmax_heads.models import registry
+from keras_softmax_heads import models
+from keras_softmax_heads.heads import registry as head_registry
 from keras_softmax_heads.training.config import parse_options
 
 
@@ -31,7 +32,7 @@ def build_model(config, corpus, batch_size=None, *, compile=True, num_replicas=1
             f"Received: batch_size={batch_size}, replicas={num_replicas}"
         )
     per_replica = batch_size // num_replicas
-    head_name = registry.canonical_head_name(config.head)
+    head_name = head_registry.canonical_head_name(config.head)
     tie = _tie_embeddings(config, head_name)
     if config.model == "lstm":
         backbone = _lstm_backbone(config, corpus.vocab_size, per_replica, tie)
@@ -39,7 +40,7 @@ def build_model(config, corpus, batch_size=None, *, compile=True, num_replicas=1
     else:
         backbone = _ngram_backbone(config, corpus.vocab_size, tie)
         input_shape = (per_replica, config.ngram_order - 1)
-    head = registry.make_head(
+    head = head_registry.make_head(
         head_name,
         corpus.vocab_size,
         counts=np.asarray(corpus.vocab.counts),
@@ -64,8 +65,8 @@ def _tie_embeddings(config, head_name):
     """`config.tie_embeddings`, with `None` resolved to what the head supports."""
     tie = config.tie_embeddings
     if tie is None:
-        return registry.supports_tying(head_name)
-    if tie and not registry.supports_tying(head_name):
+        return head_registry.supports_tying(head_name)
+    if tie and not head_registry.supports_tying(head_name):
         raise ValueError(
             f"Head {head_name!r} cannot tie its output projection to the input "
             "embedding. Received: tie_embeddings=True"
@@ -81,7 +82,7 @@ def _lstm_backbone(config, vocab_size, per_replica, tie):
     output_dim = None
     if tie and config.hidden_size != config.embedding_dim:
         output_dim = config.embedding_dim  # project h to the embedding size
-    return registry.get_model_class("lstm")(
+    return models.get_model_class("lstm")(
         vocab_size=vocab_size,
         embedding_dim=config.embedding_dim,
         hidden_size=config.hidden_size,
@@ -106,7 +107,7 @@ def _ngram_backbone(config, vocab_size, tie):
             f"hidden_size={config.hidden_size}, embedding_dim={config.embedding_dim} "
             "(or set tie_embeddings=False)"
         )
-    return registry.get_model_class("ngram")(
+    return models.get_model_class("ngram")(
         vocab_size=vocab_size,
         order=config.ngram_order,
         embedding_dim=config.embedding_dim,

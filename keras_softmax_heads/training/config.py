@@ -16,13 +16,14 @@ import copy
 import dataclasses
 
 from keras_softmax_heads.data.load import DATASET_NAMES
-from keras_softmax_heads.models import registry
+from keras_softmax_heads import models
+from keras_softmax_heads.heads import registry as head_registry
 from keras_softmax_heads.training.distribute import DISTRIBUTION_STRATEGIES
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop")
 LOSS_REDUCTIONS = ("mean", "sum_over_time")
 MIXED_PRECISION_POLICIES = (None, "mixed_float16", "mixed_bfloat16")
-HEAD_NAMES = tuple(sorted(set(registry.HEADS) | set(registry.HEAD_ALIASES)))
+HEAD_NAMES = tuple(sorted(set(head_registry.HEADS) | set(head_registry.HEAD_ALIASES)))
 
 
 def _field(default=dataclasses.MISSING, help="", *, default_factory=dataclasses.MISSING,
@@ -69,7 +70,7 @@ class TrainConfig:
     model: str = _field(
         "lstm", "Backbone: 'lstm' (Zaremba et al. 2014; stream batching, carried state) or "
         "'ngram' (Chen et al. 2016 feed-forward NNLM; n-gram batching).",
-        choices=sorted(registry.MODELS))
+        choices=sorted(models.MODELS))
     embedding_dim: int = _field(256, "Word-embedding size.")
     hidden_size: int = _field(256, "LSTM units / tanh layer size.")
     num_layers: int = _field(1, "LSTM layers / tanh layers of the n-gram model.")
@@ -253,9 +254,9 @@ def validate_config(config):
     for name in ("steps_per_epoch", "eval_batch_size", "eval_bptt", "eval_steps",
                  "checkpoint_every", "kill_after_steps", "chunk_size"):
         positive(name, allow_none=True)
-    if config.model not in registry.MODELS:
-        raise ValueError(f"Unknown model. Expected one of {sorted(registry.MODELS)}. Received: model={config.model!r}")
-    registry.canonical_head_name(config.head)
+    if config.model not in models.MODELS:
+        raise ValueError(f"Unknown model. Expected one of {sorted(models.MODELS)}. Received: model={config.model!r}")
+    head_registry.canonical_head_name(config.head)
     if config.strategy not in DISTRIBUTION_STRATEGIES:
         raise ValueError(f"Unknown strategy. Expected one of {list(DISTRIBUTION_STRATEGIES)}. Received: strategy={config.strategy!r}")
     if config.optimizer not in OPTIMIZERS:

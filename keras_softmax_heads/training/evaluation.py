@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_softmax_heads import metrics as ksh_metrics
+from keras_softmax_heads import diagnostics as ksh_diagnostics
 from keras_softmax_heads.training.builder import build_model
 from keras_softmax_heads.training.distribute import distribute_dataset
 from keras_softmax_heads.training.inputs import eval_windows
@@ -177,14 +177,14 @@ def compute_diagnostics(config, corpus, head, test_result, test_summary):
     vocab_size = corpus.vocab_size
     edges = band_edges(vocab_size, config.band_fractions)
     diagnostics = {
-        "entropy_per_frequency_band": ksh_metrics.entropy_per_frequency_band(
+        "entropy_per_frequency_band": ksh_diagnostics.entropy_per_frequency_band(
             test_result["ll"], test_result["targets"], np.asarray(corpus.vocab.counts), edges),
         "band_edges": edges,
     }
     contexts = test_result["contexts"]
-    log_q = ksh_metrics.log_prob_matrix(head, contexts.astype("float32"))
+    log_q = ksh_diagnostics.log_prob_matrix(head, contexts.astype("float32"))
     diagnostics["empirical_rank"] = {
-        "rank": ksh_metrics.empirical_rank(log_q),
+        "rank": ksh_diagnostics.empirical_rank(log_q),
         "num_contexts": int(len(contexts)),
         "vocab_size": vocab_size,
         "context_dim": int(contexts.shape[-1]),
@@ -197,8 +197,8 @@ def compute_diagnostics(config, corpus, head, test_result, test_summary):
     floor = corpus.info.get("test_cross_entropy") if getattr(corpus, "info", None) else None
     nll = test_summary["nll"]
     synthetic = {
-        "kl_to_truth": ksh_metrics.kl_divergence(true_probs, log_q),
-        "mode_matching": ksh_metrics.mode_matching(true_probs, log_q),
+        "kl_to_truth": ksh_diagnostics.kl_divergence(true_probs, log_q),
+        "mode_matching": ksh_diagnostics.mode_matching(true_probs, log_q),
         "num_contexts": int(len(contexts)),
         "true_entropy_rate": float(true_model.entropy_rate),
         "test_cross_entropy": nll,
