@@ -24,13 +24,13 @@ COUNTS = np.array([5, 30, 20, 12, 9, 7, 50, 4, 3, 2, 1, 1], dtype=np.float64)
 DATA = os.path.join(os.path.dirname(__file__), "data")
 LEGACY_HEADS = os.path.join(DATA, "legacy_v0_1_heads.keras")
 LEGACY_HEAD_MODEL = os.path.join(DATA, "legacy_v0_1_head_model.keras")
-# The heads of the legacy fixture whose structure comes from data, and the
-# constructor argument a 0.1.0 config left as None.
+# The heads of the legacy fixture (one layer of each class) whose structure
+# comes from data, and the constructor argument a 0.1.0 config left as None.
 LEGACY_DATA_HEADS = {
-    "hsm": "clusters",
-    "dsm": "counts",
-    "sampled": "counts",
-    "nce": "counts",
+    "HierarchicalSoftmax": "clusters",
+    "DifferentiatedSoftmax": "counts",
+    "SampledSoftmax": "counts",
+    "NCE": "counts",
 }
 
 
@@ -246,15 +246,16 @@ def test_legacy_head_model_file_loads():
 
 
 def _legacy_layer_configs():
+    """The layer configs of the legacy heads file, by class name."""
     with zipfile.ZipFile(LEGACY_HEADS) as archive:
         config = json.loads(archive.read("config.json"))
-    return {layer["config"]["name"]: layer for layer in config["config"]["layers"]}
+    return {layer["class_name"]: layer for layer in config["config"]["layers"]}
 
 
 def _legacy_reference():
-    """The loaded legacy model's layers and their inputs / outputs."""
+    """The layers of the legacy heads file, loaded with their weights."""
     model = keras.saving.load_model(LEGACY_HEADS)
-    return {layer.name: layer for layer in model.layers}
+    return {type(layer).__name__: layer for layer in model.layers}
 
 
 @pytest.mark.parametrize("name", sorted(LEGACY_DATA_HEADS))
@@ -288,10 +289,10 @@ def test_legacy_config_is_pending_until_weights_are_set(name):
 
 def test_legacy_hsm_placeholder_differs_from_the_real_layout():
     """What the pending mark protects against: the placeholder is wrong."""
-    entry = _legacy_layer_configs()["hsm"]
+    entry = _legacy_layer_configs()["HierarchicalSoftmax"]
     layer = ksh.HierarchicalSoftmax.from_config(entry["config"])
     layer.build((None, D))
-    reference = _legacy_reference()["hsm"]
+    reference = _legacy_reference()["HierarchicalSoftmax"]
     placeholder = np.asarray(layer.cluster_of_word.numpy())
     assert placeholder.tolist() != reference.cluster_assignment.cluster_of_word.tolist()
     with pytest.raises(ValueError, match="clusters=None"):
@@ -307,7 +308,7 @@ def test_legacy_config_with_load_weights():
     model = keras.saving.deserialize_keras_object(config)
     x = expected["x"]
     for layer in model.layers[1:]:
-        if layer.name in LEGACY_DATA_HEADS:
+        if type(layer).__name__ in LEGACY_DATA_HEADS:
             with pytest.raises(ValueError, match="0.1.0"):
                 layer.log_probs(x)
         else:

@@ -443,7 +443,7 @@ class DifferentiatedSoftmax(SoftmaxHead):
     @classmethod
     def from_config(cls, config):
         layer = super().from_config(config)
-        if config.get("counts") is None:
+        if "counts" in config and config["counts"] is None:
             # keras-softmax-heads 0.1.0 kept the ranking in the weights only:
             # ranked by id until they are loaded, and unusable until then.
             layer._pending_structure = "counts"

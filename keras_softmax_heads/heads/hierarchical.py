@@ -886,7 +886,11 @@ class HierarchicalSoftmax(SoftmaxHead):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        legacy = config.get("clusters") is None and config.get("counts") is None
+        # 0.1.0 wrote both keys as None; the current `get_config` never does
+        # (except for a layer still pending).
+        legacy = all(
+            key in config and config[key] is None for key in ("clusters", "counts")
+        )
         if legacy:
             # keras-softmax-heads 0.1.0 kept the layout in the weights only:
             # a placeholder of the saved shape, pending until they are loaded.
