@@ -91,6 +91,42 @@ def check_counts(counts, vocab_size):
     return array
 
 
+def counts_to_config(counts, stored=None):
+    """Word counts as plain JSON-able Python for a layer's `get_config`.
+
+    Args:
+        counts: the counts the layer was built with (array `[V]`), or None.
+        stored: optional copy held by the layer (its float32 `counts`
+            weight). When it disagrees with `counts` (weights loaded from
+            a file), the stored values win: they are what the layer uses.
+
+    Returns:
+        A list of `V` ints when every count is integral, else of floats;
+        None when there are no counts.
+
+    Example:
+
+    >>> counts_to_config(np.array([3.0, 0.0, 1.0]))
+    [3, 0, 1]
+    >>> counts_to_config([0.5, 2.0])
+    [0.5, 2.0]
+    >>> counts_to_config(None) is None
+    True
+    """
+    if stored is not None:
+        stored = np.asarray(keras.ops.convert_to_numpy(stored), np.float32)
+        if counts is None or not np.array_equal(
+            stored, np.asarray(counts, np.float64).astype(np.float32)
+        ):
+            counts = stored
+    if counts is None:
+        return None
+    array = np.asarray(counts, np.float64).ravel()
+    if np.all(array == np.floor(array)) and np.all(np.abs(array) < 2.0**53):
+        return [int(v) for v in array.tolist()]
+    return array.tolist()
+
+
 def check_sampler(sampler, allowed=SAMPLERS):
     if sampler not in allowed:
         raise ValueError(

@@ -240,7 +240,8 @@ def test_keras_round_trip_keeps_layout():
     h = rng.normal(size=(7, D)).astype("float32")
     randomised(head, h)
     config = head.get_config()
-    assert config["clusters"] is None and config["counts"] is None
+    assert config["clusters"] == head.cluster_assignment.to_config()
+    assert config["counts"] is None
     assert config["num_clusters"] == 3 and config["max_cluster_size"] == 6
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "hsm.keras")

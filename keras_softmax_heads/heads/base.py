@@ -129,6 +129,7 @@ class SoftmaxHead(keras.layers.Layer):
 
     # ---------------------------------------------------------------- helpers
     def _check_inputs(self, inputs):
+        self._check_structure()
         inputs = ops.convert_to_tensor(inputs)
         if not self.built:
             self.build(tuple(inputs.shape))
@@ -235,6 +236,39 @@ class SoftmaxHead(keras.layers.Layer):
 
     def compute_mask(self, inputs, mask=None):
         return mask
+
+    # ------------------------------------------------- data-derived structure
+    # Heads whose structure comes from data (`HierarchicalSoftmax` clusters,
+    # the counts of `SampledSoftmax` / `NCE` / `DifferentiatedSoftmax`) carry
+    # it in their config. Configs written by keras-softmax-heads 0.1.0 did
+    # not (`clusters=None` / `counts=None`, the structure only in the
+    # weights): their `from_config` builds a layer of the right shape and
+    # marks it pending (`_pending_structure`, the missing argument's name)
+    # until its weights are loaded; until then every entry point raises.
+    _pending_structure = None
+
+    def _check_structure(self):
+        """Raises if the layer's data-derived structure is still pending."""
+        argument = self._pending_structure
+        if argument is None:
+            return
+        raise ValueError(
+            f"{self.__class__.__name__} layer '{self.name}' has no "
+            f"`{argument}`: its config carries `{argument}=None` (a file "
+            "from keras-softmax-heads 0.1.0, which kept what "
+            f"`{argument}` determines only in the weights), so it holds a "
+            "placeholder. Load its weights (`keras.saving.load_model`, "
+            "`model.load_weights` or this layer's `set_weights`) or build "
+            f"it with `{argument}=`."
+        )
+
+    def load_own_variables(self, store):
+        super().load_own_variables(store)
+        self._pending_structure = None  # the structure came with the weights
+
+    def set_weights(self, weights):
+        super().set_weights(weights)
+        self._pending_structure = None  # the structure came with the weights
 
     # ------------------------------------------------------------ serialising
     def get_config(self):

@@ -154,10 +154,18 @@ class DifferentiatedSoftmax(SoftmaxHead):
     12.6% get 32%, the rest 4%). Without `counts` the word ids are assumed to
     be sorted by descending frequency already (rank = id).
 
-    Saving: the rank permutation is stored as non-trainable int32 weights
-    (`word_order`, `word_rank`) and restored by `.keras` load /
-    `set_weights`; `get_config` stores `counts=None` (a layer made by
-    `from_config` alone ranks words by id until its weights are loaded).
+    Saving: `get_config` records the rank permutation as `counts`, the
+    integers `V - rank` (`V` for the most frequent word, 1 for the least),
+    which reproduce it exactly (and are written for a layer built without
+    counts too, `[V, ..., 1]`), so `from_config` alone and
+    `keras.models.clone_model` rebuild the same ranking. The permutation is
+    also kept as non-trainable int32 weights (`word_order`, `word_rank`),
+    saved with the other weights. A config with `counts=None` (written by
+    keras-softmax-heads 0.1.0, whose ranking lived only in the weights)
+    gives a layer of the right shape that raises a `ValueError` from
+    `call`, `log_probs`, `log_likelihood`, `training_loss` and
+    `output_kernel` until its weights are loaded (`.keras` load,
+    `load_weights` or the layer's `set_weights`).
 
     Weight tying is not supported (each band has its own embedding size, an
     input embedding has one): `token_embedding` must be None.
@@ -316,6 +324,7 @@ class DifferentiatedSoftmax(SoftmaxHead):
     def output_kernel(self):
         """The equivalent dense `[d, V]` block-diagonal matrix (materialised;
         for inspection only, the layer never builds it)."""
+        self._check_structure()
         blocks, offset = [], 0
         d = self.input_dim
         for kernel, dim in zip(self.band_kernels, self.band_dims):
@@ -414,8 +423,41 @@ class DifferentiatedSoftmax(SoftmaxHead):
             {
                 "chunk_size": self.chunk_size,
                 "bands": self.bands,
-                # The rank permutation is saved as int32 weights, not here.
-                "counts": None,
+                # Counts `V - rank`, exactly the current ranking. None only
+                # while a legacy (0.1.0) ranking is pending.
+                "counts": (
+                    None
+                    if self._pending_structure is not None
+                    else _rank_counts(self._current_order())
+                ),
             }
         )
         return config
+
+    def _current_order(self):
+        """`word_order` (the word id at each rank) as a NumPy array."""
+        if not self.built:
+            return np.asarray(self._initial_order)
+        return np.asarray(keras.ops.convert_to_numpy(self.word_order))
+
+    @classmethod
+    def from_config(cls, config):
+        layer = super().from_config(config)
+        if "counts" in config and config["counts"] is None:
+            # keras-softmax-heads 0.1.0 kept the ranking in the weights only:
+            # ranked by id until they are loaded, and unusable until then.
+            layer._pending_structure = "counts"
+        return layer
+
+
+def _rank_counts(order):
+    """Integer counts whose descending (stable) order is `order`: `V - rank`.
+
+    Example:
+
+    >>> _rank_counts(np.array([2, 0, 1]))
+    [2, 1, 3]
+    """
+    counts = np.empty(order.size, dtype=np.int64)
+    counts[order] = order.size - np.arange(order.size)
+    return counts.tolist()

@@ -133,7 +133,11 @@ from keras_softmax_heads.validation import check_int
 
 
 def _placeholder_layout(vocab_size, num_clusters):
-    """Contiguous blocks of word ids, sizes differing by at most one."""
+    """Contiguous blocks of word ids, sizes differing by at most one.
+
+    The `"frequency"` layout without counts, and the shape-only stand-in
+    for a legacy (0.1.0) config's layout until its weights are loaded.
+    """
     assignment = (np.arange(vocab_size, dtype=np.int64) * num_clusters) // vocab_size
     return clustering.hierarchical_layout(assignment, num_clusters)
 
@@ -393,14 +397,22 @@ class HierarchicalSoftmax(SoftmaxHead):
     most 891), which cuts the gathered rows ~6x; `cluster_size_cap=None`
     keeps the paper's bins. Random clusters are balanced already.
 
-    Saving: the layout is stored as non-trainable int32 weights
+    Saving: `get_config` records the final layout (after any splitting) as
+    `clusters`, a `ClusterAssignment.to_config()` dict (`V` ints, like the
+    vocabulary of `keras.layers.StringLookup`), with `num_clusters` and
+    `max_cluster_size`, so `from_config` alone (and
+    `keras.models.clone_model`) rebuilds the same layout and weights;
+    `counts` is not needed once the layout is known and is recorded as
+    None. The layout is also kept as non-trainable int32 weights
     (`cluster_of_word` `[V]`, `position_in_cluster` `[V]`, `cluster_words`
-    `[C, M]`, `cluster_sizes` `[C]`) and restored by `.keras` load /
-    `set_weights`; `get_config` records only `num_clusters` and
-    `max_cluster_size` (and `clusters=None`, `counts=None`): a layer created
-    with `from_config` alone has a placeholder layout of the right shape
-    until its weights are loaded. `cluster_assignment` returns the current
-    layout.
+    `[C, M]`, `cluster_sizes` `[C]`), saved with the other weights.
+    A config with `clusters=None` and `counts=None` (written by
+    keras-softmax-heads 0.1.0, whose layout lived only in the weights)
+    gives a layer of the right shape whose layout is pending: `call`,
+    `log_probs`, `log_likelihood`, `training_loss` and `cluster_assignment`
+    raise a `ValueError` until its weights are loaded (`.keras` load,
+    `load_weights` or the layer's `set_weights`). `cluster_assignment`
+    returns the current layout.
 
     Args:
         vocab_size: int, number of words `V` (or omit and pass
@@ -644,6 +656,7 @@ class HierarchicalSoftmax(SoftmaxHead):
     @property
     def cluster_assignment(self):
         """The current layout as a `clustering.ClusterAssignment`."""
+        self._check_structure()
         if not self.built:
             return self._initial_layout
         return clustering.hierarchical_layout(
@@ -817,8 +830,13 @@ class HierarchicalSoftmax(SoftmaxHead):
         config.update(
             {
                 "num_clusters": self.num_clusters,
-                # The layout itself is saved as int32 weights, not here.
-                "clusters": None,
+                # The final layout rebuilds everything `counts` was used
+                # for. None only while a legacy (0.1.0) layout is pending.
+                "clusters": (
+                    None
+                    if self._pending_structure is not None
+                    else self.cluster_assignment.to_config()
+                ),
                 "counts": None,
                 "clustering": self.clustering,
                 "cluster_size_cap": self.cluster_size_cap,
@@ -833,8 +851,14 @@ class HierarchicalSoftmax(SoftmaxHead):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        if config.get("clusters") is None:
-            # A layout of the saved shape; the real one comes with the weights.
+        # 0.1.0 wrote both keys as None; the current `get_config` never does
+        # (except for a layer still pending).
+        legacy = all(
+            key in config and config[key] is None for key in ("clusters", "counts")
+        )
+        if legacy:
+            # keras-softmax-heads 0.1.0 kept the layout in the weights only:
+            # a placeholder of the saved shape, pending until they are loaded.
             vocab = config.get("vocab_size")
             embedding = config.get("token_embedding")
             if vocab is None and isinstance(embedding, dict):
@@ -842,5 +866,8 @@ class HierarchicalSoftmax(SoftmaxHead):
             num_clusters = config.get("num_clusters")
             if vocab is not None and num_clusters is not None:
                 config["clusters"] = _placeholder_layout(vocab, num_clusters)
-        return super().from_config(config)
+        layer = super().from_config(config)
+        if legacy:
+            layer._pending_structure = "clusters"
+        return layer
 

@@ -92,11 +92,18 @@ class NCE(WordMajorSoftmaxHead):
     gathers `N + m` rows and their gradient is sparse) and `bias` `[V]`.
 
     Word statistics: `counts`, a length-`V` array of training counts,
-    validated for every sampler, used by `"unigram"`. It is stored with the
-    sampling tables as non-trainable weights (`counts`, `sampling_log_probs`,
-    `alias_thresholds`, `alias_indices`), saved with the model;
-    `get_config` records `counts=None` and `from_config` builds placeholder
-    tables that the saved weights overwrite.
+    validated for every sampler, used by `"unigram"`. With `"unigram"`,
+    `get_config` records them as a list (ints when integral, like the
+    vocabulary of `keras.layers.StringLookup`), so `from_config` alone and
+    `keras.models.clone_model` rebuild the same noise distribution; other
+    samplers record `counts=None`. They are also stored with the sampling
+    tables as non-trainable weights (`counts`, `sampling_log_probs`,
+    `alias_thresholds`, `alias_indices`), saved with the model. A
+    `"unigram"` config with `counts=None` (written by keras-softmax-heads
+    0.1.0) gives a layer of the right shape that raises a `ValueError` from
+    `call`, `log_probs`, `log_likelihood`, `training_loss` and
+    `sample_noise` until its weights are loaded (`.keras` load,
+    `load_weights` or the layer's `set_weights`).
 
     Args:
         vocab_size: int, number of words `V` (or omit and pass
@@ -246,6 +253,7 @@ class NCE(WordMajorSoftmaxHead):
             dict with `noise_ids` int32 `[m]` and `noise_log_probs` float32
             `[m]` (`log q`).
         """
+        self._check_structure()
         if not self.built:
             raise ValueError("Build the layer (call it once) before sampling.")
         ids = self._sampler.sample(self.num_sampled, self.seed_generator)
@@ -311,8 +319,14 @@ class NCE(WordMajorSoftmaxHead):
                 "num_sampled": self.num_sampled,
                 "noise_ratio": self.noise_ratio,
                 "sampler": self.sampler,
-                # The counts travel as a non-trainable weight, not here.
-                "counts": None,
+                # None unless "unigram" (or while legacy counts are pending).
+                "counts": (
+                    None
+                    if self._pending_structure is not None
+                    else samplers.counts_to_config(
+                        self._counts, getattr(self, "counts", None)
+                    )
+                ),
                 "distortion": self.distortion,
                 "log_normalizer": self.log_normalizer,
                 "seed": self.seed,
@@ -322,4 +336,8 @@ class NCE(WordMajorSoftmaxHead):
 
     @classmethod
     def from_config(cls, config):
-        return super().from_config(placeholder_counts(config))
+        patched = placeholder_counts(config)
+        layer = super().from_config(patched)
+        if config.get("counts") is None and patched.get("counts") is not None:
+            layer._pending_structure = "counts"  # a legacy (0.1.0) config
+        return layer

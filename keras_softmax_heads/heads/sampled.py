@@ -123,12 +123,19 @@ class SampledSoftmax(WordMajorSoftmaxHead):
     `FullSoftmax` holds its transpose) and `bias` `[V]`.
 
     Word statistics: `counts`, a length-`V` array of training counts, is only
-    needed by `sampler="unigram"`; it is validated for every sampler. The
-    sampling tables (`sampling_log_probs`, `alias_thresholds`,
-    `alias_indices`, and `counts` itself, float32) are non-trainable
-    weights, saved with the model; `get_config` records `counts=None` (a
-    `V = 793k` list in the config would be heavy) and `from_config` builds
-    placeholder tables that the saved weights overwrite on load.
+    needed by `sampler="unigram"`; it is validated for every sampler. With
+    `"unigram"`, `get_config` records them as a list (ints when integral,
+    like the vocabulary of `keras.layers.StringLookup`), so `from_config`
+    alone and `keras.models.clone_model` rebuild the same sampler; other
+    samplers record `counts=None`. The sampling tables
+    (`sampling_log_probs`, `alias_thresholds`, `alias_indices`, and `counts`
+    itself, float32) are non-trainable weights, saved with the model. A
+    `"unigram"` config with `counts=None` (written by keras-softmax-heads
+    0.1.0, whose counts lived only in the weights) gives a layer of the
+    right shape that raises a `ValueError` from `call`, `log_probs`,
+    `log_likelihood`, `training_loss` and `sample_candidates` until its
+    weights are loaded (`.keras` load, `load_weights` or the layer's
+    `set_weights`).
 
     Args:
         vocab_size: int, number of words `V` (or omit and pass
@@ -267,6 +274,7 @@ class SampledSoftmax(WordMajorSoftmaxHead):
             `target_log_counts` float32 `[N]` (`log Q`) and `candidate_mask`
             bool `[S]` (`False` on removed duplicates) or `None`.
         """
+        self._check_structure()
         if not self.built:
             raise ValueError("Build the layer (call it once) before sampling.")
         targets = ops.reshape(ops.cast(targets, "int32"), (-1,))
@@ -389,8 +397,14 @@ class SampledSoftmax(WordMajorSoftmaxHead):
             {
                 "num_sampled": self.num_sampled,
                 "sampler": self.sampler,
-                # The counts travel as a non-trainable weight, not here.
-                "counts": None,
+                # None unless "unigram" (or while legacy counts are pending).
+                "counts": (
+                    None
+                    if self._pending_structure is not None
+                    else samplers.counts_to_config(
+                        self._counts, getattr(self, "counts", None)
+                    )
+                ),
                 "distortion": self.distortion,
                 "unique": self.unique,
                 "remove_accidental_hits": self.remove_accidental_hits,
@@ -402,16 +416,30 @@ class SampledSoftmax(WordMajorSoftmaxHead):
 
     @classmethod
     def from_config(cls, config):
-        return super().from_config(placeholder_counts(config))
+        layer = super().from_config(placeholder_counts(config))
+        if legacy_counts_config(config):
+            layer._pending_structure = "counts"
+        return layer
+
+
+def legacy_counts_config(config):
+    """Whether a sampled head's config lacks the counts its sampler needs.
+
+    Only keras-softmax-heads 0.1.0 wrote such configs (`sampler="unigram"`,
+    `counts=None`, the counts in the weights only).
+    """
+    return config.get("counts") is None and config.get("sampler") == "unigram"
 
 
 def placeholder_counts(config):
     """Config with placeholder counts (ones) where the sampler needs counts.
 
-    The real counts (and the sampling tables) are restored with the weights.
+    For legacy (0.1.0) configs only (`legacy_counts_config`): the layer gets
+    the right shape, and is unusable until its weights (the real counts and
+    sampling tables) are loaded.
     """
     config = dict(config)
-    if config.get("counts") is None and config.get("sampler") == "unigram":
+    if legacy_counts_config(config):
         vocab = config.get("vocab_size")
         embedding = config.get("token_embedding")
         if vocab is None and isinstance(embedding, dict):
