@@ -7,6 +7,8 @@ log-probabilities `[..., V]`; see `docs/head_contract.md`.
 from keras_softmax_heads import clustering
 from keras_softmax_heads import diagnostics
 from keras_softmax_heads import functional
+from keras_softmax_heads import losses
+from keras_softmax_heads import metrics
 from keras_softmax_heads.clustering import ClusterAssignment
 from keras_softmax_heads.clustering import make_clusters
 from keras_softmax_heads.head_model import HeadModel
@@ -26,6 +28,8 @@ from keras_softmax_heads.heads.sampled import SampledSoftmax
 from keras_softmax_heads.heads.self_normalized import SelfNormalizedSoftmax
 from keras_softmax_heads.heads.sigsoftmax import SigSoftmax
 from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
+from keras_softmax_heads.losses import HeadLoss
+from keras_softmax_heads.metrics import Perplexity
 from keras_softmax_heads.models.lstm_lm import LSTMLanguageModel
 from keras_softmax_heads.models.ngram_lm import NgramLanguageModel
 

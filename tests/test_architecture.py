@@ -28,11 +28,15 @@ ALLOWED = {
     "clustering": {"validation"},
     "heads": NUMERICS,
     "head_model": NUMERICS | {"heads"},
+    "losses": NUMERICS | {"heads"},
+    "metrics": NUMERICS | {"heads", "losses"},
     "diagnostics": {"validation"},
     "models": {"validation"},
     "data": {"validation"},
-    "experiments": NUMERICS | {"heads", "head_model", "diagnostics", "models", "data"},
-    "training": NUMERICS | {"heads", "head_model", "diagnostics", "models", "data"},
+    "experiments": NUMERICS | {"heads", "head_model", "losses", "metrics", "diagnostics",
+                               "models", "data"},
+    "training": NUMERICS | {"heads", "head_model", "losses", "metrics", "diagnostics",
+                            "models", "data"},
 }
 
 

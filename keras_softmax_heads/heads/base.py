@@ -19,6 +19,8 @@ exact heads also work as the last layer of a `keras.Sequential` with
 `SparseCategoricalCrossentropy(from_logits=True)`.
 """
 
+import weakref
+
 import keras
 from keras import ops
 
@@ -29,6 +31,27 @@ from keras_softmax_heads.heads.head_utils import check_targets
 from keras_softmax_heads.heads.head_utils import gather_targets
 from keras_softmax_heads.heads.head_utils import nan_if_invalid
 from keras_softmax_heads.validation import check_embedding_layer
+
+
+#: What `call(h, training=True)` may return (see `SoftmaxHead`).
+TRAINING_OUTPUTS = ("log_probs", "contexts")
+
+# The heads whose training output is their context vectors, weakly held, in
+# the order they were set so, so that a `HeadLoss` restored from a saved model
+# can find the head loaded with it.
+_CONTEXT_OUTPUT_HEADS = []
+
+
+def context_output_heads(name=None):
+    """Live heads with `training_output="contexts"` (named `name`, if given),
+    oldest first."""
+    alive = [ref() for ref in _CONTEXT_OUTPUT_HEADS]
+    _CONTEXT_OUTPUT_HEADS[:] = [weakref.ref(h) for h in alive if h is not None]
+    return [
+        h for h in alive
+        if h is not None and h.training_output == "contexts"
+        and (name is None or h.name == name)
+    ]
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
@@ -56,8 +79,20 @@ class SoftmaxHead(keras.layers.Layer):
         bias_initializer: initializer of the `[V]` bias.
         return_probabilities: bool. If `True`, `call` returns probabilities
             instead of log-probabilities (other methods are unaffected).
+        training_output: what `call(h, training=True)` returns:
+            `"log_probs"` (default; what a standard Keras loss needs) or
+            `"contexts"`: the context vectors, `h[..., None, :]`, for
+            `keras_softmax_heads.HeadLoss`, which then trains
+            `training_loss` without the `[..., V]` tensor. `HeadLoss(head)`
+            sets it. Heads whose training objective is not the exact NLL
+            (`exact_training_objective = False`: sampled, NCE,
+            self-normalised) refuse `"log_probs"` in training: a Keras loss
+            on log-probabilities would silently train the full softmax.
         **kwargs: standard `keras.layers.Layer` arguments.
     """
+
+    exact_training_objective = True
+    """Whether `training_loss` is the exact negative log-likelihood."""
 
     def __init__(
         self,
@@ -67,6 +102,7 @@ class SoftmaxHead(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         return_probabilities=False,
+        training_output="log_probs",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -96,7 +132,25 @@ class SoftmaxHead(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.return_probabilities = bool(return_probabilities)
+        self.training_output = training_output
+        self.last_output = None
         self.supports_masking = True
+
+    @property
+    def training_output(self):
+        """`"log_probs"` or `"contexts"`: what `call` returns in training."""
+        return self._training_output
+
+    @training_output.setter
+    def training_output(self, value):
+        if value not in TRAINING_OUTPUTS:
+            raise ValueError(
+                f"`training_output` must be one of {TRAINING_OUTPUTS}. "
+                f"Received: training_output={value!r}"
+            )
+        self._training_output = value
+        if value == "contexts" and all(r() is not self for r in _CONTEXT_OUTPUT_HEADS):
+            _CONTEXT_OUTPUT_HEADS.append(weakref.ref(self))
 
     word_major = False
     """Layout of an owned output matrix: `kernel` `[d, V]` (False, as in
@@ -195,11 +249,46 @@ class SoftmaxHead(keras.layers.Layer):
         """Exact normalised log-probabilities, float32 `[..., V]`."""
         raise NotImplementedError
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):
+        if training:
+            contexts = self.training_contexts(inputs)
+            if contexts is not None:
+                return contexts
+        self.last_output = "log_probs"
         log_p = self.log_probs(inputs)
         if self.return_probabilities:
             return ops.exp(log_p)
         return log_p
+
+    def training_contexts(self, inputs):
+        """`call`'s training-mode output when it is not log-probabilities.
+
+        Returns `inputs[..., None, :]` (the context vectors, with an axis
+        that tells them apart from `[..., V]` log-probabilities) when
+        `training_output == "contexts"`, else None. Raises for a head whose
+        training objective is not the exact NLL: its log-probabilities in
+        training mode would make a Keras loss train the full softmax.
+        Records what was returned in `last_output` (read by `HeadLoss` in
+        the same traced step).
+        """
+        if self.training_output == "contexts":
+            self.last_output = "contexts"
+            return ops.expand_dims(self._check_inputs(inputs), -2)
+        if not self.exact_training_objective:
+            name = self.__class__.__name__
+            raise ValueError(
+                f"{name} {self.name!r} trains with its own objective "
+                "(`training_loss`), but it was called in training mode to "
+                "return log-probabilities: a Keras loss on them (e.g. "
+                "SparseCategoricalCrossentropy) would train the full softmax "
+                f"over all {self.vocab_size} words instead, at full cost. "
+                "Compile with `loss=keras_softmax_heads.HeadLoss(head)` (the "
+                "head then returns its context vectors in training and the "
+                "loss computes its objective), or train backbone and head with "
+                "`keras_softmax_heads.HeadModel`. For log-probabilities in "
+                "training on purpose, call `head.log_probs(h)`."
+            )
+        return None
 
     def log_likelihood(self, inputs, targets):
         """Exact `log p(targets | inputs)`.
@@ -289,6 +378,7 @@ class SoftmaxHead(keras.layers.Layer):
                     self.bias_initializer
                 ),
                 "return_probabilities": self.return_probabilities,
+                "training_output": self.training_output,
             }
         )
         return config

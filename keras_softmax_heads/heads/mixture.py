@@ -211,6 +211,11 @@ class _MixtureHead(SoftmaxHead):
 
     # --------------------------------------------------------------- contract
     def call(self, inputs, training=None):
+        if training:
+            contexts = self.training_contexts(inputs)
+            if contexts is not None:
+                return contexts
+        self.last_output = "log_probs"
         log_p = self.log_probs(inputs, training=training)
         if self.return_probabilities:
             return ops.exp(log_p)

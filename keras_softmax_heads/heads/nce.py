@@ -167,6 +167,8 @@ class NCE(WordMajorSoftmaxHead):
           https://arxiv.org/abs/1512.04906
     """
 
+    exact_training_objective = False
+
     def __init__(
         self,
         vocab_size=None,

@@ -202,6 +202,8 @@ class SampledSoftmax(WordMajorSoftmaxHead):
           training of a neural probabilistic language model.
     """
 
+    exact_training_objective = False
+
     def __init__(
         self,
         vocab_size=None,

@@ -150,6 +150,8 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
           self-normalizing?
     """
 
+    exact_training_objective = False
+
     def __init__(
         self,
         vocab_size=None,

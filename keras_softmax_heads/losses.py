@@ -1,0 +1,132 @@
+"""`HeadLoss`: train any head in a `Sequential` or functional model with its
+own objective."""
+
+import weakref
+
+import keras
+from keras import ops
+
+from keras_softmax_heads.heads.base import SoftmaxHead
+from keras_softmax_heads.heads.base import context_output_heads
+
+
+# Heads already bound to a HeadLoss (weakly held): a restored HeadLoss takes
+# the most recently loaded head of its name that no other HeadLoss holds.
+_BOUND_HEADS = weakref.WeakSet()
+
+
+@keras.saving.register_keras_serializable(package="keras_softmax_heads")
+class HeadLoss(keras.losses.Loss):
+    """The loss of a head used as the last layer of a Keras model.
+
+    A Keras loss only sees `(y_true, y_pred)`; a sampled softmax, NCE or a
+    hierarchical softmax needs the context vectors `h` and the head's
+    weights to compute its training objective without the `[..., V]`
+    scores. `HeadLoss(head)` sets `head.training_output = "contexts"`: in
+    training the head then returns `h[..., None, :]` and this loss computes
+    `head.training_loss(h, y_true)` (the sampled / NCE / self-normalised
+    objective, or the exact NLL computed cheaply: chunked, hierarchical).
+    In evaluation (`training=False`) the head returns its exact
+    log-probabilities and this loss is their negative log-likelihood, so
+    `evaluate` and `val_loss` are exact for every head.
+
+    Per token the loss is `O(cost of head.training_loss)`: `O(N S d)` for
+    `S` sampled words instead of the `O(N V d)` of a softmax over `V` words.
+
+    Args:
+        head: the model's output head (a `keras_softmax_heads` head). A
+            `HeadLoss` loaded from a `.keras` file finds its head by name
+            among the loaded heads the first time it is called.
+        head_name: used by `from_config`; pass `head` instead.
+        name: the loss's name.
+        reduction, dtype: as for every `keras.losses.Loss`; the default
+            averages over tokens (and `sample_weight`).
+
+    Call arguments:
+        y_true: integer word ids `[...]`.
+        y_pred: the head's output: contexts `[..., 1, d]` in training,
+            log-probabilities `[..., V]` otherwise.
+
+    Returns:
+        The per-token loss, reduced as `reduction` says.
+
+    Example:
+
+    >>> import numpy as np, keras, keras_softmax_heads as ksh
+    >>> V = 50
+    >>> head = ksh.SampledSoftmax(V, num_sampled=8)
+    >>> model = keras.Sequential([keras.layers.Embedding(V, 16), head])
+    >>> model.compile("adam", loss=ksh.HeadLoss(head), metrics=[ksh.Perplexity()])
+    >>> x = np.random.randint(0, V, (8, 6)); y = np.roll(x, -1, axis=1)
+    >>> history = model.fit(x, y, epochs=1, verbose=0)  # sampled objective
+    >>> sorted(model.evaluate(x, y, verbose=0, return_dict=True))  # exact
+    ['loss', 'perplexity']
+    """
+
+    def __init__(self, head=None, head_name=None, name="head_loss",
+                 reduction="sum_over_batch_size", dtype=None):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        if head is not None:
+            if not isinstance(head, SoftmaxHead):
+                raise ValueError(
+                    "`head` must be a keras_softmax_heads head (a SoftmaxHead). "
+                    f"Received: head={head!r}"
+                )
+            head.training_output = "contexts"
+            _BOUND_HEADS.add(head)
+            head_name = head.name
+        elif head_name is None:
+            raise ValueError(
+                "HeadLoss needs the model's output head: HeadLoss(head). "
+                "Received: head=None"
+            )
+        self.head = head
+        self.head_name = head_name
+
+    @classmethod
+    def from_config(cls, config):
+        loss = cls(**config)
+        loss._resolve_head(required=False)  # the head loaded just before
+        return loss
+
+    def _resolve_head(self, required=True):
+        if self.head is None:
+            free = [h for h in context_output_heads(self.head_name) if h not in _BOUND_HEADS]
+            if not free:
+                if not required:
+                    return None
+                raise ValueError(
+                    f"This HeadLoss (restored from a saved model) could not "
+                    f"find its head {self.head_name!r} among the loaded heads. "
+                    "Compile again with `loss=keras_softmax_heads.HeadLoss(head)`."
+                )
+            self.head = free[-1]
+            _BOUND_HEADS.add(self.head)
+        return self.head
+
+    def call(self, y_true, y_pred):
+        head = self._resolve_head()
+        targets = ops.convert_to_tensor(y_true)
+        if head.last_output == "contexts":
+            h = ops.squeeze(y_pred, axis=-2)
+            if len(targets.shape) == len(h.shape):  # targets [..., 1]
+                targets = ops.squeeze(targets, axis=-1)
+            return head.training_loss(h, targets, training=True)
+        if len(targets.shape) == len(y_pred.shape):
+            targets = ops.squeeze(targets, axis=-1)
+        log_p = ops.log(y_pred) if head.return_probabilities else y_pred
+        return -nll_terms(log_p, targets)
+
+    def get_config(self):
+        config = super().get_config()
+        config["head_name"] = self.head_name
+        return config
+
+
+def nll_terms(log_probs, targets):
+    """`log_probs[..., targets]` (`[..., V]`, `[...]` -> `[...]`), float32."""
+    targets = ops.cast(targets, "int32")
+    picked = ops.take_along_axis(
+        ops.cast(log_probs, "float32"), ops.expand_dims(targets, -1), axis=-1
+    )
+    return ops.squeeze(picked, -1)
