@@ -7,10 +7,9 @@ loss touches only a few rows of the output matrix (`SampledSoftmax`, `NCE`,
 `weights`), like `HierarchicalSoftmax`. Scoring a set of candidate words is
 then a row gather whose gradient is sparse (`tf.IndexedSlices`, `[S, d]`).
 With the contract's `[d, V]` layout the gradient of a column gather is a
-dense `[d, V]` tensor built by `unsorted_segment_sum` and a transpose (1.6 GB
-at `V = 793k`, `d = 512`): a forward + backward sampled-softmax step with
-`N = 2048`, 1024 samples took 5.4 s with a `[d, V]` kernel against 49 ms with
-`[V, d]` (CPU, graph mode, 2 shared cores). `output_kernel()` still
+dense `[d, V]` tensor built by `unsorted_segment_sum` and a transpose, so
+every step would cost `O(V d)` time and memory whatever the number of
+samples (measurement: `docs/head_contract.md`, "Weight layout"). `output_kernel()` still
 returns the `[d, V]` matrix (a transpose) for code that needs it, and
 `logits()` multiplies by the word-major matrix directly.
 """
