@@ -31,7 +31,8 @@ When the number of scores is static (always under XLA) both work in tiles of
 about `TILE_ELEMENTS` scores inside `tf.while_loop`s. The loop keeps a tile in
 cache and, more importantly under XLA, stops the compiler from fusing the
 softplus / cumulative-sum table computation into every lookup (one fusion
-for the whole step re-computes the `O(K)`-deep tables per score).
+for the whole step re-computes the `[K]` tables, softplus and cumulative
+sum, for every score).
 
 What a PLIF step costs beyond Linear-Softmax is inherent to the histogram
 and memory-bound on a CPU: the `N * V`-element weighted histogram (a serial
