@@ -18,13 +18,14 @@ compares them with the layer's own step:
 
 `floor = cluster + 2 x read rows` (one read forward, one backward, not
 counting the gradient write) is a lower bound on the step on this machine;
-`--full-seconds` (the full-softmax step of `bench_large_vocab.py`, 34.3 s
-for the chunked full softmax at V = 793k on the 2-core CPU) turns the
-times into speed-ups.
+`--full-seconds` (the full-softmax step of `bench_large_vocab.py`; the
+default is the chunked full softmax at V = 793k in
+`docs/results/bench_large_vocab.json`) turns the times into speed-ups.
+Results: `docs/results/hsm_floor.json`, discussed in `docs/hierarchical.md`.
 
 `--measure-full` times the other side instead, and only that: the fastest
 exact full-softmax train step we could fit at these shapes. It stores one
-`[N, V]` float32 logits tensor (6.5 GB at V = 793k, N = 2048; ~18 GB peak)
+`[N, V]` float32 logits tensor (6.5 GB at V = 793k, N = 2048)
 and does the three `N x d x V` products of a dense step (the chunked loss of
 the library recomputes the logits: four), with no bias (one pass fewer, so
 a conservative reference). The library's dense `FullSoftmax` does not fit at

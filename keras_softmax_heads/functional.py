@@ -20,7 +20,7 @@ the same work with two scatter-adds and keeps more `[N, V]` tensors.
 
 `plif` (any shape) has a custom gradient that saves `z` and the int32
 interval index and computes both histograms with `DenseBincount`
-(multi-threaded partial histograms in TensorFlow's CPU kernel, 5-10x faster
+(multi-threaded partial histograms in TensorFlow's CPU kernel, much faster
 than `unsorted_segment_sum`; a scatter-add under XLA).
 `plif_log_likelihood` (the PLIF head's training path) also fuses PLIF with
 `log_softmax` and the target lookup: its backward pass recomputes the PLIF
@@ -31,20 +31,16 @@ When the number of scores is static (always under XLA) both work in tiles of
 about `TILE_ELEMENTS` scores inside `tf.while_loop`s. The loop keeps a tile in
 cache and, more importantly under XLA, stops the compiler from fusing the
 softplus / cumulative-sum table computation into every lookup (one fusion
-for the whole step re-computes the tables per score: the straightforward
-PLIF step then costs 2.3x Linear-Softmax instead of 1.5x).
+for the whole step re-computes the `[K]` tables, softplus and cumulative
+sum, for every score).
 
-Measured on a 2-core CPU (N=2048, K=1e5, forward + backward,
-`benchmarks/bench_exact_heads.py`, median of 5 rounds, 2026-11-23), the
-PLIF head costs 1.48x (V=10k, d=512) to 1.92x (V=33k, d=256) FullSoftmax
-wall time under XLA, 1.38x-1.63x CPU time (the straightforward version
-1.84x-2.35x; ~5-8% less with `TILE_HISTOGRAM = "complex_scatter"`), and
-1.64x-3.0x in graph mode (1.90x-3.46x). What remains is inherent to the
-histogram and memory bound on a CPU: the `N * V`-element weighted histogram
-(a serial scatter-add under XLA, ~1 ns per element and moment; it cannot be
-vectorised) and 4-5 extra passes over `[N, V]` (index, lookups,
-recomputation, the histogram's inputs), each costing 3-6% of a
-Linear-Softmax step whose three matrix products take only ~75% of it.
+What a PLIF step costs beyond Linear-Softmax is inherent to the histogram
+and memory-bound on a CPU: the `N * V`-element weighted histogram (a serial
+scatter-add under XLA; it cannot be vectorised) and 4-5 extra passes over
+`[N, V]` (index, lookups, recomputation, the histogram's inputs), next to a
+Linear-Softmax step dominated by its three `N x d x V` matrix products.
+Measured ratios to `FullSoftmax` (`benchmarks/bench_exact_heads.py`) are in
+`docs/plif.md`.
 
 Precision: `dL/ds_j` contains `z - l_j`, the position of a score inside an
 interval of width `2T/K` (4e-4 by default); float32 rounding of `z`
@@ -114,10 +110,10 @@ TILE_HISTOGRAM = "bincount"
 `"bincount"` (default): two `DenseBincount`s per tile (TensorFlow's
 multi-threaded CPU kernel in graph mode, two scatter-adds under XLA).
 `"complex_scatter"`: one `tensor_scatter_nd_add` of `A + iB` into a complex
-loop-carried buffer: ~5% faster for the whole step under XLA, ~1.5x slower
-in graph mode (TensorFlow's scatter-add CPU kernel is serial). Measured at
-N=2048, d=256, V=10k, K=1e5 on a 2-core CPU; set it to
-`"complex_scatter"` for XLA-only training.
+loop-carried buffer: one scatter instead of two, so somewhat faster under
+XLA, but slower in graph mode (TensorFlow's scatter-add CPU kernel is
+serial, unlike `DenseBincount`); set it to `"complex_scatter"` for XLA-only
+training (measurements in `docs/plif.md`).
 """
 
 
@@ -204,8 +200,8 @@ def _histograms(idx, grad, offset, num_knots):
     """Per interval: `A_i = sum grad`, `B_i = sum grad * offset` (any shapes).
 
     `DenseBincount` with weights: multi-threaded partial histograms in
-    TensorFlow's CPU kernel (5-10x faster than `unsorted_segment_sum` or a
-    scatter-add), a scatter-add under XLA.
+    TensorFlow's CPU kernel (much faster than `unsorted_segment_sum` or a
+    scatter-add, which are serial there), a scatter-add under XLA.
     """
     idx = tf.reshape(idx, [-1])
 
@@ -316,7 +312,7 @@ def _plif_tiled(z, raw, knot_bound, tile):
     The same function and custom gradient, with `tf.while_loop`s over the
     tiles: under XLA the loop keeps each tile in cache and the `[K]` tables
     materialised (as one fusion, XLA re-computes the softplus and the
-    cumulative sum inside every lookup, ~2x slower for the whole step).
+    cumulative sum inside every lookup, which dominates the step).
     """
     size = z.shape[0]
     num_knots = raw.shape[0]

@@ -7,7 +7,7 @@ compiles with `jit_compile=True`. TensorFlow's own samplers
 and therefore `tf.nn.sampled_softmax_loss` / `tf.nn.nce_loss` when they sample
 for you) are stateful CPU kernels that XLA cannot compile; `tf.searchsorted`
 does compile but XLA lowers it to a comparison against the whole table
-(`O(V)` per sample: 3 s for 1024 samples at `V = 793k` on CPU).
+(`O(V)` per sample, `O(S V)` for `S` samples; see `docs/head_contract.md`).
 
 Distributions `q` over the `V` word ids:
 
@@ -212,7 +212,8 @@ def alias_table(probs):
     alias = np.arange(size, dtype=np.int64)
     if np.all(scaled == scaled[0]):
         return threshold, alias
-    # Plain Python lists: the loop touches every word once (~1 s at V=793k).
+    # Plain Python lists: the loop touches every word once (O(V) Python steps,
+    # cheaper on lists than on NumPy scalars).
     values = scaled.tolist()
     # Zero-probability words last, so they are popped (paired with a large
     # bucket, threshold 0) first and can never be left over with a full bucket.

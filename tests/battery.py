@@ -113,45 +113,15 @@ class HeadBattery:
         t = self.targets()
         weights = np.random.default_rng(3).normal(size=t.shape)
 
-        def objective():
-            ll = head.log_likelihood(h, t)
+        def objective(x):
+            ll = head.log_likelihood(x, t)
             return tf.reduce_sum(tf.cast(ll, tf.float64) * weights)
 
         variables = [w for w in head.trainable_weights]
-        with tf.GradientTape() as tape:
-            tape.watch(h)
-            value = objective()
-        grads = tape.gradient(value, [h] + variables)
-        rng = np.random.default_rng(4)
-        eps = 1e-6
-        for var, grad in zip([h] + variables, grads):
-            name = getattr(var, "path", "inputs")
-            assert grad is not None, f"no gradient for {name}"
-            grad = tf.convert_to_tensor(grad)
-            direction = rng.normal(size=var.shape)
-            analytic = float(np.sum(np.asarray(grad) * direction))
-            if var is h:
-                h0 = h
-                h = h0 + eps * direction
-                up = float(objective())
-                h = h0 - eps * direction
-                down = float(objective())
-                h = h0
-            else:
-                v0 = var.numpy()
-                var.assign(v0 + eps * direction)
-                up = float(objective())
-                var.assign(v0 - eps * direction)
-                down = float(objective())
-                var.assign(v0)
-            numeric = (up - down) / (2 * eps)
-            np.testing.assert_allclose(
-                analytic,
-                numeric,
-                rtol=self.grad_rtol,
-                atol=self.grad_rtol,
-                err_msg=f"gradient mismatch for {name}",
-            )
+        assert_directional_gradients(
+            objective, h, [h] + variables, np.random.default_rng(4),
+            rtol=self.grad_rtol, atol=self.grad_rtol,
+        )
 
     def test_config_round_trip(self, case):
         head = self.built(case)
@@ -313,26 +283,44 @@ class HeadBattery:
 
 def assert_directional_gradients(objective, h, variables, rng, eps=1e-6,
                                  rtol=1e-6, atol=1e-7):
-    """Checks the tape gradients of `objective(h)` with respect to `h` (a
-    float64 tensor, the first of `variables`) and each weight against a
-    central finite difference along a random direction. Returns the
-    gradients (as the tape gives them, e.g. `tf.IndexedSlices`)."""
+    """Checks tape gradients against central finite differences.
+
+    `objective(x)` returns a scalar; `h` is a float64 input tensor and
+    `variables` lists what to differentiate with respect to: `h` itself
+    (usually first) and/or weights (variables). For each, in order, a random
+    direction `u ~ N(0, 1)` is drawn from `rng` and the directional derivative
+    `<grad, u>` of the tape is compared with
+    `(objective(. + eps u) - objective(. - eps u)) / (2 eps)` (for a weight,
+    the variable is moved and restored; for `h`, `objective` is called on
+    the moved tensor). Returns the gradients as the tape gives them (e.g.
+    `tf.IndexedSlices`).
+
+    The battery's `test_gradients_finite_difference` and the tests of heads
+    with fixed samples / rows use this one checker.
+    """
     with tf.GradientTape() as tape:
         tape.watch(h)
         value = objective(h)
     grads = tape.gradient(value, variables)
     for var, grad in zip(variables, grads):
+        name = "inputs" if var is h else getattr(var, "path", getattr(var, "name", "?"))
+        assert grad is not None, f"no gradient for {name}"
         grad = np.asarray(tf.convert_to_tensor(grad))
         direction = rng.normal(size=var.shape)
+        analytic = float(np.sum(grad * direction))
         if var is h:
-            up, down = objective(h + eps * direction), objective(h - eps * direction)
+            up = float(objective(h + eps * direction))
+            down = float(objective(h - eps * direction))
         else:
             v0 = var.numpy()
             var.assign(v0 + eps * direction)
-            up = objective(h)
+            up = float(objective(h))
             var.assign(v0 - eps * direction)
-            down = objective(h)
+            down = float(objective(h))
             var.assign(v0)
-        numeric = (float(up) - float(down)) / (2 * eps)
-        np.testing.assert_allclose(np.sum(grad * direction), numeric, rtol=rtol, atol=atol)
+        numeric = (up - down) / (2 * eps)
+        np.testing.assert_allclose(
+            analytic, numeric, rtol=rtol, atol=atol,
+            err_msg=f"gradient mismatch for {name}",
+        )
     return grads

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from battery import HeadBattery
+from references import numpy_log_softmax
 
 from keras_softmax_heads.heads.differentiated import DifferentiatedSoftmax
 from keras_softmax_heads.heads.differentiated import default_bands
@@ -36,12 +37,6 @@ class TestDifferentiatedBattery(HeadBattery):
         emb = keras.layers.Embedding(self.vocab_size, self.input_dim)
         with pytest.raises(ValueError, match="does not support weight tying"):
             self.cases[case](None, None, token_embedding=emb)
-
-
-def numpy_log_softmax(z):
-    z = z.astype("float64")
-    m = z.max(-1, keepdims=True)
-    return z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
 
 
 def numpy_reference(h, bands, counts, kernels, bias):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from battery import HeadBattery
+from references import numpy_log_softmax
 
 import keras_softmax_heads as ksh
 from keras_softmax_heads import clustering
@@ -58,14 +59,6 @@ class TestHierarchicalDynamicBattery(HeadBattery):
             **kw,
         ),
     }
-
-
-def numpy_log_softmax(z, mask=None):
-    z = z.astype("float64")
-    if mask is not None:
-        z = np.where(mask, z, -np.inf)
-    m = z.max(-1, keepdims=True)
-    return z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
 
 
 def numpy_reference(head, h):

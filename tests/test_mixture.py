@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from battery import HeadBattery
+from references import numpy_plif
 
 import keras_softmax_heads as ksh
 from keras_softmax_heads import functional
@@ -28,21 +29,6 @@ def np_sigsoftmax(a):
     return unnorm / unnorm.sum(-1, keepdims=True)
 
 
-def np_softplus(x):
-    return np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0)
-
-
-def np_plif(x, raw_slopes, bound):
-    """PLIF of Ganea et al. sec. 4 from its definition (knots on [-T, T])."""
-    n = len(raw_slopes)
-    slopes = np_softplus(raw_slopes.astype("float64"))
-    width = 2.0 * bound / n
-    knots = -bound + width * np.arange(n)
-    values_at_knots = -bound + width * np.concatenate([[0.0], np.cumsum(slopes)[:-1]])
-    i = np.clip(np.floor((x + bound) / width), 0, n - 1).astype(int)
-    return values_at_knots[i] + slopes[i] * (x - knots[i])
-
-
 def np_mixture_log_probs(head, h):
     """The papers' formulas in probability space, float64, then the log."""
     w = {v.path.split("/")[-1]: np.asarray(v.numpy(), "float64") for v in head.weights}
@@ -60,7 +46,7 @@ def np_mixture_log_probs(head, h):
         return np.log(np_softmax(mixed @ kernel + bias))
     z = latent @ kernel + bias  # [..., K, V]
     if head.num_knots is not None:
-        z = np_plif(z, w["raw_slopes"], head.knot_bound)
+        z = numpy_plif(z, w["raw_slopes"], head.knot_bound)
     comp = np_sigsoftmax(z) if sig else np_softmax(z)
     return np.log((pi[..., None] * comp).sum(-2))  # sum_k pi_k softmax_k
 
@@ -70,12 +56,6 @@ def randomise(head, seed=0, scale=0.5):
     for w in head.trainable_weights:
         value = w.numpy()
         w.assign((value + scale * rng.normal(size=value.shape)).astype(value.dtype))
-
-
-def np_log_softmax(z):
-    z = z.astype("float64")
-    m = z.max(-1, keepdims=True)
-    return z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
 
 
 # -------------------------------------------------------------------- battery

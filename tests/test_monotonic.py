@@ -2,13 +2,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from battery import HeadBattery
+from references import numpy_log_softmax
+from references import softplus
 
 from keras_softmax_heads.heads.monotonic import MonotonicSoftmax
 from keras_softmax_heads.heads.monotonic import monotonic_mlp
-
-
-def softplus(x):
-    return np.logaddexp(0.0, x)
 
 
 def numpy_mlp(z, raw_u, b, raw_v):
@@ -16,11 +14,6 @@ def numpy_mlp(z, raw_u, b, raw_v):
     z = np.asarray(z, "float64")[..., None]
     pre = softplus(raw_u) * z + b
     return np.sum(softplus(raw_v) / (1.0 + np.exp(-pre)), axis=-1)
-
-
-def numpy_log_softmax(x):
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
 def randomise(head, seed=0, scale=0.5):

@@ -5,31 +5,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from battery import HeadBattery
+from references import numpy_log_softmax
+from references import numpy_plif
+from references import softplus
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.heads.full_softmax import FullSoftmax
 from keras_softmax_heads.heads.plif import PLIFSoftmax
-
-
-def softplus(x):
-    return np.logaddexp(0.0, x)
-
-
-def numpy_plif(z, raw_slopes, knot_bound):
-    """Section 4 of Ganea et al. 2019, float64, the first / last piece
-    extended outside [-T, T]."""
-    z = np.asarray(z, "float64")
-    num_knots = len(raw_slopes)
-    width = 2.0 * knot_bound / num_knots
-    slopes = softplus(np.asarray(raw_slopes, "float64"))
-    left = -knot_bound + width * np.concatenate([[0.0], np.cumsum(slopes)[:-1]])
-    idx = np.clip(np.floor((z + knot_bound) / width), 0, num_knots - 1).astype(int)
-    return left[idx] + slopes[idx] * (z - (-knot_bound + width * idx))
-
-
-def numpy_log_softmax(x):
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
 def dense_ll(z, raw, knot_bound, targets):

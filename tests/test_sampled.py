@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from battery import HeadBattery
 from battery import assert_directional_gradients
+from references import numpy_word_major_scores
 
 import keras_softmax_heads as ksh
 from keras_softmax_heads import samplers
@@ -44,15 +45,6 @@ class TestSampledSoftmaxBattery(HeadBattery):
 
 
 # ------------------------------------------------------------------ helpers
-def numpy_log_softmax(z):
-    z = z.astype("float64")
-    m = z.max(-1, keepdims=True)
-    return z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
-
-
-def numpy_scores(head, h):
-    w = head.kernel.numpy().astype("float64")
-    return h.astype("float64") @ w.T + head.bias.numpy()
 
 
 def numpy_sampled_loss(z, targets, cand, cand_lc, target_lc, mask, remove_hits, log_q):
@@ -97,7 +89,7 @@ def test_numpy_reference_sampled_loss():
                 head.sampled_loss(h, targets, cand, cand_lc, target_lc, candidate_mask=mask)
             )
             assert got.shape == (2, 3) and got.dtype == np.float32
-            z = numpy_scores(head, h.reshape(6, 5))
+            z = numpy_word_major_scores(head, h.reshape(6, 5))
             want = numpy_sampled_loss(
                 z, targets.ravel(), cand, cand_lc, target_lc, mask, remove_hits, log_q
             )

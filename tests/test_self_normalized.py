@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 from battery import HeadBattery
 from battery import assert_directional_gradients
+from references import numpy_word_major_scores
 
 import keras_softmax_heads as ksh
 from keras_softmax_heads.heads.self_normalized import SelfNormalizedSoftmax
@@ -32,7 +33,7 @@ def built_head(v=11, d=5, **kwargs):
 
 
 def numpy_scores(head, h, bound):
-    z = h.astype("float64") @ head.kernel.numpy().T.astype("float64") + head.bias.numpy()
+    z = numpy_word_major_scores(head, h)
     return 10 * np.tanh(z / 5) if bound else z
 
 

@@ -7,111 +7,70 @@ log-likelihood of a target costs `O((C + M) d)` per token, `M` the largest
 cluster, instead of `O(V d)`; the full distribution over all `V` words is
 still available from `call` / `log_probs` (for decoding).
 
-Design notes (see the class docstring for the user-facing summary):
+Design notes (see the class docstring for the user-facing summary;
+measurements behind them are in `docs/hierarchical.md`):
 
 * The word output matrix is stored word-major, `kernel` `[V, d]` (the
   layout of an embedding, so weight tying with a `token_embedding` is the
   same code path). A token's cluster block is then a row gather, `[M, d]`,
-  which is ~5x cheaper on CPU than gathering columns of a `[d, V]` matrix
-  and gives a sparse (`IndexedSlices`) gradient. No parameter is wasted on
-  padding: only the integer table `cluster_words` `[C, M]` is padded.
+  contiguous in memory (cheaper than gathering columns of a `[d, V]`
+  matrix), and its gradient is sparse (`IndexedSlices`). No parameter is
+  wasted on padding: only the integer table `cluster_words` `[C, M]` is
+  padded.
 * Tokens are sorted by cluster and packed into tiles of `tile_size` tokens
   that share a cluster; each tile gathers its cluster block once. The number
   of tiles is bounded statically by
   `K = min(N, (N + (tile_size - 1) * min(C, N)) // tile_size)`, so all shapes
   are static (XLA / TPU) while the gathered weights shrink from `N M d`
-  (one block per token) to `K M d`. At `V = 100k`, `d = 512`, `N = 2048`
-  (random clusters, CPU, graph mode) one NLL + backward step took 13.9 s
-  with one block per token and 0.73 s with tiles of 16; one block per token
-  of a frequency layout (`[2048, 2778, 512]`) did not fit in 23 GB.
+  (one block per token) to `K M d`.
 * Every tile pays for the padded width `M`, so unequal clusters are
   expensive: the layer's own frequency bins are split to at most
   `ceil(V / C)` words by default (`cluster_size_cap="auto"`).
-* Measured cost (`benchmarks/bench_large_vocab.py`, d = 512, N = 2048,
-  Zipfian targets, default frequency clusters, 2-core CPU): the exact NLL +
-  backward step is 10x (V = 10k), 15-19x (100k) and 25x (793k: 1.35 s vs
-  34 s for the chunked full softmax) faster than a full softmax; evaluation
-  7-13x. Not the ~100x a two-level tree promises in FLOPs, because the step
-  is memory-bound: with `C = 1598` clusters (equal-mass bins split to at
-  most 891 words) and 2048 targets, about half of the clusters are hit in
-  every step, and static shapes must cover the worst case: the `K = 1627`
-  tiles gather `K * M = 1.45M` rows (1.8x the 793k-row matrix, padding
-  included, 3 GB at d = 512) and the backward pass writes a gradient of the
-  same size.
-* The floor (`benchmarks/hsm_floor.py`, `docs/results/hsm_floor.json`): in
-  one such batch 834 of the 1,598 clusters are hit, 265k distinct word rows
-  (540 MB at d = 512; the expected count is the same). Over two runs,
-  reading them once took 0.08-0.09 s (graph) / 0.12-0.14 s (XLA) and the
-  cluster-level softmax alone 0.055-0.09 s / 0.045-0.065 s, so
-  `cluster + 2 x read` = 0.22-0.35 s is a lower bound on any exact step
-  here (the gradient write not counted): ~105-170x over a 37 s full
-  softmax. On a quieter machine (2026-11-24, the JSON): read 0.050 s,
-  cluster 0.062 s, floor 0.162 s (graph; XLA 0.234 s), i.e. 154x over the
-  fastest exact full-softmax step that fits (24.9 s, `--measure-full`).
-  The static step is ~5-6x that bound (1.0 s); `static_shapes=False` ~1.6x
-  (0.26 s in the same run).
-* Tried and not kept (2026-11-23, same shapes): (1) a `tf.while_loop` over
-  the tiles actually used (dynamic trip count, static shapes inside), each
-  reading its cluster's `[M, d]` window of a cluster-contiguous kernel in
-  place, with a custom gradient: the XLA forward drops to 0.23 s, but XLA
-  runs the loop on one core (~100-300 us per 1.8 MB window) and has no
-  public in-place slice update, so accumulating the `[V, d]` gradient costs
-  ~0.3 s (a single-slice scatter per tile) and the step stays at 1.4 s;
-  in graph mode the loop's per-iteration overhead makes it slower (0.29 s
-  at V = 10k vs 0.035 s). (2) Dynamic shapes in graph mode: one row gather
-  per (target, word) pair (382k pairs), segment log-sum-exp and a custom
-  sparse gradient: 1.0 s train, 0.36 s eval (the `[pairs, d]` gathers and
-  segment sums). Reaching the floor needs a fused kernel (one pass per hit
-  cluster, multi-threaded), which public TensorFlow / XLA ops do not give.
+* The static step is memory-bound, not FLOP-bound, so it is far from the
+  `O(V / (C + M))` saving a two-level tree promises in multiply-adds: with
+  Zipfian targets a batch hits a large fraction of the clusters, and static
+  shapes must cover the worst case, so the `K` tiles gather `K * M` rows
+  (more rows than `V` at large `V`, padding included) and the backward pass
+  writes a gradient of the same size. Any exact step must at least compute
+  the cluster-level softmax and read (forward) and write (backward) the rows
+  of the clusters a batch hits; `benchmarks/hsm_floor.py` measures that
+  floor.
+* Alternatives tried and not kept: a `tf.while_loop` over the tiles actually
+  used (dynamic trip count, static shapes inside) reading each cluster's
+  window of a cluster-contiguous kernel in place, with a custom gradient
+  (XLA runs such a loop on one core and has no public in-place slice
+  update, so accumulating the `[V, d]` gradient dominates; in graph mode the
+  per-iteration overhead dominates); and, in graph mode, one row gather per
+  (target, word) pair with segment log-sum-exp and a custom sparse gradient
+  (the `[pairs, d]` gathers and segment sums dominate). Reaching the floor
+  needs a fused kernel (one pass per hit cluster, multi-threaded), which
+  public TensorFlow / XLA ops do not give.
 * `static_shapes=False` (kept; graph mode on CPU / GPU, not XLA / TPU)
   drops the static worst case instead: only the tiles a batch uses are
   built (data-dependent shapes), and clusters are grouped in size classes
   (`size_class_widths`: `M, ceil(M/1.2), ...` down to `ceil(M/2)`, then
-  halving down to 1), each with its own tiles (about 4096 word scores per
-  token row, at most 64 tokens), so a tile pads its cluster by less than
-  1.2x in the wide classes, which hold most rows (the rare words, split to
-  the cap `M`), and less than 2x below. At V = 793k, N = 2048 the batch
-  above gathers 296k rows in 838 tiles (the static path: 1.45M), within
-  1.12x of the 265k rows hit (with halving classes only: 326k rows, and a
-  ~6% slower step). A custom gradient recomputes nothing: it returns one
-  `IndexedSlices` for the word embeddings and bias, and
-  `d ll / d s = onehot - softmax` per tile. The step is then bounded by
-  memory traffic of the gathered blocks (gather, forward product, the two
-  backward products, the concatenation of the classes' gradients) plus the
-  cluster softmax; in a CPU-time profile (2026-11-24) the batched products
-  are ~41% of the op time, gathers ~17%, the cluster softmax's products
-  ~16%, the concatenation ~8%, and one segment sum into `[N, d]` per size
-  class ~8% (now a single gather through `slot_of_token`).
-  Measured (`docs/results/bench_hsm_793k_runs.json`, 2026-11-24: rounds
-  of `python benchmarks/hsm_floor.py --measure-full` then
-  `benchmarks/bench_large_vocab.py`, graph mode, fresh process per row,
-  best of 5): train step 0.269 / 0.261 s with this code (two rounds),
-  i.e. 132x / 136x the library's exact full softmax at this size (the
-  chunked loss, 35.4-35.5 s: four products; the dense head does not fit in
-  24 GB) and 92x / 97x the fastest exact full-softmax step we could fit
-  (three products, the `[N, V]` logits stored once, no bias: 24.8-25.2 s);
-  one segment sum per size class instead of the final gather measured
-  0.278 / 0.279 / 0.296 s (120-128x / 84-90x). The static path: 0.99-1.08
-  s (33-36x / 23-25x). Peak memory 350-397 MB (static: 6 GB).
-  Evaluation (N = 1024): 0.064-0.066 s, 67-69x the dense full softmax
-  (4.4-4.5 s; static: 0.27-0.29 s, 15-17x). On 2026-11-23, with the
-  halving classes and a noisier machine, the train step measured 0.40-0.48
-  s (77-94x the chunked loss). At V = 100k: 0.13 s train (static 0.18 s);
-  at V = 10k the extra ops make it slower than the static path (0.055 vs
-  0.041 s): it pays for large vocabularies only. Finer classes everywhere
-  (ratio 1.5 or 1.25: 308k / 291k rows) were slower (more ops), coarser
-  (3, 4) no faster.
+  halving down to 1), each with its own tiles (about `DYNAMIC_TILE_SCORES`
+  word scores per token row, at most `DYNAMIC_MAX_TILE` tokens), so a tile
+  pads its cluster by less than 1.2x in the wide classes, which hold most
+  rows (the rare words, split to the cap `M`), and less than 2x below; the
+  rows gathered are then close to the rows hit. A custom gradient
+  recomputes nothing: it returns one `IndexedSlices` for the word
+  embeddings and bias, and `d ll / d s = onehot - softmax` per tile, and
+  the per-slot results go back to the tokens with one gather
+  (`slot_of_token`) rather than one segment sum per size class. The step is
+  then bounded by the memory traffic of the gathered blocks (gather,
+  forward product, the two backward products, the concatenation of the
+  classes' gradients) plus the cluster softmax. Its extra ops make it pay
+  for large vocabularies only; at small `V` the static path is faster.
 * `tile_size` trades gathered rows (fewer with larger tiles) against padded
-  word scores (`K * tile_size * M`, more with larger tiles). At V = 793k,
-  N = 2048: graph mode 1.28 s (16), 0.90 s (4), 0.93 s (2); under XLA
-  1.46 s (16), 2.33 s (8), 1.94 s (4) (XLA's batched product of tiny tiles
-  is slow). The default, 16, is the better choice under XLA; in graph mode
-  `tile_size=4` is ~1.4x faster at this size.
+  word scores (`K * tile_size * M`, more with larger tiles). The default,
+  16, suits XLA, whose batched product of tiny tiles is slow; in graph mode
+  a smaller `tile_size` (e.g. 4) can be faster at large `V`.
 * The layout (`cluster_of_word`, `position_in_cluster`, `cluster_words`,
   `cluster_sizes`) is stored as non-trainable int32 weights, so it is saved
   in `.keras` files with the other weights; `get_config` stores only the
   layout's shape (`num_clusters`, `max_cluster_size`), never the `V`-long
-  lists (heavy at `V = 793k`).
+  lists (heavy at large `V`).
 """
 
 import math
@@ -251,14 +210,10 @@ def size_class_widths(max_cluster_size, ratio=None, top_ratio=None):
 
 # `static_shapes=False`: a class of width `w` packs `clip(DYNAMIC_TILE_SCORES
 # // w, 1, DYNAMIC_MAX_TILE)` tokens per tile (4 at w = 891, 64 at w <= 64).
-# One quiet run at V = 793k, N = 2048 (graph mode, train step): 0.41 s with
-# 1024, 0.40 s with 2048, 0.37 s with 4096 (the tiles' extra rows are cheap
-# next to the gathered blocks).
-# `TOP_CLASS_RATIO`: at the same shapes (2026-11-24, alternating runs, best
-# of 7 each): 0.271 / 0.272 s with no finer top classes (ratio 2 throughout),
-# 0.275 / 0.260 s with 1.1, 0.265 / 0.271 s with 1.15, 0.252 / 0.259 /
-# 0.257 / 0.255 / 0.252 / 0.263 s with 1.2, 0.268 / 0.255 s with 1.33; going
-# on with 1.2 down to M / 4 gave no more (0.263 / 0.258 s).
+# Larger tiles are slightly faster (their extra padded rows are cheap next to
+# the gathered blocks). TOP_CLASS_RATIO splits the widest classes (which hold
+# most rows) more finely than SIZE_CLASS_RATIO. Both were tuned at V = 793k;
+# the runs are in docs/hierarchical.md.
 DYNAMIC_TILE_SCORES = 4096
 DYNAMIC_MAX_TILE = 64
 SIZE_CLASS_RATIO = 2.0

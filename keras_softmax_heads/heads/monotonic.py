@@ -136,9 +136,8 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
     this reason). Memory: the naive broadcast holds `[N, V, K]` for the
     backward pass; here a custom gradient sums the units one at a time and
     saves only `z`, so the extra memory is `O(N V)` whatever `K`. Measured
-    (2-core CPU, N=2048, d=256, V=10k, K=16, `benchmarks/bench_exact_heads.py`):
-    7.4x the FullSoftmax step time and 2.0x its peak step memory under XLA
-    (9x CPU time and 2.4x memory in graph mode).
+    step time and memory relative to `FullSoftmax`
+    (`benchmarks/bench_exact_heads.py`) are in `docs/plif.md`.
 
     Args:
         vocab_size: int, number of words `V` (or omit and pass

@@ -39,20 +39,18 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
     `chunk_size` set the loss goes through the chunked vocabulary-tiled path
     instead (see `PointwiseSoftmaxHead`).
 
-    Speed (2-core CPU, N=2048 tokens, K=1e5, forward + backward, median
-    ratio to `FullSoftmax` measured in the same process,
-    `benchmarks/bench_exact_heads.py`, V in {10k, 33k}, d in {256, 512}):
-    1.48x-1.92x wall, 1.38x-1.63x CPU time under XLA (`jit_compile=True`,
-    Keras' default for these models; the straightforward PLIF 1.84x-2.35x),
-    1.64x-3.0x in plain graph mode (1.90x-3.46x); the ratio is lowest at
-    d=512, where the matrix products weigh more. Peak step memory 1.00x-1.04x
-    under XLA, 1.01x-1.52x in graph mode (straightforward: 2.0x-3.0x).
-    With `keras_softmax_heads.functional.TILE_HISTOGRAM = "complex_scatter"` XLA
-    gains ~5-8% more, at the price of graph mode. The paper's "negligible" is a
-    GPU statement: on a memory-bound CPU the slopes' gradient, a weighted
+    Cost: `O(N V)` on top of Linear-Softmax's `O(N V d)`, whatever `K`
+    (plus `O(K)` for the slope tables). The paper's "negligible" is a GPU
+    statement: on a memory-bound CPU the slopes' gradient, a weighted
     histogram of all `N V` scores into `K` intervals (a serial scatter-add
     under XLA), and the extra passes over `[N, V]` for the index and the
-    lookups remain (see the module docstring of `keras_softmax_heads.functional`).
+    lookups remain, so the ratio to `FullSoftmax` is lowest at large `d`,
+    where the matrix products weigh more (see the module docstring of
+    `keras_softmax_heads.functional`; measured ratios in `docs/plif.md`). Peak step
+    memory stays close to `FullSoftmax`'s, unlike the straightforward PLIF
+    (automatic differentiation of two gathers), which keeps several more
+    `[N, V]` tensors. `keras_softmax_heads.functional.TILE_HISTOGRAM =
+    "complex_scatter"` trades graph-mode speed for a little XLA speed.
 
     Args:
         vocab_size: int, number of words `V` (or omit and pass

@@ -8,8 +8,8 @@ Scoring `S` candidate words is then a row gather whose gradient is sparse
 (`tf.IndexedSlices`, `[S, d]`, O(S d) memory). With the contract's `[d, V]`
 layout the gradient of a column gather is a dense `[d, V]` tensor built by a
 segment sum and a transpose: O(V d) memory and time per step, which at large
-`V` costs far more than the sampled loss itself (measurements:
-`docs/results/bench_large_vocab.json`). `output_kernel()` still returns the
+`V` costs far more than the sampled loss itself (measurement:
+`docs/head_contract.md`, "Weight layout"). `output_kernel()` still returns the
 `[d, V]` matrix (a transpose) for code that needs it, and `logits()`
 multiplies by the word-major matrix directly.
 """
