@@ -25,6 +25,7 @@ def _vocab(v, kw):
 
 
 class TestHierarchicalBattery(HeadBattery):
+    avoids_full_scores_in_training = True
     cases = {
         # Frequency clusters from counts (C = ceil(sqrt(13)) = 4), tiles of 16.
         "frequency": lambda v, d, **kw: HierarchicalSoftmax(
@@ -43,6 +44,7 @@ class TestHierarchicalBattery(HeadBattery):
 
 class TestHierarchicalDynamicBattery(HeadBattery):
     """`static_shapes=False`: data-dependent tiles (graph mode only)."""
+    avoids_full_scores_in_training = True
 
     jit_compatible = False
     cases = {
