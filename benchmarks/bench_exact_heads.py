@@ -15,7 +15,7 @@ Heads (each optional with `--heads`):
 * `plif_naive`: the same head with the straightforward PLIF (two gathers,
   automatic differentiation, no fused loss): what `PLIFSoftmax` improves on;
 * `mos`, `moc`: `MixtureOfSoftmaxes` / `MixtureOfContexts` with
-  `--mixture-components` components, when `keras_softmax_heads.heads.mixture`
+  `--mixture-components` components, when `keras_softmax_heads.heads.mixture_of_softmaxes`
   is importable.
 
 Time: for each (V, d, mode) one process builds every head on the same `h`,
@@ -69,22 +69,22 @@ def make_head(name, vocab, args):
 
         return FullSoftmax(vocab)
     if name == "sigsoftmax":
-        from keras_softmax_heads.heads.sigsoftmax import SigSoftmax
+        from keras_softmax_heads.heads.sig_softmax import SigSoftmax
 
         return SigSoftmax(vocab)
     if name == "monotonic":
-        from keras_softmax_heads.heads.monotonic import MonotonicSoftmax
+        from keras_softmax_heads.heads.monotonic_softmax import MonotonicSoftmax
 
         return MonotonicSoftmax(vocab, num_units=args.mono_units)
     if name in ("plif", "plif_naive"):
-        from keras_softmax_heads.heads.plif import PLIFSoftmax
+        from keras_softmax_heads.heads.plif_softmax import PLIFSoftmax
 
         if name == "plif":
             return PLIFSoftmax(
                 vocab, num_knots=args.plif_knots, knot_bound=args.plif_bound
             )
         from keras_softmax_heads import functional
-        from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
+        from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 
         class NaivePLIF(PLIFSoftmax):
             """Two gathers + autodiff, dense `log_softmax` loss."""
@@ -97,7 +97,7 @@ def make_head(name, vocab, args):
         return NaivePLIF(vocab, num_knots=args.plif_knots, knot_bound=args.plif_bound)
     if name in ("mos", "moc"):
         try:
-            from keras_softmax_heads.heads import mixture
+            from keras_softmax_heads.heads import mixture_of_softmaxes as mixture
         except ImportError:
             return None
         cls = getattr(

@@ -145,7 +145,7 @@ def _full(a):
 
 def _sampled(sampler):
     def make(a):
-        from keras_softmax_heads.heads.sampled import SampledSoftmax
+        from keras_softmax_heads.heads.sampled_softmax import SampledSoftmax
 
         return SampledSoftmax(
             a.v, num_sampled=a.num_sampled, sampler=sampler, counts=a.counts, seed=0
@@ -168,7 +168,7 @@ def _nce(a):
 
 def _self_normalized(variant):
     def make(a):
-        from keras_softmax_heads.heads.self_normalized import SelfNormalizedSoftmax
+        from keras_softmax_heads.heads.self_normalized_softmax import SelfNormalizedSoftmax
 
         return SelfNormalizedSoftmax(
             a.v, variant=variant, gamma=GAMMA, score_bound=variant == "weaknorm_sq",
@@ -179,19 +179,19 @@ def _self_normalized(variant):
 
 
 def _hierarchical(a):
-    from keras_softmax_heads.heads.hierarchical import HierarchicalSoftmax
+    from keras_softmax_heads.heads.hierarchical_softmax import HierarchicalSoftmax
 
     return HierarchicalSoftmax(a.v, counts=a.counts)
 
 
 def _hierarchical_dynamic(a):
-    from keras_softmax_heads.heads.hierarchical import HierarchicalSoftmax
+    from keras_softmax_heads.heads.hierarchical_softmax import HierarchicalSoftmax
 
     return HierarchicalSoftmax(a.v, counts=a.counts, static_shapes=False)
 
 
 def _differentiated(a, chunk_size=None):
-    from keras_softmax_heads.heads.differentiated import DifferentiatedSoftmax
+    from keras_softmax_heads.heads.differentiated_softmax import DifferentiatedSoftmax
 
     return DifferentiatedSoftmax(a.v, counts=a.counts, chunk_size=chunk_size)
 
@@ -387,8 +387,8 @@ def run_child(row, v, n, mode, phase, args):
 
 
 OPTIONAL_MODULES = {
-    "HierarchicalSoftmax": "keras_softmax_heads.heads.hierarchical",
-    "DifferentiatedSoftmax": "keras_softmax_heads.heads.differentiated",
+    "HierarchicalSoftmax": "keras_softmax_heads.heads.hierarchical_softmax",
+    "DifferentiatedSoftmax": "keras_softmax_heads.heads.differentiated_softmax",
 }
 
 

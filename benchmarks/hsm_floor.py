@@ -47,7 +47,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from keras_softmax_heads.heads.hierarchical import HierarchicalSoftmax  # noqa: E402
+from keras_softmax_heads.heads.hierarchical_softmax import HierarchicalSoftmax  # noqa: E402
 
 
 def best_time(fn, repeats):

@@ -430,7 +430,7 @@ def plif_log_likelihood(z, raw_slopes, knot_bound, targets):
         knot_bound: float `T > 0`.
         targets: integer tensor `[...]` (the leading shape of `z`). Ids
             outside `[0, V)` are clipped (validate them beforehand, e.g. with
-            `heads.base.check_targets` / `nan_if_invalid`).
+            `heads.head_utils.check_targets` / `nan_if_invalid`).
 
     Returns:
         float32 (float64 for float64 `z`) tensor of shape `targets.shape`.

@@ -6,8 +6,8 @@ import weakref
 import keras
 from keras import ops
 
-from keras_softmax_heads.heads.base import SoftmaxHead
-from keras_softmax_heads.heads.base import context_output_heads
+from keras_softmax_heads.heads.softmax_head import SoftmaxHead
+from keras_softmax_heads.heads.softmax_head import context_output_heads
 
 
 # Heads already bound to a HeadLoss (weakly held): a restored HeadLoss takes

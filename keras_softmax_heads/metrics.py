@@ -4,7 +4,7 @@ metric."""
 import keras
 from keras import ops
 
-from keras_softmax_heads.heads.base import context_output_heads
+from keras_softmax_heads.heads.softmax_head import context_output_heads
 from keras_softmax_heads.losses import nll_terms
 
 

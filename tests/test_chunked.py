@@ -27,7 +27,7 @@ from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import chunked_mixture_nll
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.chunked import tile_width
-from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
+from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 
 RTOL = 1e-5
 
@@ -449,7 +449,7 @@ def test_mixture_tied_layout_and_leading_dims():
 def test_mixture_of_softmaxes_head_inputs():
     """Fed with `MixtureOfSoftmaxes`' own priors / latents, the chunked mixture
     equals the head's exact log-likelihood (all three component variants)."""
-    mixture = pytest.importorskip("keras_softmax_heads.heads.mixture")
+    mixture = pytest.importorskip("keras_softmax_heads.heads.mixture_of_softmaxes")
     rng = np.random.default_rng(0)
     h = rng.normal(size=(2, 5, 6)).astype("float32")
     y = rng.integers(0, 17, size=(2, 5))

@@ -8,8 +8,8 @@ import tensorflow as tf
 from battery import HeadBattery
 from references import numpy_log_softmax
 
-from keras_softmax_heads.heads.differentiated import DifferentiatedSoftmax
-from keras_softmax_heads.heads.differentiated import default_bands
+from keras_softmax_heads.heads.differentiated_softmax import DifferentiatedSoftmax
+from keras_softmax_heads.heads.differentiated_softmax import default_bands
 
 V, D = 13, 6
 # Not sorted by id: the frequency ranking is a real permutation.

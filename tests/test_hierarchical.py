@@ -10,9 +10,9 @@ from references import numpy_log_softmax
 
 import keras_softmax_heads as ksh
 from keras_softmax_heads import clustering
-from keras_softmax_heads.heads.hierarchical import HierarchicalSoftmax
-from keras_softmax_heads.heads.hierarchical import size_class_widths
-from keras_softmax_heads.heads.hierarchical import split_large_clusters
+from keras_softmax_heads.heads.hierarchical_softmax import HierarchicalSoftmax
+from keras_softmax_heads.heads.hierarchical_softmax import size_class_widths
+from keras_softmax_heads.heads.hierarchical_softmax import split_large_clusters
 
 V, D = 13, 6
 COUNTS = np.array([90, 50, 30, 20, 12, 9, 7, 5, 4, 3, 2, 1, 1])

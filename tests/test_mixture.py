@@ -9,8 +9,8 @@ from references import numpy_plif
 
 import keras_softmax_heads as ksh
 from keras_softmax_heads import functional
-from keras_softmax_heads.heads.mixture import MixtureOfContexts
-from keras_softmax_heads.heads.mixture import MixtureOfSoftmaxes
+from keras_softmax_heads.heads.mixture_of_contexts import MixtureOfContexts
+from keras_softmax_heads.heads.mixture_of_softmaxes import MixtureOfSoftmaxes
 
 # --------------------------------------------------------------- NumPy oracle
 

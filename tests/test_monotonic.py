@@ -5,8 +5,8 @@ from battery import HeadBattery
 from references import numpy_log_softmax
 from references import softplus
 
-from keras_softmax_heads.heads.monotonic import MonotonicSoftmax
-from keras_softmax_heads.heads.monotonic import monotonic_mlp
+from keras_softmax_heads.heads.monotonic_softmax import MonotonicSoftmax
+from keras_softmax_heads.heads.monotonic_softmax import monotonic_mlp
 
 
 def numpy_mlp(z, raw_u, b, raw_v):

@@ -86,7 +86,7 @@ def _text(nb):
 
 
 def test_quickstart_notebook(tmp_path):
-    _require("keras_softmax_heads.heads.plif")
+    _require("keras_softmax_heads.heads.plif_softmax")
     nb, _ = _execute("quickstart.ipynb", tmp_path)
     text = _text(nb)
     assert "perplexity floor" in text and "reloaded test perplexity" in text
@@ -95,10 +95,10 @@ def test_quickstart_notebook(tmp_path):
 @pytest.mark.slow  # its parts are covered by test_synthetic_bottleneck / test_rank
 def test_softmax_bottleneck_notebook(tmp_path):
     _require(
-        "keras_softmax_heads.heads.plif",
-        "keras_softmax_heads.heads.sigsoftmax",
-        "keras_softmax_heads.heads.monotonic",
-        "keras_softmax_heads.heads.mixture",
+        "keras_softmax_heads.heads.plif_softmax",
+        "keras_softmax_heads.heads.sig_softmax",
+        "keras_softmax_heads.heads.monotonic_softmax",
+        "keras_softmax_heads.heads.mixture_of_softmaxes",
     )
     nb, workdir = _execute("softmax_bottleneck.ipynb", tmp_path)
     text = _text(nb)

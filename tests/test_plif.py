@@ -11,7 +11,7 @@ from references import softplus
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.heads.full_softmax import FullSoftmax
-from keras_softmax_heads.heads.plif import PLIFSoftmax
+from keras_softmax_heads.heads.plif_softmax import PLIFSoftmax
 
 
 def dense_ll(z, raw, knot_bound, targets):

@@ -14,8 +14,8 @@ from references import numpy_word_major_scores
 
 import keras_softmax_heads as ksh
 from keras_softmax_heads import samplers
-from keras_softmax_heads.heads.sampled import SampledSoftmax
-from keras_softmax_heads.heads.sampled import sampled_softmax_nll
+from keras_softmax_heads.heads.sampled_softmax import SampledSoftmax
+from keras_softmax_heads.heads.sampled_softmax import sampled_softmax_nll
 
 
 def zipf_counts(v):

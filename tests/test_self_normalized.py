@@ -11,8 +11,8 @@ from battery import assert_directional_gradients
 from references import numpy_word_major_scores
 
 import keras_softmax_heads as ksh
-from keras_softmax_heads.heads.self_normalized import SelfNormalizedSoftmax
-from keras_softmax_heads.heads.self_normalized import weaknorm_nll
+from keras_softmax_heads.heads.self_normalized_softmax import SelfNormalizedSoftmax
+from keras_softmax_heads.heads.self_normalized_softmax import weaknorm_nll
 
 
 class TestSelfNormalizedBattery(HeadBattery):

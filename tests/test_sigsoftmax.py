@@ -6,7 +6,7 @@ from references import numpy_log_sigmoid
 from references import numpy_log_softmax
 
 from keras_softmax_heads import functional
-from keras_softmax_heads.heads.sigsoftmax import SigSoftmax
+from keras_softmax_heads.heads.sig_softmax import SigSoftmax
 
 
 def numpy_log_g(z, output_fn, epsilon=1e-6):

@@ -17,10 +17,10 @@ SCRIPT = REPO_ROOT / "examples" / "synthetic_bottleneck.py"
 
 _HEAD_MODULES = {
     "softmax": "keras_softmax_heads.heads.full_softmax",
-    "mos": "keras_softmax_heads.heads.mixture",
-    "lms": "keras_softmax_heads.heads.monotonic",
-    "plif": "keras_softmax_heads.heads.plif",
-    "sigsoftmax": "keras_softmax_heads.heads.sigsoftmax",
+    "mos": "keras_softmax_heads.heads.mixture_of_softmaxes",
+    "lms": "keras_softmax_heads.heads.monotonic_softmax",
+    "plif": "keras_softmax_heads.heads.plif_softmax",
+    "sigsoftmax": "keras_softmax_heads.heads.sig_softmax",
 }
 
 

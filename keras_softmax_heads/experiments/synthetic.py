@@ -241,15 +241,15 @@ def make_head(name, vocab_size, config):
 
         return FullSoftmax(vocab_size, **kwargs)
     if name == "mos":
-        from keras_softmax_heads.heads.mixture import MixtureOfSoftmaxes
+        from keras_softmax_heads.heads.mixture_of_softmaxes import MixtureOfSoftmaxes
 
         return MixtureOfSoftmaxes(vocab_size, num_components=config.mos_components, **kwargs)
     if name == "lms":
-        from keras_softmax_heads.heads.monotonic import MonotonicSoftmax
+        from keras_softmax_heads.heads.monotonic_softmax import MonotonicSoftmax
 
         return MonotonicSoftmax(vocab_size, num_units=config.lms_units, **kwargs)
     if name == "plif":
-        from keras_softmax_heads.heads.plif import PLIFSoftmax
+        from keras_softmax_heads.heads.plif_softmax import PLIFSoftmax
 
         return PLIFSoftmax(
             vocab_size,
@@ -258,7 +258,7 @@ def make_head(name, vocab_size, config):
             **kwargs,
         )
     if name == "sigsoftmax":
-        from keras_softmax_heads.heads.sigsoftmax import SigSoftmax
+        from keras_softmax_heads.heads.sig_softmax import SigSoftmax
 
         return SigSoftmax(vocab_size, **kwargs)
     raise ValueError(f"Unknown model. Expected one of {list(MODEL_NAMES)}. Received: {name!r}")

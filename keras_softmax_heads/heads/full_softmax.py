@@ -1,7 +1,7 @@
 """Linear-Softmax: the baseline head."""
 
 import keras
-from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
+from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")

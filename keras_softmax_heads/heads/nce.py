@@ -11,7 +11,7 @@ from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHe
 from keras_softmax_heads.heads.head_utils import check_num_sampled
 from keras_softmax_heads.validation import check_seed
 from keras_softmax_heads.heads.head_utils import build_sampler_tables
-from keras_softmax_heads.heads.sampled import placeholder_counts
+from keras_softmax_heads.heads.sampled_softmax import placeholder_counts
 
 
 def nce_nll(target_logits, noise_logits, noise_weight):

@@ -15,16 +15,16 @@ import keras
 #: Head name -> (module, class name). Aliases are listed in `HEAD_ALIASES`.
 HEADS = {
     "full_softmax": ("keras_softmax_heads.heads.full_softmax", "FullSoftmax"),
-    "sigsoftmax": ("keras_softmax_heads.heads.sigsoftmax", "SigSoftmax"),
-    "monotonic": ("keras_softmax_heads.heads.monotonic", "MonotonicSoftmax"),
-    "plif": ("keras_softmax_heads.heads.plif", "PLIFSoftmax"),
-    "mixture_of_softmaxes": ("keras_softmax_heads.heads.mixture", "MixtureOfSoftmaxes"),
-    "mixture_of_contexts": ("keras_softmax_heads.heads.mixture", "MixtureOfContexts"),
-    "sampled_softmax": ("keras_softmax_heads.heads.sampled", "SampledSoftmax"),
+    "sigsoftmax": ("keras_softmax_heads.heads.sig_softmax", "SigSoftmax"),
+    "monotonic": ("keras_softmax_heads.heads.monotonic_softmax", "MonotonicSoftmax"),
+    "plif": ("keras_softmax_heads.heads.plif_softmax", "PLIFSoftmax"),
+    "mixture_of_softmaxes": ("keras_softmax_heads.heads.mixture_of_softmaxes", "MixtureOfSoftmaxes"),
+    "mixture_of_contexts": ("keras_softmax_heads.heads.mixture_of_contexts", "MixtureOfContexts"),
+    "sampled_softmax": ("keras_softmax_heads.heads.sampled_softmax", "SampledSoftmax"),
     "nce": ("keras_softmax_heads.heads.nce", "NCE"),
-    "self_normalized": ("keras_softmax_heads.heads.self_normalized", "SelfNormalizedSoftmax"),
-    "hierarchical": ("keras_softmax_heads.heads.hierarchical", "HierarchicalSoftmax"),
-    "differentiated": ("keras_softmax_heads.heads.differentiated", "DifferentiatedSoftmax"),
+    "self_normalized": ("keras_softmax_heads.heads.self_normalized_softmax", "SelfNormalizedSoftmax"),
+    "hierarchical": ("keras_softmax_heads.heads.hierarchical_softmax", "HierarchicalSoftmax"),
+    "differentiated": ("keras_softmax_heads.heads.differentiated_softmax", "DifferentiatedSoftmax"),
 }
 
 HEAD_ALIASES = {

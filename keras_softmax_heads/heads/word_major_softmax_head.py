@@ -17,7 +17,7 @@ multiplies by the word-major matrix directly.
 import keras
 from keras import ops
 
-from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
+from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.heads.head_utils import check_targets
 from keras_softmax_heads.heads.head_utils import nan_if_invalid
 

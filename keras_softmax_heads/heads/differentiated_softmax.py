@@ -40,7 +40,7 @@ from keras import ops
 
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
-from keras_softmax_heads.heads.base import SoftmaxHead
+from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.head_utils import build_context_checks
 from keras_softmax_heads.heads.head_utils import check_targets
 from keras_softmax_heads.heads.head_utils import nan_if_invalid
@@ -197,7 +197,7 @@ class DifferentiatedSoftmax(SoftmaxHead):
     Example:
 
     >>> import numpy as np
-    >>> from keras_softmax_heads.heads.differentiated import DifferentiatedSoftmax
+    >>> from keras_softmax_heads.heads.differentiated_softmax import DifferentiatedSoftmax
     >>> counts = np.array([1, 50, 3, 20, 2, 9, 4, 1, 7, 5])
     >>> head = DifferentiatedSoftmax(10, bands=[(2, 4), (3, 2), (5, 1)], counts=counts)
     >>> h = np.random.rand(2, 3, 7).astype("float32")

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
+from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 
 
 def _softplus_inverse(y):
@@ -157,7 +157,7 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
     Example:
 
     >>> import numpy as np
-    >>> from keras_softmax_heads.heads.monotonic import MonotonicSoftmax
+    >>> from keras_softmax_heads.heads.monotonic_softmax import MonotonicSoftmax
     >>> head = MonotonicSoftmax(vocab_size=7, num_units=4)
     >>> log_p = head(np.random.rand(2, 3, 5).astype("float32"))
     >>> tuple(log_p.shape)

@@ -175,7 +175,7 @@ class SampledSoftmax(WordMajorSoftmaxHead):
     Example:
 
     >>> import numpy as np
-    >>> from keras_softmax_heads.heads.sampled import SampledSoftmax
+    >>> from keras_softmax_heads.heads.sampled_softmax import SampledSoftmax
     >>> head = SampledSoftmax(vocab_size=50, num_sampled=8, seed=0)
     >>> h = np.random.rand(2, 3, 4).astype("float32")
     >>> targets = np.array([[1, 2, 3], [4, 5, 6]])

@@ -5,7 +5,7 @@ import numbers
 import keras
 
 from keras_softmax_heads import functional
-from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
+from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.heads.head_utils import check_targets
 from keras_softmax_heads.heads.head_utils import nan_if_invalid
 
@@ -74,7 +74,7 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
     Example:
 
     >>> import numpy as np
-    >>> from keras_softmax_heads.heads.plif import PLIFSoftmax
+    >>> from keras_softmax_heads.heads.plif_softmax import PLIFSoftmax
     >>> from keras_softmax_heads.heads.full_softmax import FullSoftmax
     >>> h = np.random.default_rng(0).normal(size=(2, 3, 4)).astype("float32")
     >>> head = PLIFSoftmax(vocab_size=7, num_knots=1000, knot_bound=5.0)

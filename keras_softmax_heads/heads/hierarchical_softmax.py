@@ -82,7 +82,7 @@ from keras import ops
 
 from keras_softmax_heads import clustering
 from keras_softmax_heads.clustering import CLUSTERING_STRATEGIES
-from keras_softmax_heads.heads.base import SoftmaxHead
+from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.head_utils import add_constant_weight
 from keras_softmax_heads.heads.head_utils import check_targets
 from keras_softmax_heads.heads.head_utils import nan_if_invalid
@@ -423,7 +423,7 @@ class HierarchicalSoftmax(SoftmaxHead):
     Example:
 
     >>> import numpy as np
-    >>> from keras_softmax_heads.heads.hierarchical import HierarchicalSoftmax
+    >>> from keras_softmax_heads.heads.hierarchical_softmax import HierarchicalSoftmax
     >>> counts = np.array([40, 20, 10, 8, 6, 5, 4, 3, 2, 1])
     >>> head = HierarchicalSoftmax(vocab_size=10, counts=counts)
     >>> head.cluster_assignment.cluster_of_word.tolist()  # last bin split

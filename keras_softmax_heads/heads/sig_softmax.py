@@ -6,7 +6,7 @@ import numbers
 import keras
 
 from keras_softmax_heads import functional
-from keras_softmax_heads.heads.base import PointwiseSoftmaxHead
+from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 
 OUTPUT_FUNCTIONS = ("sigsoftmax", "sigmoid", "relu")
 
@@ -61,7 +61,7 @@ class SigSoftmax(PointwiseSoftmaxHead):
     Example:
 
     >>> import numpy as np
-    >>> from keras_softmax_heads.heads.sigsoftmax import SigSoftmax
+    >>> from keras_softmax_heads.heads.sig_softmax import SigSoftmax
     >>> head = SigSoftmax(vocab_size=7)
     >>> log_p = head(np.random.rand(2, 3, 4).astype("float32"))
     >>> tuple(log_p.shape)

@@ -89,7 +89,7 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
     the paper found it unstable without `score_bound` (section 4.6).
 
     Weights: `kernel` `[V, d]` (word-major, see
-    `keras_softmax_heads.heads.sampled.WordMajorSoftmaxHead`) and `bias`
+    `keras_softmax_heads.heads.sampled_softmax.WordMajorSoftmaxHead`) and `bias`
     `[V]`.
 
     Cost: the target scores gather `N` rows of `W` (sparse gradient); the
@@ -127,7 +127,7 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
     Example:
 
     >>> import numpy as np
-    >>> from keras_softmax_heads.heads.self_normalized import SelfNormalizedSoftmax
+    >>> from keras_softmax_heads.heads.self_normalized_softmax import SelfNormalizedSoftmax
     >>> head = SelfNormalizedSoftmax(vocab_size=30, gamma=0.25, seed=0)
     >>> h = np.random.rand(2, 4, 8).astype("float32")
     >>> targets = np.arange(8).reshape(2, 4)

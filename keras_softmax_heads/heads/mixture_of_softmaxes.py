@@ -1,0 +1,322 @@
+"""`MixtureOfSoftmaxes`: see `keras_softmax_heads.heads.mixture_head` for the shared
+parameterisation."""
+
+
+import keras
+from keras import ops
+
+from keras_softmax_heads import functional
+from keras_softmax_heads.chunked import chunked_mixture_nll
+from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.heads.mixture_head import MixtureHead
+from keras_softmax_heads.heads.mixture_head import is_int
+
+#: Mixture components: softmax (MoS) or sigsoftmax (MoSS).
+COMPONENTS = ("softmax", "sigsoftmax")
+
+
+@keras.saving.register_keras_serializable(package="keras_softmax_heads")
+class MixtureOfSoftmaxes(MixtureHead):
+    """Mixture of Softmaxes (MoS) output head, with MoSS and MoS+PLIF variants.
+
+    From the context vector `h` (dimension `d`) the head computes `K` priors
+    and `K` latent context vectors (Yang et al., 2018)
+
+    `pi = softmax(h W_pi + b_pi)`, `c_k = tanh(h W_k + b_k)`,
+
+    scores every latent against the shared output projection,
+    `z_k = c_k W + b` (`W` is the owned `kernel` `[latent_dim, V]` or the
+    transposed tied `token_embedding`), and mixes the `K` distributions:
+
+    `p(w | h) = sum_k pi_k softmax(g(z_k))_w`,
+
+    evaluated in log space as
+    `log p = logsumexp_k(log pi_k + log_softmax(g(z_k)))` (never the log of a
+    sum of probabilities), all in float32. `g` is the identity for MoS.
+
+    * `component="sigsoftmax"` gives the mixture of sigsoftmax (MoSS, Kanai
+      et al. 2018, eq. 19): the components *and the priors* are sigsoftmax,
+      `sigsoftmax(a)_i = exp(a_i) sigmoid(a_i) / sum_j exp(a_j) sigmoid(a_j)`.
+    * `num_knots=n` gives MoS + PLIF (Ganea et al. 2019, Table 1): one
+      piecewise linear increasing function `g` with `n` intervals on
+      `[-knot_bound, knot_bound]`, shared by all components, is applied to
+      the component scores before their softmax. It is initialised to the
+      identity, so an untrained MoS+PLIF equals MoS.
+
+    The log-probability matrix of a mixture is not limited to rank `d + 2`
+    as Linear-Softmax is (it breaks the "softmax bottleneck").
+
+    Memory: the dense path materialises the `[N, K, V]` component scores
+    (`N` = number of context vectors): `K` times the memory and matmul cost
+    of a Linear-Softmax, and the backward pass keeps tensors of that size
+    too. This is inherent to `call` / `log_probs`, which return the mixture
+    over all `V` words. The dense `log_likelihood` (hence `training_loss` and
+    `HeadModel.evaluate`) avoids the extra `[N, K, V]` log-softmax and the
+    `[N, V]` mixture (it gathers the target score of each component and uses
+    each component's log-sum-exp over `V`) but still computes the
+    `[N, K, V]` scores. With `chunk_size` set, `log_likelihood` and
+    `training_loss` use `keras_softmax_heads.chunked.chunked_mixture_nll`
+    instead: tiles of `[N * K, chunk_size]` scores, never the `[N, K, V]`
+    tensor, at the price of recomputing the tiles in the backward pass.
+
+    Args:
+        vocab_size: int, number of words `V` (or omit and pass
+            `token_embedding`).
+        num_components: int `K >= 1`, number of mixture components
+            (Yang et al. use 15 on PTB; `K = 1` is a Linear-Softmax on
+            `tanh(h W_1 + b_1)`).
+        latent_dim: int, dimension of the latent context vectors `c_k`, which
+            is also the input dimension of the output projection. `None`
+            (default) uses the input dimension `d`. With a tied
+            `token_embedding` it must equal the embedding's `output_dim`.
+        latent_dropout: float in `[0, 1)`, dropout rate on the latent context
+            vectors, active only in training (`call(..., training=True)`,
+            `training_loss(..., training=True)`, `fit`).
+        component: `"softmax"` (MoS) or `"sigsoftmax"` (MoSS: sigsoftmax
+            components and priors).
+        num_knots: `None` (no PLIF) or int `>= 1`, the number of PLIF
+            intervals (MoS + PLIF).
+        knot_bound: float `T > 0`, the PLIF knots cover `[-T, T]`; outside,
+            the first and last pieces extend linearly.
+        token_embedding: optional `keras.layers.Embedding` `[V, latent_dim]`
+            to tie the output projection to.
+        use_bias: bool, add a per-word output bias (default `True`).
+        kernel_initializer, bias_initializer: initializers of the output
+            projection and bias.
+        prior_initializer: initializer of the prior kernel `[d, K]` (its bias
+            starts at zero).
+        latent_initializer: initializer of the latent kernel
+            `[d, K * latent_dim]` (its bias starts at zero).
+        seed: optional int, seed of the latent dropout.
+        chunk_size: optional int >= 1. If set, `log_likelihood` and
+            `training_loss` compute the exact NLL in vocabulary tiles of this
+            width (`chunked_mixture_nll`) without the `[N, K, V]` scores;
+            `None` (default) uses the dense path.
+        return_probabilities: bool, `call` returns probabilities instead of
+            log-probabilities.
+
+    Call arguments:
+        inputs: context vectors, float tensor `[..., d]`.
+        training: bool, enables the latent dropout.
+
+    Returns:
+        float32 log-probabilities `[..., V]` (`logsumexp` over the last axis
+        is 0).
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_softmax_heads.heads.mixture_of_softmaxes import MixtureOfSoftmaxes
+    >>> head = MixtureOfSoftmaxes(vocab_size=7, num_components=3)
+    >>> log_p = head(np.random.rand(2, 5, 4).astype("float32"))
+    >>> tuple(log_p.shape)
+    (2, 5, 7)
+    >>> bool(np.allclose(np.exp(log_p).sum(-1), 1.0, atol=1e-5))
+    True
+    >>> moss = MixtureOfSoftmaxes(7, num_components=3, component="sigsoftmax")
+    >>> plif = MixtureOfSoftmaxes(7, num_components=3, num_knots=100)
+    >>> tuple(plif(np.zeros((2, 4), "float32")).shape)
+    (2, 7)
+
+    Exact training loss in vocabulary tiles, without the `[N, K, V]` scores:
+
+    >>> tiled = MixtureOfSoftmaxes(7, num_components=3, chunk_size=3)
+    >>> h, y = np.zeros((2, 5, 4), "float32"), np.ones((2, 5), "int32")
+    >>> tuple(tiled.training_loss(h, y).shape)
+    (2, 5)
+
+    References:
+        - Breaking the softmax bottleneck: Yang et al., 2018.
+          https://arxiv.org/abs/1711.03953
+        - Sigsoftmax (mixture of sigsoftmax, eq. 19): Kanai et al., 2018.
+          https://arxiv.org/abs/1805.10829
+        - Breaking the softmax bottleneck via learnable monotonic pointwise
+          non-linearities (MoS + PLIF): Ganea et al., 2019.
+          https://arxiv.org/abs/1902.08077
+    """
+
+    def __init__(
+        self,
+        vocab_size=None,
+        num_components=4,
+        latent_dim=None,
+        latent_dropout=0.0,
+        component="softmax",
+        num_knots=None,
+        knot_bound=10.0,
+        token_embedding=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        prior_initializer="glorot_uniform",
+        latent_initializer="glorot_uniform",
+        seed=None,
+        chunk_size=None,
+        return_probabilities=False,
+        **kwargs,
+    ):
+        super().__init__(
+            vocab_size=vocab_size,
+            num_components=num_components,
+            latent_dim=latent_dim,
+            latent_dropout=latent_dropout,
+            token_embedding=token_embedding,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            prior_initializer=prior_initializer,
+            latent_initializer=latent_initializer,
+            seed=seed,
+            chunk_size=chunk_size,
+            return_probabilities=return_probabilities,
+            **kwargs,
+        )
+        if component not in COMPONENTS:
+            raise ValueError(
+                f"`component` must be one of {COMPONENTS}. "
+                f"Received: component={component!r}"
+            )
+        if num_knots is not None and (not is_int(num_knots) or num_knots < 1):
+            raise ValueError(
+                "`num_knots` must be None (no PLIF) or an integer >= 1. "
+                f"Received: num_knots={num_knots!r}"
+            )
+        if (
+            isinstance(knot_bound, bool)
+            or not isinstance(knot_bound, (int, float))
+            or not knot_bound > 0
+        ):
+            raise ValueError(
+                "`knot_bound` must be a number > 0. "
+                f"Received: knot_bound={knot_bound!r}"
+            )
+        self.component = component
+        self.num_knots = None if num_knots is None else int(num_knots)
+        self.knot_bound = float(knot_bound)
+
+    def build_head(self, input_shape):
+        self.raw_slopes = None
+        if self.num_knots is not None:
+            self.raw_slopes = self.add_weight(
+                name="raw_slopes",
+                shape=(self.num_knots,),
+                initializer=keras.initializers.Constant(
+                    functional.plif_identity_raw_slope()
+                ),
+            )
+
+    def _prior_log_normaliser(self, prior_logits):
+        if self.component == "sigsoftmax":
+            return functional.log_sigsoftmax(prior_logits, axis=-1)
+        return ops.log_softmax(prior_logits, axis=-1)
+
+    def _component_scores(self, latent):
+        """Unnormalised component log-scores `[N, K, V]`, float32.
+
+        `g(z_k)` for `log_softmax`: `z_k`, PLIF(`z_k`), and for sigsoftmax the
+        additional `log sigmoid` term (`log_sigsoftmax(z) = log_softmax(z -
+        softplus(-z))`).
+        """
+        z = self._project(latent)
+        if self.raw_slopes is not None:
+            slopes = ops.cast(self.raw_slopes, self.accumulation_dtype)
+            z = functional.plif(z, slopes, self.knot_bound)
+        if self.component == "sigsoftmax":
+            z = functional.log_sigmoid_scores(z)
+        return z
+
+    def _chunk_transform(self):
+        """`(transform_fn, params)`: the component transform, chunked loss."""
+        sig = self.component == "sigsoftmax"
+        if self.raw_slopes is None:
+            return (functional.log_sigmoid_scores if sig else None), []
+        bound = self.knot_bound
+
+        def transform(z, raw_slopes):
+            z = functional.plif(z, ops.cast(raw_slopes, z.dtype), bound)
+            return functional.log_sigmoid_scores(z) if sig else z
+
+        return transform, [self.raw_slopes]
+
+    def logits(self, inputs, training=None):
+        """Component scores `z_k = c_k W + b`, float32 `[..., K, V]`.
+
+        These are the linear scores of the `K` components (before PLIF and
+        the sigsoftmax term), not a `[..., V]` tensor like other heads'
+        `logits`: a mixture has no single score vector.
+        """
+        inputs = self._check_inputs(inputs)
+        _, latent = self._priors_and_latents(inputs, training)
+        z = self._project(latent)
+        return ops.reshape(
+            z, tuple(ops.shape(inputs)[:-1]) + (self.num_components, self.vocab_size)
+        )
+
+    def component_log_probs(self, inputs, training=None):
+        """`log pi_k` `[..., K]` and component log-probabilities `[..., K, V]`."""
+        inputs = self._check_inputs(inputs)
+        log_priors, latent = self._priors_and_latents(inputs, training)
+        comp = ops.log_softmax(self._component_scores(latent), axis=-1)
+        lead = tuple(ops.shape(inputs)[:-1])
+        return (
+            ops.reshape(log_priors, lead + (self.num_components,)),
+            ops.reshape(comp, lead + (self.num_components, self.vocab_size)),
+        )
+
+    def log_probs(self, inputs, training=None):
+        """Exact mixture log-probabilities, float32 `[..., V]`."""
+        inputs = self._check_inputs(inputs)
+        log_priors, latent = self._priors_and_latents(inputs, training)
+        comp = ops.log_softmax(self._component_scores(latent), axis=-1)
+        log_p = ops.logsumexp(ops.expand_dims(log_priors, -1) + comp, axis=1)
+        return ops.reshape(log_p, self._output_shape_of(inputs))
+
+    def log_likelihood(self, inputs, targets, training=None):
+        """Exact `log p(targets | inputs)`, float32 of shape `targets.shape`.
+
+        Gathers the target's score in each component and subtracts that
+        component's log-sum-exp over the vocabulary, so neither the
+        `[N, K, V]` log-softmax nor the `[N, V]` mixture is formed.
+        """
+        inputs = self._check_inputs(inputs)
+        targets = check_targets(targets, self.vocab_size)
+        log_priors, latent = self._priors_and_latents(inputs, training)
+        if self.chunk_size is not None:
+            kernel, transposed = self._chunk_kernel()
+            transform, params = self._chunk_transform()
+            nll = chunked_mixture_nll(
+                latent,
+                log_priors,
+                kernel,
+                self.bias,
+                targets,
+                transform_fn=transform,
+                transform_params=params,
+                chunk_size=self.chunk_size,
+                kernel_transposed=transposed,
+            )
+            return nan_if_invalid(-nll, targets, self.vocab_size)
+        scores = self._component_scores(latent)  # [N, K, V]
+        lse = ops.logsumexp(scores, axis=-1)  # [N, K]
+        flat_t = ops.clip(ops.reshape(targets, (-1, 1, 1)), 0, self.vocab_size - 1)
+        idx = ops.broadcast_to(
+            flat_t, (ops.shape(scores)[0], self.num_components, 1)
+        )
+        target_scores = ops.squeeze(ops.take_along_axis(scores, idx, axis=-1), -1)
+        ll = ops.logsumexp(log_priors + target_scores - lse, axis=-1)  # [N]
+        ll = ops.reshape(ll, ops.shape(targets))
+        return nan_if_invalid(ll, targets, self.vocab_size)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "component": self.component,
+                "num_knots": self.num_knots,
+                "knot_bound": self.knot_bound,
+            }
+        )
+        return config
+
+

@@ -1,0 +1,117 @@
+"""`PointwiseSoftmaxHead`: heads of the form `log_softmax(g(h W + b))`."""
+
+import keras
+from keras import ops
+from keras_softmax_heads.chunked import check_chunk_size
+from keras_softmax_heads.chunked import chunked_pointwise_nll
+from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.heads.softmax_head import SoftmaxHead
+
+
+@keras.saving.register_keras_serializable(package="keras_softmax_heads")
+class PointwiseSoftmaxHead(SoftmaxHead):
+    """A head of the form `log p = log_softmax(g(h W + b))`, `g` pointwise.
+
+    Linear-Softmax (`g` = identity), sigsoftmax and its siblings, and the
+    learnable monotonic functions (MLP, PLIF) share this form. Subclasses
+    implement `score_transform(z)`; the layer normalises in float32.
+    Keeping `g` separate from the normalisation lets a chunked exact loss
+    (tiles over the vocabulary) be written once for all of them.
+
+    With `chunk_size` set, `training_loss` and `log_likelihood` compute the
+    exact negative log-likelihood with
+    `keras_softmax_heads.chunked.chunked_pointwise_nll`: the vocabulary is
+    processed in tiles of `chunk_size` words with an online log-sum-exp and a
+    custom gradient that recomputes the tiles, so neither training nor
+    evaluation ever holds the `[N, V]` scores (peak extra memory
+    `O(N * chunk_size)` plus the kernel's gradient, at the cost of one extra
+    `N x d x V` matrix product per training step). `call` and `log_probs`
+    still return the full `[..., V]` log-probabilities. The chunked scores
+    are the exact float32 products of the inputs (the kernel is read in its
+    variable dtype, float32 under mixed precision), where the dense path
+    multiplies in the compute dtype.
+
+    Args:
+        chunk_size: optional int >= 1, the vocabulary tile width of the
+            chunked exact loss; `None` (default) uses the dense path. See
+            `docs/chunked.md` for how to choose it (4096 to 8192 on CPU).
+        *args, **kwargs: the `SoftmaxHead` arguments (`vocab_size`,
+            `token_embedding`, `use_bias`, ...).
+
+    Example:
+
+    >>> import numpy as np, keras_softmax_heads as ksh
+    >>> h = np.random.default_rng(0).normal(size=(2, 5, 4)).astype("float32")
+    >>> y = np.array([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]])
+    >>> head = ksh.FullSoftmax(10, chunk_size=3)  # tiles of 3, 3, 3 and 1 words
+    >>> loss = head.training_loss(h, y)  # never holds the [2, 5, 10] scores
+    >>> tuple(loss.shape)
+    (2, 5)
+    >>> log_p = np.asarray(head(h))  # `call` still returns [2, 5, 10]
+    >>> dense = -np.take_along_axis(log_p, y[..., None], axis=-1)[..., 0]
+    >>> bool(np.allclose(loss, dense, atol=1e-5))
+    True
+    """
+
+    def __init__(self, *args, chunk_size=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chunk_size = check_chunk_size(chunk_size, default=None)
+
+    def score_transform(self, z):
+        """The pointwise output function `g(z)`; identity by default."""
+        return z
+
+    def log_probs(self, inputs):
+        return ops.log_softmax(self.score_transform(self.logits(inputs)), axis=-1)
+
+    def chunked_projection(self):
+        """The output matrix for the chunked loss: `(matrix, kernel_transposed)`.
+
+        `(kernel [d, V], False)` for an owned `[d, V]` kernel, `(embeddings
+        [V, d], True)` for a tied `token_embedding` or a `word_major` kernel
+        (no transposed copy). A subclass that stores its projection
+        differently may override this method.
+        """
+        if self.token_embedding is not None or self.word_major:
+            return self.output_embeddings(), True
+        return self.kernel, False
+
+    def _chunked_nll(self, inputs, targets):
+        """`-log p(targets)` by `chunked_pointwise_nll`, shape `targets.shape`."""
+        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
+        kernel, transposed = self.chunked_projection()
+        if type(self).score_transform is PointwiseSoftmaxHead.score_transform:
+            transform = None  # identity: no vector-Jacobian product needed
+        else:
+            # The transform may read the head's own weights (PLIF slopes, an
+            # MLP); `chunked_pointwise_nll` returns their gradients.
+            def transform(z):
+                return self.score_transform(z)
+
+        return chunked_pointwise_nll(
+            inputs,
+            kernel,
+            self.bias,
+            targets,
+            transform_fn=transform,
+            chunk_size=self.chunk_size,
+            kernel_transposed=transposed,
+        )
+
+    def log_likelihood(self, inputs, targets):
+        if self.chunk_size is None:
+            return super().log_likelihood(inputs, targets)
+        targets = check_targets(targets, self.vocab_size)
+        ll = -self._chunked_nll(inputs, targets)
+        return nan_if_invalid(ll, targets, self.vocab_size)
+
+    def training_loss(self, inputs, targets, training=True):
+        """`-log_likelihood`: the chunked exact NLL when `chunk_size` is set."""
+        del training
+        return -self.log_likelihood(inputs, targets)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"chunk_size": self.chunk_size})
+        return config
