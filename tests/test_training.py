@@ -150,7 +150,7 @@ def test_ptb_smoke(shared_data_dir, tmp_path):
     config = training.get_config(
         "zaremba_small", dataset="ptb", data_dir=str(shared_data_dir / "ptb"),
         hidden_size=16, embedding_dim=16, epochs=1, steps_per_epoch=3,
-        eval_steps=2, eval_batch_size=4, verbose=0, tensorboard=False,
+        eval_steps=2, eval_batch_size=4, eval_warmup=0, verbose=0, tensorboard=False,
         num_diagnostic_contexts=64)
     results = training.train_and_evaluate(config, str(tmp_path))
     assert results["corpus"]["vocab_size"] == 10000
@@ -243,6 +243,30 @@ def test_eval_windows_cover_every_target_once():
         np.testing.assert_array_equal(last, ids[position[valid]])
 
 
+@pytest.mark.parametrize("batch,warmup,bptt", [(1, 5, 4), (3, 5, 4), (4, 7, 3), (5, 40, 4), (40, 3, 4)])
+def test_eval_windows_warm_up_streams_on_the_split(batch, warmup, bptt):
+    """With `eval_warmup=W`, every target is scored once, and every stream
+    but the first reads the W split tokens before its first target (no cold
+    start); stream 0 starts at the split's first token."""
+    ids = np.random.default_rng(0).integers(0, 20, 37).astype(np.int32)
+    config = training.get_config(bptt=bptt, eval_warmup=warmup)
+    tokens, targets, position = training.eval_windows(config, None, ids, batch)
+    valid = position >= 0
+    assert sorted(position[valid]) == list(range(len(ids) - 1))
+    np.testing.assert_array_equal(targets[valid], ids[position[valid] + 1])
+    np.testing.assert_array_equal(tokens[valid], ids[position[valid]])
+    rows = tokens.transpose(1, 0, 2).reshape(batch, -1)
+    pos = position.transpose(1, 0, 2).reshape(batch, -1)
+    assert pos[0, 0] == 0
+    for b in range(1, batch):
+        if not (pos[b] >= 0).any():
+            continue
+        first = int(np.argmax(pos[b] >= 0))
+        start = pos[b, first]
+        assert first == min(warmup, len(ids) - 1)  # warm-up tokens, unscored
+        np.testing.assert_array_equal(rows[b, :first + 1], ids[start - first:start + 1])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["lstm", "ngram"])
 def test_every_available_head_trains_and_evaluates(tmp_path, model):
@@ -333,7 +357,7 @@ def test_parse_options_words():
 def test_resumable_fields():
     assert training.RESUMABLE_FIELDS == {
         "epochs", "verbose", "checkpoint_every", "keep_checkpoints", "tensorboard",
-        "kill_after_steps", "eval_steps", "eval_batch_size", "eval_bptt",
+        "kill_after_steps", "eval_steps", "eval_batch_size", "eval_bptt", "eval_warmup",
         "strategy", "tpu", "jit_compile", "steps_per_execution",
         "validate_every_epoch", "band_fractions", "num_diagnostic_contexts",
         "data_dir", "deterministic", "mixed_precision", "unroll",
