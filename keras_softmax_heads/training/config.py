@@ -170,6 +170,9 @@ class TrainConfig:
     kill_after_steps: int | None = _field(
         None, "Testing: SIGKILL this process after that many global steps (after the "
         "step's checkpoint, if one is due).", resumable=True)
+    kill_signal: int = _field(
+        9, "Testing: the signal kill_after_steps sends (9: SIGKILL; 15: SIGTERM and 2: "
+        "SIGINT, which stop training at that step with a checkpoint).", resumable=True)
 
     def replace(self, **changes):
         """A copy with `changes` applied (unknown names raise `ValueError`)."""
