@@ -40,9 +40,31 @@ tensorboard/.
 import os
 import sys
 
-# Before TensorFlow is imported: hide its C++ INFO and WARNING lines (oneDNN,
-# CPU features, CUDA not found) unless the user chose a level.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+def _import_tensorflow_quietly():
+    """Imports TensorFlow without its C++ log noise on a CPU machine, unless
+    the user set `TF_CPP_MIN_LOG_LEVEL`: level 2 (no INFO / WARNING lines),
+    3 where there is no NVIDIA device (the `failed call to cuInit` ERROR line
+    is then noise), and the lines TensorFlow prints while loading, before
+    any level applies (oneDNN, CUDA stubs), are dropped: stderr is closed
+    only for the import; an import error is still shown."""
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        import tensorflow  # noqa: F401
+        return
+    gpu = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/dxg")
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2" if gpu else "3"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+_import_tensorflow_quietly()
 
 import json  # noqa: E402
 
