@@ -494,3 +494,37 @@ def test_script_data_errors_are_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: Data directory not found: '{tmp_path / 'nope'}'")
+
+
+@pytest.mark.slow
+def test_script_external_sigterm_mid_epoch_resumes_exactly(tmp_path):
+    """A SIGTERM from outside (as from a scheduler), sent once the log shows
+    epoch 1 validated: the script stops at a step of epoch 2 with a
+    checkpoint, exits 143; the same command resumes from that step and ends
+    as an uninterrupted run."""
+    flags = [f for f in TINY_FLAGS if not f.startswith("--steps_per_epoch")] + [
+        "--steps_per_epoch=100", "--checkpoint_every=1000", "--dropout=0.3"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), f"--model_dir={tmp_path}", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
+    for line in proc.stdout:
+        if "valid perplexity" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("Interrupted at step ") and last.endswith(
+        "(SIGTERM); checkpoint saved. Rerun the same command to resume."), last
+    step = int(last.split()[3])
+    assert 100 <= step <= 200  # 100, 200: at an epoch's end, after its checkpoint
+    resumed = _run_script(flags, tmp_path)
+    assert f"Resuming from step {step} " in resumed.stdout
+    results = json.loads((tmp_path / "results.json").read_text())
+    fresh = training.train_and_evaluate(
+        _tiny_config(steps_per_epoch=100, checkpoint_every=1000, dropout=0.3),
+        str(tmp_path / "fresh"))
+    for split in ("valid", "test"):
+        assert results[split]["perplexity"] == pytest.approx(fresh[split]["perplexity"], rel=1e-6)
