@@ -181,6 +181,29 @@ def test_missing_split_is_reported(tmp_path):
         data.load_ptb(tmp_path / "does_not_exist")
 
 
+@pytest.mark.parametrize("pattern", ["ptb.{}.txt", "wiki.{}.tokens"])
+def test_standard_file_names_are_accepted(tmp_path, pattern):
+    """The public PTB names (`ptb.train.txt`, ...) and WikiText-2's
+    (`wiki.train.tokens`, ...) load like `train.txt`, ..., also from a
+    parent directory; a missing split names the file expected."""
+    reference = data.load_text_corpus(_write_corpus(tmp_path / "plain"))
+    named = tmp_path / "named" / "ptb"
+    for split in ("train", "valid", "test"):
+        named.mkdir(parents=True, exist_ok=True)
+        (named / pattern.format(split)).write_text(
+            (tmp_path / "plain" / f"{split}.txt").read_text())
+    for directory in (named, named.parent):
+        corpus = data.load_ptb(directory, verify_checksums=False)
+        assert corpus.vocab == reference.vocab
+        np.testing.assert_array_equal(corpus.test, reference.test)
+    from keras_softmax_heads.data.text import resolve_split_paths
+
+    assert resolve_split_paths(named)["valid"] == named / pattern.format("valid")
+    (named / pattern.format("test")).unlink()
+    with pytest.raises(FileNotFoundError, match=pattern.format("test").replace(".", r"\.")):
+        data.load_ptb(named, verify_checksums=False)
+
+
 def test_missing_split_in_tfds_manual_dir(tmp_path):
     manual = _write_corpus(tmp_path / "manual", valid=None)
     builder = tfds.builder("ptb_lm", data_dir=str(tmp_path / "tfds"))

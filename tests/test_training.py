@@ -136,21 +136,35 @@ def test_resume_after_sigkill_loses_nothing(tmp_path, model):
         assert a["valid_perplexity"] == pytest.approx(b["valid_perplexity"], rel=1e-6)
 
 
-def test_finished_run_is_not_retrained_and_other_config_is_refused(tmp_path):
+def test_finished_run_is_not_retrained_and_other_config_is_refused(tmp_path, capsys):
     config = _tiny_config(epochs=1, steps_per_epoch=2, validate_every_epoch=False)
     first = training.train_and_evaluate(config, str(tmp_path))
-    again = training.train_and_evaluate(config, str(tmp_path))
+    stamp = (tmp_path / "results.json").stat().st_mtime_ns
+    again = training.train_and_evaluate(config.replace(verbose=1), str(tmp_path))
+    assert again.pop("already_finished") is True
+    assert again == json.loads((tmp_path / "results.json").read_text())
     assert again["test"]["nll"] == pytest.approx(first["test"]["nll"], rel=1e-6)
-    assert again["training"]["steps_per_second"] is None  # nothing trained
-    with pytest.raises(ValueError, match="hidden_size"):
+    assert (tmp_path / "results.json").stat().st_mtime_ns == stamp  # nothing rewritten
+    assert "already holds this finished run" in capsys.readouterr().out
+    # Other settings: refused, naming the field, before anything is written.
+    config_json = (tmp_path / "config.json").read_text()
+    with pytest.raises(ValueError, match=r"hidden_size: 8 -> 9"):
         training.train_and_evaluate(config.replace(hidden_size=9), str(tmp_path))
+    assert (tmp_path / "config.json").read_text() == config_json
+    # More epochs: the finished run is resumed, not restarted.
+    more = training.train_and_evaluate(config.replace(epochs=2), str(tmp_path))
+    assert [h["epoch"] for h in more["history"]] == [1, 2] and "already_finished" not in more
+    # overwrite=True: a new run, even with other settings.
+    other = training.train_and_evaluate(config.replace(hidden_size=9), str(tmp_path),
+                                        overwrite=True)
+    assert other["config"]["hidden_size"] == 9 and len(other["history"]) == 1
 
 
 def test_ptb_smoke(shared_data_dir, tmp_path):
     config = training.get_config(
         "zaremba_small", dataset="ptb", data_dir=str(shared_data_dir / "ptb"),
         hidden_size=16, embedding_dim=16, epochs=1, steps_per_epoch=3,
-        eval_steps=2, eval_batch_size=4, verbose=0, tensorboard=False,
+        eval_steps=2, eval_batch_size=4, eval_warmup=0, verbose=0, tensorboard=False,
         num_diagnostic_contexts=64)
     results = training.train_and_evaluate(config, str(tmp_path))
     assert results["corpus"]["vocab_size"] == 10000
@@ -243,6 +257,30 @@ def test_eval_windows_cover_every_target_once():
         np.testing.assert_array_equal(last, ids[position[valid]])
 
 
+@pytest.mark.parametrize("batch,warmup,bptt", [(1, 5, 4), (3, 5, 4), (4, 7, 3), (5, 40, 4), (40, 3, 4)])
+def test_eval_windows_warm_up_streams_on_the_split(batch, warmup, bptt):
+    """With `eval_warmup=W`, every target is scored once, and every stream
+    but the first reads the W split tokens before its first target (no cold
+    start); stream 0 starts at the split's first token."""
+    ids = np.random.default_rng(0).integers(0, 20, 37).astype(np.int32)
+    config = training.get_config(bptt=bptt, eval_warmup=warmup)
+    tokens, targets, position = training.eval_windows(config, None, ids, batch)
+    valid = position >= 0
+    assert sorted(position[valid]) == list(range(len(ids) - 1))
+    np.testing.assert_array_equal(targets[valid], ids[position[valid] + 1])
+    np.testing.assert_array_equal(tokens[valid], ids[position[valid]])
+    rows = tokens.transpose(1, 0, 2).reshape(batch, -1)
+    pos = position.transpose(1, 0, 2).reshape(batch, -1)
+    assert pos[0, 0] == 0
+    for b in range(1, batch):
+        if not (pos[b] >= 0).any():
+            continue
+        first = int(np.argmax(pos[b] >= 0))
+        start = pos[b, first]
+        assert first == min(warmup, len(ids) - 1)  # warm-up tokens, unscored
+        np.testing.assert_array_equal(rows[b, :first + 1], ids[start - first:start + 1])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["lstm", "ngram"])
 def test_every_available_head_trains_and_evaluates(tmp_path, model):
@@ -333,8 +371,160 @@ def test_parse_options_words():
 def test_resumable_fields():
     assert training.RESUMABLE_FIELDS == {
         "epochs", "verbose", "checkpoint_every", "keep_checkpoints", "tensorboard",
-        "kill_after_steps", "eval_steps", "eval_batch_size", "eval_bptt",
+        "kill_after_steps", "kill_signal", "eval_steps", "eval_batch_size", "eval_bptt",
+        "eval_warmup",
         "strategy", "tpu", "jit_compile", "steps_per_execution",
         "validate_every_epoch", "band_fractions", "num_diagnostic_contexts",
         "data_dir", "deterministic", "mixed_precision", "unroll",
     }
+
+
+# ------------------------------------------------ inference model, resuming
+def test_inference_model_is_stateless_and_equals_the_trained_model(tmp_path):
+    """`inference_model.keras`: any batch size, the same log-probabilities
+    twice, equal to the stateful training model's from a zero state; the
+    README's "Use the trained model" code path (vocab.txt, scoring,
+    sampling)."""
+    config = _tiny_config(epochs=1, steps_per_epoch=3, validate_every_epoch=False)
+    results = training.train_and_evaluate(config, str(tmp_path))
+    files = results["files"]
+    assert files["inference_model"] == os.path.join(str(tmp_path), "inference_model.keras")
+    inference = keras.saving.load_model(files["inference_model"])
+    trained = keras.saving.load_model(files["training_model"])  # stateful, batch 4
+    from keras_softmax_heads.data import load_dataset
+
+    corpus = load_dataset("synthetic", **config.dataset_options)
+    windows = corpus.test[:4 * 6].reshape(4, 6)
+    first = inference.predict(windows[:2], verbose=0)
+    second = inference.predict(windows[:2], verbose=0)
+    np.testing.assert_array_equal(first, second)  # no state carried
+    assert first.shape == (2, 6, 40)
+    trained.backbone.reset_states()
+    expected = np.asarray(trained(windows))[:2]
+    np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-5)
+    # A longer context than the training windows, one row.
+    assert inference.predict(corpus.test[None, :50], verbose=0).shape == (1, 50, 40)
+
+    # The README snippet's code path.
+    from keras_softmax_heads.data import Vocabulary
+
+    vocab = Vocabulary.load(files["vocabulary"])
+    assert vocab.tokens == corpus.vocab.tokens
+    words = vocab.decode(corpus.test[:8])
+    ids = vocab.encode(words)
+    log_probs = inference.predict(ids[None, :-1], verbose=0)[0]  # [T - 1, V]
+    score = float(np.sum(log_probs[np.arange(len(ids) - 1), ids[1:]]))
+    assert np.isfinite(score) and score < 0
+    rng = np.random.default_rng(0)
+    context = list(ids)
+    for _ in range(5):
+        p = np.exp(inference.predict(np.array([context]), verbose=0)[0, -1].astype("float64"))
+        context.append(int(rng.choice(len(p), p=p / p.sum())))
+    assert len(vocab.decode(context[len(ids):])) == 5
+
+
+def test_sigterm_and_damaged_checkpoint_resume_exactly(tmp_path, capsys):
+    """In process: SIGTERM at step 7 saves a checkpoint of step 7 and raises
+    `TrainingInterrupted`; that newest checkpoint truncated, the resume
+    names it, falls back to step 6 and ends as an uninterrupted run."""
+    config = _tiny_config(checkpoint_every=2, dropout=0.3)
+    workdir = tmp_path / "interrupted"
+    handlers = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    with pytest.raises(training.TrainingInterrupted) as info:
+        training.train_and_evaluate(
+            config.replace(kill_after_steps=7, kill_signal=int(signal.SIGTERM)), str(workdir))
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    assert info.value.global_step == 7 and info.value.exit_code == 143
+    assert str(info.value) == ("Interrupted at step 7 (SIGTERM); checkpoint saved. "
+                               "Rerun the same command to resume.")
+    checkpoints = workdir / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["ckpt-0000000006.npz", "ckpt-0000000007.npz"]
+    newest = checkpoints / "ckpt-0000000007.npz"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    capsys.readouterr()
+    resumed = training.train_and_evaluate(config.replace(verbose=1), str(workdir))
+    out = capsys.readouterr()
+    assert f"Skipping damaged checkpoint {newest}" in out.err
+    assert "Resuming from step 6 (epoch 2, step 1 of 5)" in out.out
+    assert (checkpoints / "ckpt-0000000007.npz.damaged").exists()
+    fresh = training.train_and_evaluate(config, str(tmp_path / "fresh"))
+    for split in ("valid", "test"):
+        assert resumed[split]["nll"] == pytest.approx(fresh[split]["nll"], rel=1e-6)
+    # No readable checkpoint at all: one clear refusal.
+    bad = tmp_path / "bad"
+    (bad / "checkpoints").mkdir(parents=True)
+    (bad / "checkpoints" / "ckpt-0000000003.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="No readable checkpoint.*overwrite"):
+        training.train_and_evaluate(config, str(bad))
+    assert not (bad / "config.json").exists()
+
+
+def test_script_sigterm_checkpoints_exits_143_and_resumes(tmp_path):
+    """The script stopped by SIGTERM mid-epoch (sent at step 4 by the test
+    switch): one line, status 143, a checkpoint of step 4; the same command
+    resumes from step 4 and ends as an uninterrupted run."""
+    flags = TINY_FLAGS + ["--dropout=0.3", "--checkpoint_every=3"]
+    proc = _run_script(flags + ["--kill_after_steps=4", "--kill_signal=15"], tmp_path,
+                       check=False)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "Interrupted at step 4 (SIGTERM); checkpoint saved. Rerun the same command to resume.")
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [
+        "ckpt-0000000003.npz", "ckpt-0000000004.npz"]
+    proc = _run_script(flags, tmp_path)
+    assert "Resuming from step 4 (epoch 1, step 4 of 5)" in proc.stdout
+    resumed = json.loads((tmp_path / "results.json").read_text())
+    fresh = training.train_and_evaluate(
+        _tiny_config(dropout=0.3, checkpoint_every=3), str(tmp_path / "fresh"))
+    for split in ("valid", "test"):
+        assert resumed[split]["perplexity"] == pytest.approx(fresh[split]["perplexity"], rel=1e-6)
+    # The same command again: a finished run, not retrained.
+    proc = _run_script(flags, tmp_path)
+    assert proc.stdout.strip().splitlines()[-1] == f"Already finished: {tmp_path}/results.json"
+
+
+def test_script_data_errors_are_one_line(tmp_path):
+    """Expected errors (here a missing data directory) print `error: ...`
+    and exit 2, without a traceback; `--dataset_options` parses `false`."""
+    proc = _run_script(["--dataset=ptb", f"--data_dir={tmp_path / 'nope'}",
+                        "--dataset_options=verify_checksums=false"], tmp_path / "run",
+                       check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: Data directory not found: '{tmp_path / 'nope'}'")
+
+
+@pytest.mark.slow
+def test_script_external_sigterm_mid_epoch_resumes_exactly(tmp_path):
+    """A SIGTERM from outside (as from a scheduler), sent once the log shows
+    epoch 1 validated: the script stops at a step of epoch 2 with a
+    checkpoint, exits 143; the same command resumes from that step and ends
+    as an uninterrupted run."""
+    flags = [f for f in TINY_FLAGS if not f.startswith("--steps_per_epoch")] + [
+        "--steps_per_epoch=100", "--checkpoint_every=1000", "--dropout=0.3"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), f"--model_dir={tmp_path}", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
+    for line in proc.stdout:
+        if "valid perplexity" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("Interrupted at step ") and last.endswith(
+        "(SIGTERM); checkpoint saved. Rerun the same command to resume."), last
+    step = int(last.split()[3])
+    assert 100 <= step <= 200  # 100, 200: at an epoch's end, after its checkpoint
+    resumed = _run_script(flags, tmp_path)
+    assert f"Resuming from step {step} " in resumed.stdout
+    results = json.loads((tmp_path / "results.json").read_text())
+    fresh = training.train_and_evaluate(
+        _tiny_config(steps_per_epoch=100, checkpoint_every=1000, dropout=0.3),
+        str(tmp_path / "fresh"))
+    for split in ("valid", "test"):
+        assert results[split]["perplexity"] == pytest.approx(fresh[split]["perplexity"], rel=1e-6)

@@ -1,7 +1,7 @@
 """Plain-text LM corpora (PTB, WikiText-2): checksums, tokenization, fast loaders.
 
 This is the *fast direct path*: it reads the raw `train.txt`/`valid.txt`/
-`test.txt` files with plain Python + numpy (after verifying their sha256).
+`test.txt` files (or `ptb.train.txt` ..., `wiki.train.tokens` ...) with plain Python + numpy (after verifying their sha256).
 The TFDS builders in `keras_softmax_heads.data.tfds_builders` read the very
 same files with the very same checksums and tokenization; both give
 identical id arrays.
@@ -243,13 +243,32 @@ def encode_train(
 # --------------------------------------------------------------------------
 # Loading from a directory
 # --------------------------------------------------------------------------
+#: File names accepted for the three splits, in the order they are tried:
+#: `train.txt` ..., the PTB names of its public copies (`ptb.train.txt`, as
+#: at `PTB_FILES`' URLs) and WikiText-2's (`wiki.train.tokens`).
+SPLIT_FILE_PATTERNS = ("{split}.txt", "ptb.{split}.txt", "wiki.{split}.tokens")
+
+
+def _split_names(root: pathlib.Path):
+    """The first naming of `SPLIT_FILE_PATTERNS` whose train file is in
+    `root`, as split -> path, or `None`."""
+    for pattern in SPLIT_FILE_PATTERNS:
+        if (root / pattern.format(split="train")).is_file():
+            return {split: root / pattern.format(split=split) for split in SPLITS}
+    return None
+
+
 def resolve_split_paths(
     data_dir: str | os.PathLike, aliases: Iterable[str] = ()
 ) -> dict[str, pathlib.Path]:
-    """Finds `train.txt`, `valid.txt`, `test.txt` in `data_dir`.
+    """Finds the three split files in `data_dir`.
 
-    If `data_dir` itself holds no `train.txt` but one of its sub-directories
-    named in `aliases` (e.g. `ptb/`) does, that sub-directory is used.
+    Accepted names (`SPLIT_FILE_PATTERNS`, tried in this order):
+    `train.txt`/`valid.txt`/`test.txt`, `ptb.train.txt`/`ptb.valid.txt`/
+    `ptb.test.txt` (the public PTB files) and `wiki.train.tokens`/
+    `wiki.valid.tokens`/`wiki.test.tokens` (WikiText-2). If `data_dir`
+    itself holds no train file but one of its sub-directories named in
+    `aliases` (e.g. `ptb/`) does, that sub-directory is used.
 
     Args:
         data_dir: directory with the three split files (or their parent).
@@ -260,22 +279,32 @@ def resolve_split_paths(
 
     Raises:
         FileNotFoundError: if `data_dir` does not exist or a split file is
-            missing (the message names the missing path).
+            missing (the message names the missing path and the accepted
+            names).
     """
     root = pathlib.Path(data_dir).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"Data directory not found: {os.fspath(root)!r}")
-    if not (root / "train.txt").exists():
+    paths = _split_names(root)
+    if paths is None:
         for alias in aliases:
-            if (root / alias / "train.txt").exists():
-                root = root / alias
-                break
-    paths = {split: root / f"{split}.txt" for split in SPLITS}
+            if (root / alias).is_dir():
+                paths = _split_names(root / alias)
+                if paths is not None:
+                    break
+    accepted = "; ".join(
+        ", ".join(p.format(split=s) for s in SPLITS) for p in SPLIT_FILE_PATTERNS)
+    if paths is None:
+        raise FileNotFoundError(
+            f"Missing train split: no train file in {os.fspath(root)!r}"
+            + (f" or its sub-directories {list(aliases)}" if aliases else "")
+            + f". The directory must contain one of: {accepted}."
+        )
     for split, path in paths.items():
         if not path.is_file():
             raise FileNotFoundError(
                 f"Missing {split} split: {os.fspath(path)!r} does not exist. The "
-                f"directory must contain {', '.join(s + '.txt' for s in SPLITS)}."
+                f"directory must contain one of: {accepted}."
             )
     return paths
 

@@ -18,13 +18,15 @@ Modules, one job each:
   `config_from_flags`).
 * `distribute`: `DISTRIBUTION_STRATEGIES`, `make_strategy`, `worker_info`,
   `distribute_dataset` (global batches split between replicas).
-* `builder`: `build_model`, `make_optimizer`, the learning-rate schedule
+* `builder`: `build_model`, `build_inference_model` (the stateless copy
+  saved for inference), `make_optimizer`, the learning-rate schedule
   (`epoch_learning_rate`, `optimizer_learning_rate`), `lstm_unroll`.
 * `inputs`: `train_steps_per_epoch`, `train_dataset`, `eval_windows`.
 * `checkpoints`: `CheckpointManager`, the checkpoint directory and format
   (the resume design is described there).
-* `callbacks`: `StepCallback` (mid-epoch checkpoints, step times, the test
-  kill switch).
+* `callbacks`: `StepCallback` (mid-epoch checkpoints, step times, the
+  training-loss curve, stopping at a signal, the test kill switch),
+  `SignalCatcher`, `TrainingInterrupted`, `ProgressBar`.
 * `evaluation`: `Evaluator` (exact scoring of a split), `Scorer`,
   `compute_diagnostics`.
 * `loop`: `train_and_evaluate` and the multi-worker epoch loop.
@@ -38,13 +40,17 @@ the presets keep the paper's numbers (lr 1.0, clip 5).
 """
 
 from keras_softmax_heads.training import flags
+from keras_softmax_heads.training.builder import build_inference_model
 from keras_softmax_heads.training.builder import build_model
 from keras_softmax_heads.training.builder import epoch_learning_rate
 from keras_softmax_heads.training.builder import loss_time_steps
 from keras_softmax_heads.training.builder import lstm_unroll
 from keras_softmax_heads.training.builder import make_optimizer
 from keras_softmax_heads.training.builder import optimizer_learning_rate
+from keras_softmax_heads.training.callbacks import ProgressBar
+from keras_softmax_heads.training.callbacks import SignalCatcher
 from keras_softmax_heads.training.callbacks import StepCallback
+from keras_softmax_heads.training.callbacks import TrainingInterrupted
 from keras_softmax_heads.training.checkpoints import CheckpointManager
 from keras_softmax_heads.training.config import OPTIMIZERS
 from keras_softmax_heads.training.config import PRESETS
@@ -77,8 +83,12 @@ __all__ = [
     "Evaluator",
     "MultiWorkerEpochRunner",
     "Scorer",
+    "ProgressBar",
+    "SignalCatcher",
     "StepCallback",
+    "TrainingInterrupted",
     "TrainConfig",
+    "build_inference_model",
     "build_model",
     "compute_diagnostics",
     "config_from_flags",

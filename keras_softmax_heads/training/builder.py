@@ -61,6 +61,43 @@ def build_model(config, corpus, batch_size=None, *, compile=True, num_replicas=1
     return model, {"tied": bool(tie), "head": head_name, "input_shape": input_shape}
 
 
+def build_inference_model(config, corpus, model):
+    """A stateless copy of the trained `model` for inference, same weights.
+
+    The training LSTM is stateful with a fixed batch size (its state carried
+    from one window to the next), so calling it twice on the same input
+    gives different log-probabilities and any other batch size fails. The
+    copy built here has `stateful=False`: every call starts from a zero
+    state (a fresh context), any batch size and length work, and `predict`
+    returns exact log-probabilities `[batch, time, V]`. Its outputs equal
+    the training model's after `reset_states()`. The n-gram model has no
+    state; its copy is built the same way.
+
+    Call under no strategy scope (or the default one).
+    """
+    head_name = head_registry.canonical_head_name(config.head)
+    tie = _tie_embeddings(config, head_name)
+    if config.model == "lstm":
+        backbone = _lstm_backbone(config, corpus.vocab_size, None, tie, stateful=False)
+        input_shape = (None, None)
+    else:
+        backbone = _ngram_backbone(config, corpus.vocab_size, tie)
+        input_shape = (None, config.ngram_order - 1)
+    head = head_registry.make_head(
+        head_name,
+        corpus.vocab_size,
+        counts=np.asarray(corpus.vocab.counts),
+        token_embedding=backbone.token_embedding if tie else None,
+        chunk_size=config.chunk_size,
+        init_scale=config.init_scale,
+        **parse_options(config.head_options),
+    )
+    inference = HeadModel(backbone, head)
+    inference.build(input_shape)
+    inference.set_weights(model.get_weights())
+    return inference
+
+
 def _tie_embeddings(config, head_name):
     """`config.tie_embeddings`, with `None` resolved to what the head supports."""
     tie = config.tie_embeddings
@@ -74,7 +111,7 @@ def _tie_embeddings(config, head_name):
     return tie
 
 
-def _lstm_backbone(config, vocab_size, per_replica, tie):
+def _lstm_backbone(config, vocab_size, per_replica, tie, stateful=True):
     def rate(name):
         value = getattr(config, name)
         return config.dropout if value is None else value
@@ -91,11 +128,12 @@ def _lstm_backbone(config, vocab_size, per_replica, tie):
         embedding_dropout=rate("embedding_dropout"),
         hidden_dropout=rate("hidden_dropout"),
         output_dropout=rate("output_dropout"),
-        stateful=True,
+        stateful=stateful,
         batch_size=per_replica,
         init_scale=config.init_scale,
         unit_forget_bias=config.unit_forget_bias,
-        unroll=lstm_unroll(config),
+        # Unrolling needs a fixed window length: not for inference.
+        unroll=lstm_unroll(config) if stateful else False,
     )
 
 

@@ -3,14 +3,17 @@
 Resuming. Keras' `BackupAndRestore` restores at epoch granularity and knows
 nothing of the LSTM state carried across windows or of the position in the
 data stream. Here a checkpoint (`workdir/checkpoints/ckpt-<step>.npz`, written
-to a temporary name and renamed, so a kill never leaves a half-written one)
+to a temporary name, fsynced and renamed, so neither a kill nor a power loss
+leaves a half-written one under the final name)
 holds every model variable (weights and the dropout/sampling RNG states), the
 optimizer variables, the carried LSTM state, the running training-loss
 metric, the epoch and step within the epoch, and the history so far. On
 restart the latest checkpoint is restored and the already consumed batches of
 the interrupted epoch are skipped (`dataset.skip(k)`): the data order is a
 pure function of (seed, epoch), so the resumed run continues exactly where the
-killed one was and ends with the same weights and metrics.
+killed one was and ends with the same weights and metrics. A checkpoint that
+cannot be read (e.g. truncated by a full disk) is reported and skipped: the
+previous one is restored instead.
 
 Format of `ckpt-<global step, 10 digits>.npz` (one `np.savez` archive):
 `model_<i>` (the `i`-th of `model.variables`), `optimizer_<i>`, `carry_<i>`
@@ -26,6 +29,7 @@ import io
 import json
 import os
 import re
+import sys
 import time
 
 import numpy as np
@@ -111,41 +115,66 @@ class CheckpointManager:
         arrays["meta"] = np.array(json.dumps(meta))
         tf.io.gfile.makedirs(self._directory)
         final = os.path.join(self._directory, f"ckpt-{global_step:010d}.npz")
-        tmp = final + f".tmp-{os.getpid()}"
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
-        with tf.io.gfile.GFile(tmp, "wb") as f:
-            f.write(buffer.getvalue())
-        tf.io.gfile.rename(tmp, final, overwrite=True)
+        write_atomically(final, buffer.getvalue())
         for _, path in self.list_checkpoints()[: -self._config.keep_checkpoints]:
             tf.io.gfile.remove(path)
         self._last_saved_step = global_step
 
     # --------------------------------------------------------- restore
     def restore(self):
-        """Restores the latest checkpoint; returns its metadata or `None`.
+        """Restores the latest readable checkpoint; returns its metadata or
+        `None` when there is none.
 
-        Removes temporary files of saves interrupted by a kill. The running
-        metric of a mid-epoch checkpoint is kept until
-        `restore_running_metrics()` puts it back (after Keras resets the
-        metrics at the start of the resumed epoch).
+        A checkpoint that cannot be read (truncated, not a zip archive, a
+        missing array) is skipped with one line on stderr naming the file
+        and the reason, and the previous one is tried; once one is
+        restored, the damaged newer files are renamed `*.damaged` (kept for
+        inspection, out of the way of later resumes). Temporary files of
+        saves interrupted by a kill are removed. The running metric of a
+        mid-epoch checkpoint is kept until `restore_running_metrics()` puts
+        it back (after Keras resets the metrics at the start of the resumed
+        epoch).
 
         Raises:
             ValueError: the checkpoint belongs to a different run (config,
-                steps per epoch or variable counts differ).
+                steps per epoch or variable counts differ), or no checkpoint
+                in the directory can be read (the message says what to do).
         """
         found = self.list_checkpoints()
+        damaged = []
+        for step, path in reversed(found):
+            try:
+                arrays, meta = read_checkpoint(path)
+            except Exception as err:  # any reading failure: try the previous one
+                reason = f"{type(err).__name__}: {err}".strip().rstrip(":")
+                print(f"Skipping damaged checkpoint {path} ({reason}); trying the previous one.",
+                      file=sys.stderr, flush=True)
+                damaged.append(path)
+                continue
+            self.check_resume_config(meta["config"], path)
+            self._check_compatible(meta, path)
+            self._assign(arrays)
+            for bad in damaged:
+                tf.io.gfile.rename(bad, bad + ".damaged", overwrite=True)
+            self._remove_stale_temporaries()
+            self._last_saved_step = step
+            return meta
+        if damaged:
+            raise ValueError(
+                f"No readable checkpoint in {self._directory}: all {len(damaged)} are damaged "
+                f"(newest: {damaged[0]}). Delete that directory (or rerun with --overwrite) "
+                "to train from scratch."
+            )
+        self._remove_stale_temporaries()
+        return None
+
+    def _remove_stale_temporaries(self):
         for stale in tf.io.gfile.glob(os.path.join(self._directory, "*.tmp-*")):
             tf.io.gfile.remove(stale)  # a save interrupted by a kill
-        if not found:
-            return None
-        step, path = found[-1]
-        with tf.io.gfile.GFile(path, "rb") as f:
-            data = np.load(io.BytesIO(f.read()), allow_pickle=False)
-            arrays = {k: data[k] for k in data.files}
-        meta = json.loads(str(arrays["meta"]))
-        self.check_resume_config(meta["config"], path)
-        self._check_compatible(meta, path)
+
+    def _assign(self, arrays):
         for i, v in enumerate(self._model.variables):
             v.assign(arrays[f"model_{i}"])
         for i, v in enumerate(self._model.optimizer.variables):
@@ -157,8 +186,20 @@ class CheckpointManager:
             arrays[f"metric_{i}"] for i in range(len(self._metric_variables()))
             if f"metric_{i}" in arrays
         ] or None
-        self._last_saved_step = step
-        return meta
+
+    def latest_config(self):
+        """The config dict of the newest readable checkpoint, with its
+        path: `(config, path)`, or `(None, None)` without one. Reads only
+        the small `meta` entry; damaged files are skipped silently
+        (`restore` reports them)."""
+        for _, path in reversed(self.list_checkpoints()):
+            try:
+                with tf.io.gfile.GFile(path, "rb") as f:
+                    with np.load(io.BytesIO(f.read()), allow_pickle=False) as data:
+                        return json.loads(str(data["meta"]))["config"], path
+            except Exception:  # damaged: restore() says so
+                continue
+        return None, None
 
     def _check_compatible(self, meta, path):
         if meta["steps_per_epoch"] != self._steps_per_epoch:
@@ -248,3 +289,47 @@ class CheckpointManager:
                 continue
             for part, chunk in zip(parts, chunks):
                 part.assign(chunk)
+
+
+def read_checkpoint(path):
+    """`(arrays, meta)` of the checkpoint file `path`: every array of the
+    archive (read in full, so that a damaged file fails here) and the
+    decoded `meta` dict. Raises whatever reading a damaged file raises
+    (`zipfile.BadZipFile`, `OSError`, `ValueError`, `KeyError`, ...)."""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        raw = f.read()
+    with np.load(io.BytesIO(raw), allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    if "meta" not in arrays:
+        raise KeyError("no 'meta' entry")
+    meta = json.loads(str(arrays["meta"]))
+    return arrays, meta
+
+
+def write_atomically(path, payload):
+    """Writes bytes `payload` to `path` through a temporary file and a
+    rename, so that `path` is either absent or complete. On local paths the
+    file is fsynced before the rename and its directory after it (where
+    the platform allows), so a power loss cannot leave a renamed but empty
+    file; other file systems (`gs://`, ...) get `tf.io.gfile`'s guarantees."""
+    tmp = path + f".tmp-{os.getpid()}"
+    if "://" in path:
+        with tf.io.gfile.GFile(tmp, "wb") as f:
+            f.write(payload)
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+        return
+    with open(tmp, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    try:
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    except OSError:
+        return  # e.g. Windows: directories cannot be opened
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

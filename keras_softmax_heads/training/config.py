@@ -125,6 +125,11 @@ class TrainConfig:
         "stream, Zaremba's test).", resumable=True)
     eval_bptt: int | None = _field(
         None, "Window length for evaluation (none: bptt).", resumable=True)
+    eval_warmup: int = _field(
+        200, "LSTM evaluation with several streams (eval_batch_size > 1): every stream but "
+        "the first reads this many tokens of the split before its first target without "
+        "scoring them, instead of starting cold from a zero state (0: cold starts). Every "
+        "target is still scored exactly once.", resumable=True)
     eval_steps: int | None = _field(
         None, "Cap on evaluation windows (smoke runs; the results are then marked "
         "partial).", resumable=True)
@@ -165,6 +170,9 @@ class TrainConfig:
     kill_after_steps: int | None = _field(
         None, "Testing: SIGKILL this process after that many global steps (after the "
         "step's checkpoint, if one is due).", resumable=True)
+    kill_signal: int = _field(
+        9, "Testing: the signal kill_after_steps sends (9: SIGKILL; 15: SIGTERM and 2: "
+        "SIGINT, which stop training at that step with a checkpoint).", resumable=True)
 
     def replace(self, **changes):
         """A copy with `changes` applied (unknown names raise `ValueError`)."""
@@ -248,6 +256,9 @@ def validate_config(config):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
+    if isinstance(config.eval_warmup, bool) or not isinstance(config.eval_warmup, int) \
+            or config.eval_warmup < 0:
+        raise ValueError(f"`eval_warmup` must be an integer >= 0. Received: {config.eval_warmup!r}")
     for name in ("embedding_dim", "hidden_size", "num_layers", "batch_size",
                  "bptt", "epochs", "steps_per_execution", "keep_checkpoints"):
         positive(name)

@@ -89,8 +89,9 @@ class Evaluator:
             ids: the split's token ids; every token but the first is a target.
             max_windows: optional cap on the evaluation windows (the result
                 is then `partial`).
-            with_contexts: also return the context vectors of the first
-                `with_contexts` targets (in stream order).
+            with_contexts: also return the context vectors of
+                `with_contexts` targets: those of the first windows, in
+                stream order.
 
         Returns:
             A dict: `ll` (float64 `[N]`), `targets` (`[N]`), `partial`
@@ -114,8 +115,10 @@ class Evaluator:
             "partial": partial,
         }
         if with_contexts:
-            per_window = int(np.prod(position.shape[1:]))
-            count = min(windows, -(-with_contexts // per_window))
+            # The fewest windows holding `with_contexts` targets (warm-up
+            # positions hold none).
+            per_window = valid.reshape(windows, -1).sum(axis=1)
+            count = min(windows, int(np.searchsorted(np.cumsum(per_window), with_contexts)) + 1)
             _, h = self._predict(self._context_scorer, tokens, targets, count)
             h = np.asarray(h).reshape(position[:count].shape + (-1,))
             sub_valid = valid[:count]

@@ -5,7 +5,8 @@ resumes from the latest checkpoint (see `checkpoints`), trains epoch by
 epoch with `model.fit` (or, under `MultiWorkerMirroredStrategy`, with
 `MultiWorkerEpochRunner`), validates exactly after each epoch, evaluates
 valid/test exactly at the end, computes the diagnostics and writes
-`results.json` and `model.keras`.
+`results.json`, `model.keras` (the stateful training model) and
+`inference_model.keras` (its stateless copy, for use).
 """
 
 from __future__ import annotations
@@ -14,16 +15,21 @@ import importlib.util
 import json
 import math
 import os
+import tempfile
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_softmax_heads.training.builder import build_inference_model
 from keras_softmax_heads.training.builder import build_model
 from keras_softmax_heads.training.builder import epoch_learning_rate
 from keras_softmax_heads.training.builder import optimizer_learning_rate
+from keras_softmax_heads.training.callbacks import ProgressBar
+from keras_softmax_heads.training.callbacks import SignalCatcher
 from keras_softmax_heads.training.callbacks import StepCallback
+from keras_softmax_heads.training.callbacks import TrainingInterrupted
 from keras_softmax_heads.training.checkpoints import CheckpointManager
 from keras_softmax_heads.training.config import TrainConfig
 from keras_softmax_heads.training.config import parse_options
@@ -37,16 +43,52 @@ from keras_softmax_heads.training.inputs import train_dataset
 from keras_softmax_heads.training.inputs import train_steps_per_epoch
 
 
-def train_and_evaluate(config: TrainConfig, workdir: str) -> dict:
+#: What `train_and_evaluate(..., overwrite=True)` removes from a workdir:
+#: exactly what a run writes there (other files are left alone).
+RUN_OUTPUTS = ("checkpoints", "tensorboard", "workers", "config.json", "results.json",
+               "model.keras", "inference_model.keras", "vocab.txt")
+
+#: Fields that say how a run is executed, not what it computes: a finished
+#: run with other values of these only is the same finished run.
+EXECUTION_FIELDS = frozenset({
+    "verbose", "tensorboard", "checkpoint_every", "keep_checkpoints", "kill_after_steps",
+    "kill_signal", "strategy", "tpu", "jit_compile", "steps_per_execution", "deterministic",
+    "data_dir", "unroll", "mixed_precision",
+})
+
+
+def train_and_evaluate(config: TrainConfig, workdir: str, overwrite: bool = False) -> dict:
     """Trains `config`'s model in `workdir` (resuming if it holds a
-    checkpoint), evaluates it exactly and returns (and writes to
-    `workdir/results.json`) the results.
+    checkpoint of the same run), evaluates it exactly and returns (and
+    writes to `workdir/results.json`) the results.
+
+    What happens with what `workdir` holds:
+
+    * nothing: a new run;
+    * a finished run (`results.json`) of the same settings (up to
+      `EXECUTION_FIELDS`): nothing is trained or evaluated; one line says
+      so and its results are returned, with `"already_finished": True`;
+    * an unfinished run of the same settings (up to `RESUMABLE_FIELDS`;
+      e.g. more `epochs` for a finished one): it resumes from its latest
+      readable checkpoint;
+    * a run of other settings: `ValueError` naming the differing fields;
+      nothing is written.
+
+    `overwrite=True` first deletes what a run writes there (`RUN_OUTPUTS`)
+    and starts a new run.
+
+    A SIGINT or SIGTERM during training saves a checkpoint at the next step
+    and raises `TrainingInterrupted` (rerun to resume there).
 
     Args:
         config: a `TrainConfig` (see `get_config` for presets) or its dict.
-        workdir: directory for checkpoints, TensorBoard logs, the final
-            `model.keras` and `results.json`. Non-chief workers of a
-            multi-worker run use `workdir/workers/worker_<i>`.
+        workdir: directory for checkpoints, TensorBoard logs, the models
+            (`model.keras`: the stateful training model, for resuming;
+            `inference_model.keras`: the stateless copy to use), the
+            vocabulary (`vocab.txt`, `Vocabulary.load`) and `results.json`.
+            Non-chief workers of a multi-worker run use
+            `workdir/workers/worker_<i>`.
+        overwrite: delete a previous run's outputs from `workdir` first.
 
     Returns:
         A JSON-compatible dict: `valid` / `test` (`nll` in nats, `perplexity`,
@@ -54,12 +96,14 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict:
         validation perplexity, seconds), `diagnostics` (entropy per
         frequency band, empirical rank; for the synthetic corpus KL to the
         truth, mode matching and the distance to the entropy floor),
-        `training` (steps, `steps_per_second`), `corpus`, `model` and the
-        config.
+        `training` (steps, `steps_per_second`), `files` (paths of the
+        models, vocabulary and results), `corpus`, `model` and the config.
 
     Raises:
-        ValueError: inconsistent settings or unusable data (e.g. `bptt`
-            longer than the corpus' streams), with the numbers involved.
+        ValueError: inconsistent settings, a workdir holding another run,
+            or unusable data (e.g. `bptt` longer than the corpus' streams),
+            with the numbers involved.
+        TrainingInterrupted: SIGINT / SIGTERM during training.
     """
     if isinstance(config, dict):
         config = TrainConfig.from_dict(config)
@@ -70,6 +114,13 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict:
     is_chief, task_id = worker_info(strategy)
     if not is_chief:
         workdir = os.path.join(workdir, "workers", f"worker_{task_id}")
+    if overwrite:
+        clear_workdir(workdir)
+    finished = finished_results(config, workdir)
+    if finished is not None:
+        _log(config, f"{workdir} already holds this finished run (same settings): "
+                     f"results in {os.path.join(workdir, 'results.json')} (overwrite to train again).")
+        return finished
     tf.io.gfile.makedirs(workdir)
     previous_policy = keras.config.dtype_policy()
     try:
@@ -83,10 +134,40 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict:
         keras.config.set_dtype_policy(previous_policy)
 
 
+def clear_workdir(workdir):
+    """Deletes what a run writes in `workdir` (`RUN_OUTPUTS`), nothing else."""
+    for name in RUN_OUTPUTS:
+        path = os.path.join(workdir, name)
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+        elif tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+
+
+def finished_results(config, workdir):
+    """The results of a finished run of `config` in `workdir` (its
+    `results.json` with `"already_finished": True`), or `None` when there
+    is none or its settings differ from `config` outside
+    `EXECUTION_FIELDS` (then the run is resumed, or refused)."""
+    path = os.path.join(workdir, "results.json")
+    if not tf.io.gfile.exists(path):
+        return None
+    try:
+        with tf.io.gfile.GFile(path, "r") as f:
+            results = json.load(f)
+        saved = TrainConfig.from_dict(results["config"]).to_dict()
+    except (ValueError, KeyError, TypeError):
+        return None  # unreadable or from another version: resume / refuse as usual
+    current = config.to_dict()
+    if any(saved[k] != current[k] for k in current if k not in EXECUTION_FIELDS):
+        return None
+    results["already_finished"] = True
+    return results
+
+
 def _run(config, workdir, strategy):
     from keras_softmax_heads.data import load_dataset
 
-    _write_json(os.path.join(workdir, "config.json"), config.to_dict())
     corpus = load_dataset(config.dataset, config.data_dir, **parse_options(config.dataset_options))
     steps_per_epoch = train_steps_per_epoch(config, corpus)
     _log(config, f"{corpus!r}; {steps_per_epoch} steps per epoch, "
@@ -94,7 +175,12 @@ def _run(config, workdir, strategy):
     with strategy.scope():
         model, info = build_model(config, corpus, num_replicas=strategy.num_replicas_in_sync)
     checkpoints = CheckpointManager(workdir, config, model, strategy, steps_per_epoch)
+    _check_previous_run(config, workdir, checkpoints)
     meta = checkpoints.restore()
+    # The settings are accepted: only now is anything written.
+    _write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    vocab_path = os.path.join(workdir, "vocab.txt")
+    _save_vocabulary(corpus.vocab, vocab_path)
     history, start_epoch, start_step = [], 0, 0
     if meta is not None:
         history = meta["history"]
@@ -104,7 +190,8 @@ def _run(config, workdir, strategy):
     evaluator = Evaluator(config, corpus, model, strategy)
     trainer = _Trainer(config, workdir, corpus, model, strategy, checkpoints, evaluator,
                        steps_per_epoch)
-    final_valid, timing = trainer.train(history, start_epoch, start_step)
+    with SignalCatcher() as signals:
+        final_valid, timing = trainer.train(history, start_epoch, start_step, signals)
 
     valid = final_valid or evaluator.score(corpus.valid, config.eval_steps)
     test_result = evaluator.evaluate(corpus.test, config.eval_steps,
@@ -131,10 +218,49 @@ def _run(config, workdir, strategy):
     results["history"] = history
     results["valid"], results["test"] = valid, test
     results["diagnostics"] = diagnostics
+    files = {
+        "inference_model": os.path.join(workdir, "inference_model.keras"),
+        "training_model": os.path.join(workdir, "model.keras"),
+        "vocabulary": vocab_path,
+        "results": os.path.join(workdir, "results.json"),
+    }
+    results["files"] = files
     results = _jsonable(results)
-    model.save(os.path.join(workdir, "model.keras"))
-    _write_json(os.path.join(workdir, "results.json"), results)
+    model.save(files["training_model"])
+    build_inference_model(config, corpus, model).save(files["inference_model"])
+    _write_json(files["results"], results)
+    _log(config, f"Saved {files['inference_model']} (stateless, any batch size: use this one; "
+                 f"words <-> ids: {files['vocabulary']}), {files['training_model']} (the stateful "
+                 f"training model) and {files['results']}.")
     return results
+
+
+def _save_vocabulary(vocab, path):
+    """`vocab.save(path)`, also to remote paths (`gs://...`)."""
+    if "://" not in path:
+        vocab.save(path)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, "vocab.txt")
+        vocab.save(local)
+        tf.io.gfile.copy(local, path, overwrite=True)
+
+
+def _check_previous_run(config, workdir, checkpoints):
+    """Refuses (`ValueError`, one line naming the differing fields) a
+    workdir whose latest checkpoint, or finished results, belong to other
+    settings; before anything is written."""
+    saved, path = checkpoints.latest_config()
+    if saved is None:
+        results_path = os.path.join(workdir, "results.json")
+        if tf.io.gfile.exists(results_path):
+            try:
+                with tf.io.gfile.GFile(results_path, "r") as f:
+                    saved, path = json.load(f)["config"], results_path
+            except (ValueError, KeyError):
+                saved = None
+    if saved is not None:
+        checkpoints.check_resume_config(saved, path)
 
 
 class _Trainer:
@@ -153,14 +279,22 @@ class _Trainer:
         self.multi_worker = None
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             self.multi_worker = MultiWorkerEpochRunner(model, strategy, config)
-        self.callbacks, self.valid_writer = _tensorboard(config, workdir)
+        self.callbacks, self.valid_writer, self.step_writer = _tensorboard(config, workdir)
+        # The training-loss curve: about 20 points per epoch, at most every 100 steps.
+        self.summary_every = max(1, min(100, steps_per_epoch // 20))
+        self.signals = None
 
-    def train(self, history, start_epoch, start_step):
+    def train(self, history, start_epoch, start_step, signals=None):
         """Runs epochs `start_epoch..` (the first from batch `start_step`),
         appending to `history`. Returns `(final_valid, timing)`: the last
         epoch's validation summary when it ran here (else `None`) and the
-        `training` entry of the results."""
+        `training` entry of the results.
+
+        With a `SignalCatcher`, a caught signal stops training at the next
+        step boundary (after a checkpoint of that step) or, at an epoch's
+        last step, after the epoch's checkpoint: `TrainingInterrupted`."""
         config = self.config
+        self.signals = signals
         step_times = []
         final_valid = None
         train_start = time.time()
@@ -174,6 +308,8 @@ class _Trainer:
                 final_valid = valid if epoch == config.epochs - 1 else None
             history.append(entry)
             self.checkpoints.save(epoch + 1, 0, history)
+            if signals is not None and signals.signum is not None:
+                raise TrainingInterrupted(signals.signum, (epoch + 1) * self.steps_per_epoch)
         steps_done = sum(n for n, _ in step_times)
         seconds_done = sum(s for _, s in step_times)
         timing = {
@@ -197,17 +333,23 @@ class _Trainer:
         dataset = distribute_dataset(self.strategy, lambda: train_dataset(
             config, self.corpus, epoch, self.steps_per_epoch, skip))
         step_cb = StepCallback(self.checkpoints, config, epoch, skip, self.steps_per_epoch,
-                               history)
+                               history, signals=self.signals, summary_writer=self.step_writer,
+                               summary_every=self.summary_every)
         epoch_start = time.time()
         steps = self.steps_per_epoch - skip
         if self.multi_worker is not None:
             train_loss = self.multi_worker.run_epoch(dataset, steps, step_cb, epoch)
         else:
+            # One header per epoch (ours, above): Keras' bar without its own.
+            progress = [ProgressBar()] if config.verbose else []
             fit = model.fit(
                 dataset, epochs=config.epochs, initial_epoch=epoch, steps_per_epoch=steps,
-                callbacks=[step_cb] + self.callbacks, verbose=config.verbose, shuffle=False,
+                callbacks=[step_cb] + self.callbacks + progress, verbose=config.verbose,
+                shuffle=False,
             )
-            train_loss = float(fit.history["loss"][-1])
+            train_loss = float(fit.history["loss"][-1]) if fit.history.get("loss") else None
+        if step_cb.interrupted_at is not None:
+            raise TrainingInterrupted(self.signals.signum, step_cb.interrupted_at)
         entry = {
             "epoch": epoch + 1,
             "learning_rate": lr,
@@ -271,6 +413,8 @@ class MultiWorkerEpochRunner:
         for batch in range(steps):
             logs = step_fn(iterator)
             callbacks.on_train_batch_end(batch)
+            if step_callback.interrupted_at is not None:
+                break
         # Each replica's running mean over its own tokens; equal token counts, so
         # their mean is the global mean (a collective: every worker runs it).
         loss = float(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, logs["loss"], axis=None))
@@ -280,28 +424,38 @@ class MultiWorkerEpochRunner:
 
 
 def _tensorboard(config, workdir):
-    """`(callbacks, valid_writer)`: the Keras TensorBoard callback and a
-    writer for the exact validation, or `([], None)` without TensorBoard."""
+    """`(callbacks, valid_writer, step_writer)`: the Keras TensorBoard
+    callback (per-epoch scalars), a writer for the exact validation and one
+    for the training loss every few steps (`train_steps/loss`, at the
+    global step, so that resumed runs continue the curve), or
+    `([], None, None)` without TensorBoard."""
     use_tensorboard = config.tensorboard and importlib.util.find_spec("tensorboard") is not None
     if config.tensorboard and not use_tensorboard:
         _log(config, "TensorBoard is not installed (pip install tensorboard): no TensorBoard logs.")
     if not use_tensorboard:
-        return [], None
+        return [], None, None
     callbacks = [keras.callbacks.TensorBoard(
         log_dir=os.path.join(workdir, "tensorboard"), update_freq="epoch")]
     writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard", "validation_exact"))
-    return callbacks, writer
+    steps = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard", "train_steps"))
+    return callbacks, writer, steps
 
 
 def _log_synthetic(config, diagnostics, test):
     synthetic = diagnostics.get("synthetic")
     if synthetic is None:
         return
-    _log(config, f"test cross-entropy {test['nll']:.4f} nats; true entropy rate "
-                 f"{synthetic['true_entropy_rate']:.4f}; floor of this test sample "
-                 f"{synthetic.get('test_floor', float('nan')):.4f}; gap "
-                 f"{synthetic.get('gap_to_floor', synthetic['gap_to_entropy_rate']):.4f} nats; "
-                 f"KL {synthetic['kl_to_truth']:.4f}, mode matching {synthetic['mode_matching']:.3f}")
+    floor = synthetic.get("test_floor", float("nan"))
+    gap = synthetic.get("gap_to_floor", synthetic["gap_to_entropy_rate"])
+    _log(config, "Against the true model of the synthetic corpus (nats per token):\n"
+                 f"  test cross-entropy {test['nll']:.4f}; floor {floor:.4f} (the true model's "
+                 f"cross-entropy on this test sample, the best any model can do; entropy rate "
+                 f"{synthetic['true_entropy_rate']:.4f}); gap to the floor {gap:.4f}\n"
+                 f"  KL(truth || model) {synthetic['kl_to_truth']:.4f} (mean over "
+                 f"{synthetic['num_contexts']} test contexts; 0 = the true next-word "
+                 f"distribution)\n"
+                 f"  mode matching {synthetic['mode_matching']:.3f} (fraction of those contexts "
+                 f"whose most likely next word is the true model's most likely one)")
 
 
 def _log(config, message):
