@@ -1,8 +1,14 @@
 """`HeadModel`: train any head with `model.fit` through its training loss."""
 
+import warnings
+
 import keras
 import tensorflow as tf
 from keras import ops
+
+# The `save_own_variables` keys of the random-number generators' states
+# (`SEED_STATE_KEY.format(i)`), next to Keras' own "0", "1", ... keys.
+SEED_STATE_KEY = "seed_state_{}"
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
@@ -23,9 +29,23 @@ class HeadModel(keras.Model):
       computed on the full log-probabilities `[..., V]` (an extra head
       forward pass per step): leave them out for very large vocabularies.
 
+    Saving (`.keras`, `save_weights`) keeps what a resumed run needs:
+
+    * a head tied to an embedding of the backbone stays tied on load, also
+      when the backbone's config does not describe its layers (keras-hub
+      backbones such as `GPT2Backbone` are rebuilt from their constructor
+      arguments): the config records where the embedding is in the backbone
+      (`tied_embedding`, layer names from the backbone down) and
+      `from_config` hands that layer of the rebuilt backbone to the head;
+    * the states of the random-number generators of backbone and head
+      (dropout, sampled heads' samplers) are saved with the weights and
+      restored, so a step after loading draws what the original model's
+      next step draws.
+
     Args:
         backbone: a `keras.layers.Layer` or `keras.Model` mapping inputs to
-            context vectors `[..., d]`.
+            context vectors `[..., d]` (a tensor or, e.g. for keras-hub
+            backbones, a dict of tensors).
         head: a `keras_softmax_heads` head.
 
     Example:
@@ -132,12 +152,55 @@ class HeadModel(keras.Model):
         logs.update({"loss": result, "perplexity": ops.exp(result)})
         return logs
 
+    # ---------------------------------------------------------------- saving
+    def random_generators(self):
+        """The random-number generators of backbone and head, in tracking
+        order (the same for a model rebuilt from its config)."""
+        generators, seen = [], set()
+        for layer in self._flatten_layers(include_self=False):
+            for generator in getattr(layer, "_seed_generators", ()):
+                if id(generator) not in seen:
+                    seen.add(id(generator))
+                    generators.append(generator)
+        return generators
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        # Keras saves no `SeedGenerator` state: a loaded model would draw
+        # its dropout masks and samples afresh from the initial seeds.
+        for i, generator in enumerate(self.random_generators()):
+            store[SEED_STATE_KEY.format(i)] = generator.state
+
+    def load_own_variables(self, store):
+        seed_keys = [k for k in store.keys() if k.startswith("seed_state_")]
+        super().load_own_variables(
+            {k: store[k] for k in store.keys() if k not in seed_keys}
+        )
+        if not seed_keys:
+            return  # a file without them (keras-softmax-heads <= 0.1.0)
+        generators = self.random_generators()
+        if len(seed_keys) != len(generators):
+            warnings.warn(
+                f"{self.__class__.__name__} '{self.name}': not restoring the "
+                f"random-number generators' states: the file has "
+                f"{len(seed_keys)}, the model {len(generators)}.",
+                stacklevel=2,
+            )
+            return
+        for i, generator in enumerate(generators):
+            generator.state.assign(store[SEED_STATE_KEY.format(i)])
+
     def get_config(self):
         config = super().get_config()
+        embedding = getattr(self.head, "token_embedding", None)
         config.update(
             {
                 "backbone": keras.saving.serialize_keras_object(self.backbone),
                 "head": keras.saving.serialize_keras_object(self.head),
+                "tied_embedding": (
+                    None if embedding is None
+                    else layer_path(self.backbone, embedding)
+                ),
             }
         )
         return config
@@ -146,5 +209,62 @@ class HeadModel(keras.Model):
     def from_config(cls, config):
         config = dict(config)
         backbone = keras.saving.deserialize_keras_object(config.pop("backbone"))
-        head = keras.saving.deserialize_keras_object(config.pop("head"))
+        head_config = config.pop("head")
+        path = config.pop("tied_embedding", None)
+        if path is not None:
+            # Tie the head to the rebuilt backbone's own layer: deserialising
+            # the embedding from the head's config would make a second one
+            # (unless the backbone's config lists its layers, as Sequential
+            # and functional models do, and Keras shares the object).
+            embedding = find_layer(backbone, path)
+            if embedding is not None:
+                head_config = dict(head_config)
+                head_config["config"] = dict(
+                    head_config["config"], token_embedding=embedding
+                )
+        head = keras.saving.deserialize_keras_object(head_config)
         return cls(backbone, head, **config)
+
+
+def _sublayers(layer):
+    """The layers `layer` tracks directly (a model's `layers`)."""
+    return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
+def layer_path(root, target):
+    """Layer names from `root` down to `target`, a layer tracked by `root`.
+
+    Returns `[]` when `target` is `root`, None when `root` does not track
+    it or when names do not tell it apart (`find_layer` would not find it).
+
+    Example:
+
+    >>> import keras
+    >>> embedding = keras.layers.Embedding(10, 4, name="embedding")
+    >>> backbone = keras.Sequential([embedding, keras.layers.Dense(4)])
+    >>> layer_path(backbone, embedding)
+    ['embedding']
+    """
+    frontier, seen = [(root, [])], {id(root)}
+    while frontier:  # breadth first: the shortest path
+        next_frontier = []
+        for layer, path in frontier:
+            if layer is target:
+                return path if find_layer(root, path) is target else None
+            for child in _sublayers(layer):
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    next_frontier.append((child, path + [child.name]))
+        frontier = next_frontier
+    return None
+
+
+def find_layer(root, path):
+    """The layer at `path` (names, as from `layer_path`) below `root`, or
+    None."""
+    layer = root
+    for name in path:
+        layer = next((c for c in _sublayers(layer) if c.name == name), None)
+        if layer is None:
+            return None
+    return layer

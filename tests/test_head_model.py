@@ -86,8 +86,82 @@ def test_save_after_fit_keeps_optimizer_state(tmp_path, head):
     assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
     for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    if head == "full":  # deterministic objective: training continues identically
-        model.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
-        loaded.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
-        for a, b in zip(model.weights, loaded.weights):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+    # Training continues identically, the sampled head's too: the sampler's
+    # generator state is saved and restored with the weights.
+    model.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
+    loaded.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
+    for a, b in zip(model.weights, loaded.weights):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+@keras.saving.register_keras_serializable(package="test_head_model")
+class DropoutBackbone(keras.layers.Layer):
+    """A backbone whose config is its constructor arguments only (as
+    keras-hub's): its layers are rebuilt, not deserialised, on load."""
+
+    def __init__(self, vocab, dim, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab, self.dim = vocab, dim
+        self.token_embedding = keras.layers.Embedding(vocab, dim, name="token_embedding")
+        self.dropout = keras.layers.Dropout(0.3)
+
+    def build(self, input_shape):
+        self.token_embedding.build(input_shape)
+
+    def call(self, x, training=None):
+        return self.dropout(self.token_embedding(x), training=training)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.dim)
+
+    def get_config(self):
+        return {**super().get_config(), "vocab": self.vocab, "dim": self.dim}
+
+
+def test_tie_and_dropout_state_survive_save_and_load(tmp_path):
+    """A head tied to the embedding of a backbone rebuilt from constructor
+    arguments stays tied on load (not a second embedding: Keras used to
+    fail with "expected 1 variables, but received 0"), and a further step
+    (with dropout) equals the original model's."""
+    vocab, x, y = 11, *_data()
+    keras.utils.set_random_seed(0)
+    backbone = DropoutBackbone(vocab, 5)
+    model = ksh.HeadModel(backbone, ksh.SigSoftmax(token_embedding=backbone.token_embedding))
+    model.compile(keras.optimizers.Adam(0.01))
+    model.fit(x, y, epochs=2, batch_size=4, shuffle=False, verbose=0)
+    assert model.get_config()["tied_embedding"] == ["token_embedding"]
+    path = os.path.join(tmp_path, "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.head.token_embedding is loaded.backbone.token_embedding
+    assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
+    assert len(loaded.variables) == len(model.variables)
+    for a, b in zip(model.variables, loaded.variables):  # seed states included
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+    model.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
+    loaded.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
+    for a, b in zip(model.weights, loaded.weights):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+def test_tied_head_counts_only_its_own_parameters():
+    """`summary()` counts a tied matrix once, in the embedding's row: the
+    head's row is its own weights (a tied SigSoftmax: the bias)."""
+    vocab, dim = 2000, 64
+    embedding = keras.layers.Embedding(vocab, dim)
+    backbone = keras.Sequential([keras.Input((6,), dtype="int32"), embedding])
+    head = ksh.SigSoftmax(token_embedding=embedding)
+    model = ksh.HeadModel(backbone, head)
+    model.build((None, 6))
+    assert head.count_params() == vocab  # not 130,000
+    assert model.count_params() == vocab * dim + vocab  # each weight once
+    assert backbone.count_params() + head.count_params() == model.count_params()
+    lines = []
+    model.summary(print_fn=lambda line, **kwargs: lines.append(line))
+    text = "\n".join(lines)
+    row = next(line for line in text.splitlines() if "SigSoftmax" in line)
+    assert "2,000" in row and "130,000" not in row
+    assert "Total params: 130,000" in text
+    untied = ksh.SigSoftmax(vocab)
+    untied.build((None, dim))
+    assert untied.count_params() == dim * vocab + vocab

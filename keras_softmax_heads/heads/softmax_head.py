@@ -19,6 +19,7 @@ exact heads also work as the last layer of a `keras.Sequential` with
 `SparseCategoricalCrossentropy(from_logits=True)`.
 """
 
+import math
 import weakref
 
 import keras
@@ -356,6 +357,23 @@ class SoftmaxHead(keras.layers.Layer):
     def set_weights(self, weights):
         super().set_weights(weights)
         self._pending_structure = None  # the structure came with the weights
+
+    # ------------------------------------------------------- parameter count
+    def count_params(self):
+        """The number of the head's own parameters.
+
+        A tied `token_embedding` is not counted: its matrix belongs to the
+        embedding layer (the backbone's), which counts it in its own row of
+        `model.summary()`. (The head still tracks the layer, so `weights`
+        lists the matrix and a `.keras` file of the head alone keeps it; a
+        model's total counts every variable once.)
+        """
+        if self.token_embedding is None or not self.built:
+            return super().count_params()  # raises if not built
+        tied = {id(v) for v in self.token_embedding.weights}
+        return int(sum(
+            math.prod(v.shape) for v in self.weights if id(v) not in tied
+        ))
 
     # ------------------------------------------------------------ serialising
     def get_config(self):

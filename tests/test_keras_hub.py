@@ -1,0 +1,95 @@
+"""`HeadModel` with keras-hub backbones: dict inputs, heads tied to the
+backbone's `ReversibleEmbedding`, `.keras` save / load / resume."""
+
+import os
+
+import numpy as np
+import pytest
+
+keras_hub = pytest.importorskip("keras_hub")
+
+import keras  # noqa: E402
+
+import keras_softmax_heads as ksh  # noqa: E402
+
+V, T = 100, 8
+
+
+def _backbone():
+    # A tiny config: no preset download. GPT-2's dropout (0.1) stays on, so
+    # resuming is only exact if the dropout generators' states are restored.
+    return keras_hub.models.GPT2Backbone(
+        vocabulary_size=V,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=16,
+    )
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    x = {
+        "token_ids": rng.integers(0, V, (4, T)).astype("int32"),
+        "padding_mask": np.ones((4, T), "int32"),
+    }
+    return x, rng.integers(0, V, (4, T))
+
+
+def _model(head_class, tied, **kwargs):
+    backbone = _backbone()
+    if tied:
+        head = head_class(token_embedding=backbone.token_embedding, **kwargs)
+    else:
+        head = head_class(V, **kwargs)
+    model = ksh.HeadModel(backbone, head)
+    model.compile(optimizer="adam")
+    return model
+
+
+@pytest.mark.parametrize(
+    "head_class, tied, kwargs",
+    [
+        (ksh.SigSoftmax, True, {}),
+        (ksh.SigSoftmax, False, {}),
+        (ksh.SampledSoftmax, True, {"num_sampled": 8, "seed": 1}),
+    ],
+    ids=["sigsoftmax-tied", "sigsoftmax-untied", "sampled-tied"],
+)
+def test_train_save_load_resume(tmp_path, head_class, tied, kwargs):
+    keras.utils.set_random_seed(0)
+    model = _model(head_class, tied, **kwargs)
+    x, y = _data()
+    model.fit(x, y, epochs=2, verbose=0)
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+
+    if tied:  # one embedding, shared by backbone and head, as before saving
+        assert loaded.head.token_embedding is loaded.backbone.token_embedding
+    assert len(loaded.trainable_variables) == len(model.trainable_variables)
+    # The optimizer's state came back: same variables, same values.
+    assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+    # All state, the dropout / sampler generators' included.
+    assert len(loaded.variables) == len(model.variables)
+    for a, b in zip(model.variables, loaded.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+    # Resuming: one more step on each gives the same weights.
+    model.fit(x, y, epochs=1, verbose=0)
+    loaded.fit(x, y, epochs=1, verbose=0)
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_tied_head_counts_only_its_own_parameters():
+    model = _model(ksh.SigSoftmax, tied=True)
+    x, y = _data()
+    model.fit(x, y, epochs=1, verbose=0)
+    backbone, head = model.backbone, model.head
+    assert head.count_params() == V  # the bias; the embedding is the backbone's
+    assert model.count_params() == backbone.count_params() + head.count_params()
