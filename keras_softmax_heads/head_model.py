@@ -153,23 +153,20 @@ class HeadModel(keras.Model):
         return logs
 
     # ---------------------------------------------------------------- saving
-    def random_generators(self):
-        """The random-number generators of backbone and head, in tracking
-        order (the same for a model rebuilt from its config)."""
-        generators, seen = [], set()
-        for layer in self._flatten_layers(include_self=False):
-            for generator in getattr(layer, "_seed_generators", ()):
-                if id(generator) not in seen:
-                    seen.add(id(generator))
-                    generators.append(generator)
-        return generators
+    def random_states(self):
+        """The state variables of the random-number generators of backbone
+        and head (dropout, samplers): Keras' `variables` (all layer state,
+        random seeds included) less `weights`, in tracking order (the same
+        for a model rebuilt from its config)."""
+        weights = {id(w) for w in self.weights}
+        return [v for v in self.variables if id(v) not in weights]
 
     def save_own_variables(self, store):
         super().save_own_variables(store)
         # Keras saves no `SeedGenerator` state: a loaded model would draw
         # its dropout masks and samples afresh from the initial seeds.
-        for i, generator in enumerate(self.random_generators()):
-            store[SEED_STATE_KEY.format(i)] = generator.state
+        for i, state in enumerate(self.random_states()):
+            store[SEED_STATE_KEY.format(i)] = state
 
     def load_own_variables(self, store):
         seed_keys = [k for k in store.keys() if k.startswith("seed_state_")]
@@ -178,17 +175,17 @@ class HeadModel(keras.Model):
         )
         if not seed_keys:
             return  # a file without them (keras-softmax-heads <= 0.1.0)
-        generators = self.random_generators()
-        if len(seed_keys) != len(generators):
+        states = self.random_states()
+        if len(seed_keys) != len(states):
             warnings.warn(
                 f"{self.__class__.__name__} '{self.name}': not restoring the "
                 f"random-number generators' states: the file has "
-                f"{len(seed_keys)}, the model {len(generators)}.",
+                f"{len(seed_keys)}, the model {len(states)}.",
                 stacklevel=2,
             )
             return
-        for i, generator in enumerate(generators):
-            generator.state.assign(store[SEED_STATE_KEY.format(i)])
+        for i, state in enumerate(states):
+            state.assign(store[SEED_STATE_KEY.format(i)])
 
     def get_config(self):
         config = super().get_config()
@@ -227,8 +224,26 @@ class HeadModel(keras.Model):
 
 
 def _sublayers(layer):
-    """The layers `layer` tracks directly (a model's `layers`)."""
-    return list(layer._flatten_layers(include_self=False, recursive=False))
+    """The layers `layer` holds directly: a model's `layers`, and layers
+    (or lists / dicts of layers) kept as attributes, in definition order."""
+    found, seen = [], {id(layer)}
+
+    def add(value):
+        if isinstance(value, keras.layers.Layer) and id(value) not in seen:
+            seen.add(id(value))
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                add(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                add(item)
+
+    if isinstance(layer, keras.Model):
+        add(layer.layers)
+    for value in vars(layer).values():
+        add(value)
+    return found
 
 
 def layer_path(root, target):

@@ -192,3 +192,19 @@ def test_importing_the_package_does_not_import_tensorflow_datasets():
         env={"TF_CPP_MIN_LOG_LEVEL": "3", **__import__("os").environ},
     )
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+#: Private Keras / TensorFlow APIs the package must not use (they break
+#: without notice: TF Addons died partly of that).
+PRIVATE_FRAMEWORK_APIS = (
+    "keras.src", "tensorflow.python", "tf.python", "tf.compat.v1",
+    "._flatten_layers", "._seed_generators", "._tracker", "._layers",
+)
+
+
+def test_public_framework_apis_only():
+    bad = []
+    for module, path in MODULES.items():
+        text = path.read_text()
+        bad += [f"{path.relative_to(ROOT)}: {api}" for api in PRIVATE_FRAMEWORK_APIS if api in text]
+    assert not bad, "\n".join(bad)
