@@ -43,3 +43,11 @@ def test_return_probabilities():
 def test_bad_vocab_size(vocab_size):
     with pytest.raises(ValueError, match="Received: vocab_size"):
         ksh.FullSoftmax(vocab_size)
+
+
+def test_token_ids_as_context_vectors_are_refused():
+    head = ksh.FullSoftmax(10)
+    with pytest.raises(ValueError, match=r"floating-point context vectors.*int32.*Token ids\?"):
+        head(np.zeros((2, 4), "int32"))
+    with pytest.raises(ValueError, match="Token ids"):
+        keras.Sequential([keras.Input((4,), dtype="int32"), ksh.FullSoftmax(10)])

@@ -53,6 +53,19 @@ def context_output_heads(name=None):
     ]
 
 
+def check_context_dtype(layer, inputs):
+    """Raises unless `inputs` are floating-point context vectors (integer
+    inputs are almost always token ids fed to a head without a backbone)."""
+    dtype = keras.backend.standardize_dtype(inputs.dtype)
+    if "float" not in dtype:
+        raise ValueError(
+            f"{layer.__class__.__name__} expects floating-point context vectors "
+            f"`h` of shape [..., d]. Received: inputs of dtype {dtype} and shape "
+            f"{tuple(inputs.shape)}. Token ids? Put a backbone (e.g. "
+            "keras.layers.Embedding) before the head."
+        )
+
+
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class SoftmaxHead(keras.layers.Layer):
     """Base class of all output heads: a linear map to `V` scores, then a head.
@@ -184,6 +197,7 @@ class SoftmaxHead(keras.layers.Layer):
     def _check_inputs(self, inputs):
         self._check_structure()
         inputs = ops.convert_to_tensor(inputs)
+        check_context_dtype(self, inputs)
         if not self.built:
             self.build(tuple(inputs.shape))
         last = inputs.shape[-1]
@@ -318,6 +332,7 @@ class SoftmaxHead(keras.layers.Layer):
         return tuple(input_shape[:-1]) + (self.vocab_size,)
 
     def compute_output_spec(self, inputs):
+        check_context_dtype(self, inputs)
         return keras.KerasTensor(
             self.compute_output_shape(inputs.shape), dtype=self.accumulation_dtype
         )

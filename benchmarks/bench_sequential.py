@@ -1,0 +1,125 @@
+r"""A head as the last layer of a `keras.Sequential`: train-step time of the
+README pattern against `HeadModel` and against the full softmax.
+
+Issue 13's check: at V = 100k, N = 2048, d = 512 the `SampledSoftmax`
+Sequential step (compiled with `HeadLoss(head)`) must be within 1.5x of the
+`HeadModel` step and at least 5x faster than `FullSoftmax` with
+`SparseCategoricalCrossentropy(from_logits=True)`. Rows (same backbone: one
+`Dense(d)` on `N` context vectors, Adam, `train_on_batch`):
+
+* `sequential_sampled`: `Sequential([..., SampledSoftmax])` + `HeadLoss`;
+* `head_model_sampled`: `HeadModel(backbone, SampledSoftmax)`;
+* `sequential_full_scce`: `Sequential([..., FullSoftmax])` + SCCE;
+* `sequential_hsm`: `Sequential([..., HierarchicalSoftmax])` + `HeadLoss`.
+
+Each row runs in a fresh process (`--row`); the parent prints the ratios of
+one run and writes them as JSON.
+
+    python benchmarks/bench_sequential.py --out docs/results/bench_sequential.json
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+flags.DEFINE_integer("vocab_size", 100_000, "V.")
+flags.DEFINE_integer("dim", 512, "d.")
+flags.DEFINE_integer("tokens", 2048, "N, tokens per step.")
+flags.DEFINE_integer("num_sampled", 1024, "Samples of SampledSoftmax.")
+flags.DEFINE_integer("steps", 10, "Timed steps (after 3 warm-up steps).")
+flags.DEFINE_bool("jit_compile", False, "XLA.")
+flags.DEFINE_string("row", None, "Internal: run one row and print its JSON.")
+flags.DEFINE_list("rows", ["sequential_sampled", "head_model_sampled",
+                           "sequential_full_scce", "sequential_hsm"], "Rows.")
+flags.DEFINE_string("out", None, "Write the results to this JSON file.")
+FLAGS = flags.FLAGS
+
+
+def run_row(name):
+    import keras
+    import numpy as np
+
+    import keras_softmax_heads as ksh
+
+    V, d, N = FLAGS.vocab_size, FLAGS.dim, FLAGS.tokens
+    rng = np.random.default_rng(0)
+    counts = 1.0 / np.arange(1, V + 1)  # Zipf
+    x = rng.normal(size=(N, d)).astype("float32")
+    y = rng.choice(V, size=N, p=counts / counts.sum()).astype("int32")
+
+    def backbone():
+        return [keras.Input((d,)), keras.layers.Dense(d)]
+
+    if name == "sequential_sampled":
+        head = ksh.SampledSoftmax(V, num_sampled=FLAGS.num_sampled, sampler="unigram", counts=counts)
+        model = keras.Sequential(backbone() + [head])
+        model.compile("adam", loss=ksh.HeadLoss(head), jit_compile=FLAGS.jit_compile)
+    elif name == "head_model_sampled":
+        head = ksh.SampledSoftmax(V, num_sampled=FLAGS.num_sampled, sampler="unigram", counts=counts)
+        model = ksh.HeadModel(keras.Sequential(backbone()), head)
+        model.compile("adam", jit_compile=FLAGS.jit_compile)
+    elif name == "sequential_full_scce":
+        model = keras.Sequential(backbone() + [ksh.FullSoftmax(V)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=FLAGS.jit_compile)
+    elif name == "sequential_hsm":
+        head = ksh.HierarchicalSoftmax(V, counts=counts)
+        model = keras.Sequential(backbone() + [head])
+        model.compile("adam", loss=ksh.HeadLoss(head), jit_compile=FLAGS.jit_compile)
+    else:
+        raise ValueError(f"Unknown row {name!r}")
+    for _ in range(3):
+        model.train_on_batch(x, y)
+    times = []
+    for _ in range(FLAGS.steps):
+        start = time.perf_counter()
+        model.train_on_batch(x, y)
+        times.append(time.perf_counter() - start)
+    return {"row": name, "median_s": float(np.median(times)), "min_s": float(np.min(times)),
+            "steps": FLAGS.steps}
+
+
+def main(argv):
+    del argv
+    if FLAGS.row:
+        print("RESULT " + json.dumps(run_row(FLAGS.row)), flush=True)
+        return
+    results = []
+    for row in FLAGS.rows:
+        args = [sys.executable, __file__, f"--row={row}"] + [
+            f"--{k}={getattr(FLAGS, k)}" for k in ("vocab_size", "dim", "tokens", "num_sampled", "steps")
+        ] + [f"--jit_compile={FLAGS.jit_compile}"]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        out = subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout
+        result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+        results.append(result)
+        print(f"{row:24s} {result['median_s'] * 1e3:9.1f} ms/step (min {result['min_s'] * 1e3:.1f})", flush=True)
+    by = {r["row"]: r["median_s"] for r in results}
+    ratios = {}
+    if {"sequential_sampled", "head_model_sampled"} <= set(by):
+        ratios["sequential_over_head_model"] = by["sequential_sampled"] / by["head_model_sampled"]
+    if {"sequential_sampled", "sequential_full_scce"} <= set(by):
+        ratios["full_over_sequential_sampled"] = by["sequential_full_scce"] / by["sequential_sampled"]
+    if {"sequential_hsm", "sequential_full_scce"} <= set(by):
+        ratios["full_over_sequential_hsm"] = by["sequential_full_scce"] / by["sequential_hsm"]
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}x")
+    report = {
+        "command": "python benchmarks/bench_sequential.py " + " ".join(sys.argv[1:]),
+        "machine": f"{os.cpu_count()} CPU cores",
+        "settings": {k: getattr(FLAGS, k) for k in ("vocab_size", "dim", "tokens", "num_sampled",
+                                                    "steps", "jit_compile")},
+        "rows": results, "ratios": ratios,
+    }
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)
