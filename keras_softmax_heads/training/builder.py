@@ -34,22 +34,7 @@ def build_model(config, corpus, batch_size=None, *, compile=True, num_replicas=1
     per_replica = batch_size // num_replicas
     head_name = head_registry.canonical_head_name(config.head)
     tie = _tie_embeddings(config, head_name)
-    if config.model == "lstm":
-        backbone = _lstm_backbone(config, corpus.vocab_size, per_replica, tie)
-        input_shape = (per_replica, config.bptt)
-    else:
-        backbone = _ngram_backbone(config, corpus.vocab_size, tie)
-        input_shape = (per_replica, config.ngram_order - 1)
-    head = head_registry.make_head(
-        head_name,
-        corpus.vocab_size,
-        counts=np.asarray(corpus.vocab.counts),
-        token_embedding=backbone.token_embedding if tie else None,
-        chunk_size=config.chunk_size,
-        init_scale=config.init_scale,
-        **parse_options(config.head_options),
-    )
-    model = HeadModel(backbone, head)
+    model, input_shape = _head_model(config, corpus, head_name, tie, per_replica)
     model.build(input_shape)
     if compile:
         model.compile(
@@ -77,22 +62,7 @@ def build_inference_model(config, corpus, model):
     """
     head_name = head_registry.canonical_head_name(config.head)
     tie = _tie_embeddings(config, head_name)
-    if config.model == "lstm":
-        backbone = _lstm_backbone(config, corpus.vocab_size, None, tie, stateful=False)
-        input_shape = (None, None)
-    else:
-        backbone = _ngram_backbone(config, corpus.vocab_size, tie)
-        input_shape = (None, config.ngram_order - 1)
-    head = head_registry.make_head(
-        head_name,
-        corpus.vocab_size,
-        counts=np.asarray(corpus.vocab.counts),
-        token_embedding=backbone.token_embedding if tie else None,
-        chunk_size=config.chunk_size,
-        init_scale=config.init_scale,
-        **parse_options(config.head_options),
-    )
-    inference = HeadModel(backbone, head)
+    inference, input_shape = _head_model(config, corpus, head_name, tie, None)
     inference.build(input_shape)
     inference.set_weights(model.get_weights())
     return inference
@@ -210,3 +180,26 @@ def optimizer_learning_rate(config, epoch):
     if config.loss_reduction == "sum_over_time":
         lr *= loss_time_steps(config)
     return lr
+
+
+def _head_model(config, corpus, head_name, tie, batch_size):
+    """`(HeadModel(backbone, head), input_shape)`: a stateful LSTM of
+    per-replica `batch_size` (training), or a stateless one of any batch
+    size when `batch_size` is None (inference)."""
+    if config.model == "lstm":
+        stateful = batch_size is not None
+        backbone = _lstm_backbone(config, corpus.vocab_size, batch_size, tie, stateful=stateful)
+        input_shape = (batch_size, config.bptt if stateful else None)
+    else:
+        backbone = _ngram_backbone(config, corpus.vocab_size, tie)
+        input_shape = (batch_size, config.ngram_order - 1)
+    head = head_registry.make_head(
+        head_name,
+        corpus.vocab_size,
+        counts=np.asarray(corpus.vocab.counts),
+        token_embedding=backbone.token_embedding if tie else None,
+        chunk_size=config.chunk_size,
+        init_scale=config.init_scale,
+        **parse_options(config.head_options),
+    )
+    return HeadModel(backbone, head), input_shape
