@@ -86,7 +86,8 @@ def test_script_smoke(tmp_path):
 
 
 def test_evaluation_is_exact_stream_nll(tmp_path):
-    """Test NLL with eval_batch_size=1 = one pass over the whole test stream."""
+    """Test NLL with eval_batch_size=1 = one pass over the whole test stream
+    (warmed up on the end of the valid split)."""
     config = _tiny_config(eval_batch_size=1, eval_bptt=7, dropout=0.2)
     results = training.train_and_evaluate(config, str(tmp_path))
     trained = keras.saving.load_model(os.path.join(tmp_path, "model.keras"))
@@ -101,9 +102,13 @@ def test_evaluation_is_exact_stream_nll(tmp_path):
     model.set_weights(trained.get_weights())
     from keras_softmax_heads.data import load_dataset
 
-    test = load_dataset("synthetic", **config.dataset_options).test
-    h = backbone(test[None, :-1])
-    ll = np.asarray(head.log_likelihood(h, test[None, 1:]))
+    corpus = load_dataset("synthetic", **config.dataset_options)
+    test = corpus.test
+    # ... after the last `eval_warmup` tokens of the valid split (unscored).
+    warmup = corpus.valid[len(corpus.valid) - config.eval_warmup:]
+    stream = np.concatenate([warmup, test])
+    h = backbone(stream[None, :-1])
+    ll = np.asarray(head.log_likelihood(h, stream[None, 1:]))[:, len(warmup):]
     assert results["test"]["tokens"] == len(test) - 1
     assert results["test"]["nll"] == pytest.approx(-ll.mean(), rel=1e-5)
 
@@ -279,6 +284,37 @@ def test_eval_windows_warm_up_streams_on_the_split(batch, warmup, bptt):
         start = pos[b, first]
         assert first == min(warmup, len(ids) - 1)  # warm-up tokens, unscored
         np.testing.assert_array_equal(rows[b, :first + 1], ids[start - first:start + 1])
+
+
+@pytest.mark.parametrize("batch,warmup,bptt", [(1, 5, 4), (4, 5, 4), (3, 0, 5), (5, 40, 3)])
+def test_eval_windows_warm_the_first_stream_on_the_previous_split(batch, warmup, bptt):
+    """With the previous split given, stream 0 first reads its last W tokens
+    (unscored), then scores the split from its first target; every target
+    is still scored once and from the split's own tokens."""
+    rng = np.random.default_rng(1)
+    previous = rng.integers(0, 20, 30).astype(np.int32)
+    ids = rng.integers(0, 20, 37).astype(np.int32)
+    config = training.get_config(bptt=bptt, eval_warmup=warmup)
+    tokens, targets, position = training.eval_windows(config, None, ids, batch, previous=previous)
+    valid = position >= 0
+    assert sorted(position[valid]) == list(range(len(ids) - 1))
+    np.testing.assert_array_equal(targets[valid], ids[position[valid] + 1])
+    np.testing.assert_array_equal(tokens[valid], ids[position[valid]])
+    row0 = tokens.transpose(1, 0, 2).reshape(batch, -1)[0]
+    pos0 = position.transpose(1, 0, 2).reshape(batch, -1)[0]
+    first = int(np.argmax(pos0 >= 0))
+    read = min(warmup, len(previous))  # a shorter previous split is read whole
+    assert first == read and pos0[first] == 0
+    np.testing.assert_array_equal(row0[:first], previous[len(previous) - read:])
+    without = training.eval_windows(config, None, ids, batch)
+    if warmup == 0:  # nothing to read before the split: the same windows
+        for a, b in zip(without, (tokens, targets, position)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_zaremba_presets_keep_the_papers_zero_state_evaluation():
+    for name in ("zaremba_small", "zaremba_medium", "zaremba_large"):
+        assert training.get_config(name).eval_warmup == 0
 
 
 @pytest.mark.slow

@@ -126,10 +126,12 @@ class TrainConfig:
     eval_bptt: int | None = _field(
         None, "Window length for evaluation (none: bptt).", resumable=True)
     eval_warmup: int = _field(
-        200, "LSTM evaluation with several streams (eval_batch_size > 1): every stream but "
-        "the first reads this many tokens of the split before its first target without "
-        "scoring them, instead of starting cold from a zero state (0: cold starts). Every "
-        "target is still scored exactly once.", resumable=True)
+        200, "LSTM evaluation: every stream reads this many tokens before its first "
+        "target without scoring them (the first stream: the end of the previous split, "
+        "train before valid, valid before test; the others: the split's tokens before "
+        "their piece) instead of starting cold from a zero state. 0: cold starts, the "
+        "Zaremba presets' protocol. Every target is still scored exactly once.",
+        resumable=True)
     eval_steps: int | None = _field(
         None, "Cap on evaluation windows (smoke runs; the results are then marked "
         "partial).", resumable=True)
@@ -206,7 +208,7 @@ PRESETS = {
         unit_forget_bias=False, optimizer="sgd", learning_rate=1.0,
         lr_decay=0.5, decay_after_epochs=4, clip_norm=5.0,
         loss_reduction="sum_over_time", batch_size=20, bptt=20, epochs=13,
-        eval_batch_size=1, eval_bptt=50,
+        eval_batch_size=1, eval_bptt=50, eval_warmup=0,
     ),
     "zaremba_medium": dict(
         model="lstm", embedding_dim=650, hidden_size=650, num_layers=2,
@@ -214,7 +216,7 @@ PRESETS = {
         unit_forget_bias=False, optimizer="sgd", learning_rate=1.0,
         lr_decay=1.0 / 1.2, decay_after_epochs=6, clip_norm=5.0,
         loss_reduction="sum_over_time", batch_size=20, bptt=35, epochs=39,
-        eval_batch_size=1, eval_bptt=50,
+        eval_batch_size=1, eval_bptt=50, eval_warmup=0,
     ),
     "zaremba_large": dict(
         model="lstm", embedding_dim=1500, hidden_size=1500, num_layers=2,
@@ -222,7 +224,7 @@ PRESETS = {
         unit_forget_bias=False, optimizer="sgd", learning_rate=1.0,
         lr_decay=1.0 / 1.15, decay_after_epochs=14, clip_norm=10.0,
         loss_reduction="sum_over_time", batch_size=20, bptt=35, epochs=55,
-        eval_batch_size=1, eval_bptt=50,
+        eval_batch_size=1, eval_bptt=50, eval_warmup=0,
     ),
 }
 

@@ -82,7 +82,7 @@ class Evaluator:
         """The head that scores (shares the training model's weights)."""
         return self.eval_model.head
 
-    def evaluate(self, ids, max_windows=None, with_contexts=0):
+    def evaluate(self, ids, max_windows=None, with_contexts=0, previous=None):
         """Exact per-target log-likelihoods of split `ids`, in stream order.
 
         Args:
@@ -101,7 +101,8 @@ class Evaluator:
         config = self.config
         if self.eval_model is not self.model:
             self.eval_model.set_weights(self.model.get_weights())
-        tokens, targets, position = eval_windows(config, self.corpus, ids, self.batch_size)
+        tokens, targets, position = eval_windows(config, self.corpus, ids, self.batch_size,
+                                                 previous=previous)
         windows = len(tokens) if not max_windows else min(max_windows, len(tokens))
         partial = windows < len(tokens)
         tokens, targets, position = tokens[:windows], targets[:windows], position[:windows]
@@ -145,9 +146,9 @@ class Evaluator:
                 "bits_per_token": nll / math.log(2.0),
                 "tokens": int(result["ll"].size), "partial": bool(result["partial"])}
 
-    def score(self, ids, max_windows=None):
-        """`summarise(evaluate(ids, max_windows))`."""
-        return self.summarise(self.evaluate(ids, max_windows))
+    def score(self, ids, max_windows=None, previous=None):
+        """`summarise(evaluate(ids, max_windows, previous=previous))`."""
+        return self.summarise(self.evaluate(ids, max_windows, previous=previous))
 
 
 def band_edges(vocab_size, band_fractions):

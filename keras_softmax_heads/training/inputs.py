@@ -57,7 +57,7 @@ def _eval_pad_id(corpus):
     return 0 if eos is None else int(eos)
 
 
-def eval_windows(config, corpus, ids, batch_size):
+def eval_windows(config, corpus, ids, batch_size, previous=None):
     """Every token but the first of `ids` as a target, exactly once.
 
     Returns window-major arrays `(tokens, targets, position)` of shapes
@@ -78,15 +78,23 @@ def eval_windows(config, corpus, ids, batch_size):
     trained with carried state rarely sees a zero state, and its first ~100
     predictions from one are poor (on the synthetic corpus some cost 15-19
     nats more than the truth), so `B` cold starts add to the perplexity a
-    term that depends on where the streams happen to start.
+    term that depends on where the streams happen to start. `previous`
+    (optional): the tokens that precede the split in the corpus (the train
+    split before valid, valid before test; the splits are consecutive
+    pieces of one text or sample): stream 0 is warmed up over its last `W`
+    tokens, so that no stream starts cold. With `W = 0` (the Zaremba
+    presets) every stream, and with `B = 1` the split, starts from a zero
+    state, as in the paper.
     """
     ids = np.asarray(ids, dtype=np.int32)
     n = len(ids) - 1
     if n < 1:
         raise ValueError(f"An evaluation split needs at least 2 tokens. Received: {len(ids)}")
     if config.model == "lstm":
+        warmup = config.eval_warmup or 0
+        prefix = None if previous is None or not warmup else np.asarray(previous)[-warmup:]
         return stream_windows(ids, batch_size, config.eval_bptt or config.bptt,
-                              warmup=config.eval_warmup or 0)
+                              warmup=warmup, prefix=prefix)
     context = config.ngram_order - 1
     padded_ids = np.concatenate([np.full(context, _eval_pad_id(corpus), np.int32), ids])
     all_windows = np.lib.stride_tricks.sliding_window_view(padded_ids, context)
@@ -102,26 +110,33 @@ def eval_windows(config, corpus, ids, batch_size):
             position.reshape(num_batches, batch_size))
 
 
-def stream_windows(ids, batch_size, bptt, warmup=0):
+def stream_windows(ids, batch_size, bptt, warmup=0, prefix=None):
     """The LSTM evaluation windows of `ids` (see `eval_windows`): `B =
     batch_size` streams, `bptt`-long windows, streams after the first
-    warmed up over the `warmup` tokens before them. Returns `(tokens,
-    targets, position)`, each `[K, B, bptt]`."""
+    warmed up over the `warmup` tokens before them, and the first stream
+    over `prefix` (the tokens that precede the split, e.g. the end of the
+    previous split; none by default). Returns `(tokens, targets, position)`,
+    each `[K, B, bptt]`."""
     ids = np.asarray(ids, dtype=np.int32)
+    prefix = np.zeros((0,), np.int32) if prefix is None else np.asarray(prefix, np.int32)
+    p = len(prefix)
+    full = np.concatenate([prefix, ids])  # full[q] predicts full[q + 1]
     n = len(ids) - 1
     warmup = int(min(max(warmup, 0), n)) if batch_size > 1 else 0
     length = max(1, -(-(n - warmup) // batch_size))  # scored targets per stream b >= 1
-    row = length + warmup  # positions read by every stream
+    row = p + length + warmup  # positions read by every stream
     windows = -(-row // bptt)
     padded = windows * bptt
     offset = np.arange(padded)[None, :]
-    position = np.arange(batch_size)[:, None] * length + offset
-    scored = (offset < row) & (position < n)
-    scored[1:] &= offset >= warmup  # the warm-up of streams b >= 1 is not scored
-    valid_input = (offset < row) & (position < n)
-    tokens = np.where(valid_input, ids[np.where(valid_input, position, 0)], 0).astype(np.int32)
-    targets = np.where(scored, ids[np.where(scored, position + 1, 0)], 0).astype(np.int32)
-    position = np.where(scored, position, -1)
+    start = np.concatenate([[0], p + np.arange(1, batch_size) * length])[:, None]
+    q = start + offset  # position in `full`
+    readable = q < p + n
+    scored = readable.copy()
+    scored[0] &= (offset[0] >= p) & (offset[0] < row)  # after the prefix
+    scored[1:] &= (offset >= warmup) & (offset < warmup + length)
+    tokens = np.where(readable, full[np.where(readable, q, 0)], 0).astype(np.int32)
+    targets = np.where(scored, full[np.where(scored, q + 1, 0)], 0).astype(np.int32)
+    position = np.where(scored, q - p, -1)
 
     def to_windows(a):
         return np.ascontiguousarray(a.reshape(batch_size, windows, bptt).transpose(1, 0, 2))

@@ -193,9 +193,10 @@ def _run(config, workdir, strategy):
     with SignalCatcher() as signals:
         final_valid, timing = trainer.train(history, start_epoch, start_step, signals)
 
-    valid = final_valid or evaluator.score(corpus.valid, config.eval_steps)
+    valid = final_valid or evaluator.score(corpus.valid, config.eval_steps, previous=corpus.train)
     test_result = evaluator.evaluate(corpus.test, config.eval_steps,
-                                     with_contexts=config.num_diagnostic_contexts)
+                                     with_contexts=config.num_diagnostic_contexts,
+                                     previous=corpus.valid)
     test = evaluator.summarise(test_result)
     _log(config, f"valid perplexity {valid['perplexity']:.2f}, test perplexity "
                  f"{test['perplexity']:.2f} (exact, {test['tokens']} test tokens)")
@@ -362,7 +363,8 @@ class _Trainer:
         """Exact validation after `epoch`: recorded in `entry`, logged,
         written to TensorBoard; returns the summary."""
         config = self.config
-        valid = self.evaluator.score(self.corpus.valid, config.eval_steps)
+        valid = self.evaluator.score(self.corpus.valid, config.eval_steps,
+                                         previous=self.corpus.train)
         entry["valid_nll"], entry["valid_perplexity"] = valid["nll"], valid["perplexity"]
         _log(config, f"  valid perplexity {valid['perplexity']:.2f} (exact, {valid['tokens']} tokens)")
         if self.valid_writer is not None:
