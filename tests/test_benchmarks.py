@@ -82,3 +82,13 @@ def test_full_softmax_step_is_exact():
 def test_table_benchmarks_quick(script):
     out = _run(script, "--quick", timeout=900)
     assert out.strip(), "the benchmark printed no table"
+
+
+@pytest.mark.slow
+def test_train_loop_benchmark(tmp_path):
+    out = tmp_path / "loop.json"
+    _run("bench_train_loop.py", "--steps", "6", "--preset", "", "--compare_head", "sigsoftmax",
+         "--out", str(out))
+    result = json.loads(out.read_text())
+    assert {r["row"] for r in result["rows"]} == {"bare", "train_lm", "train_lm_sigsoftmax"}
+    assert result["train_lm_over_bare"] > 0 and result["compare_head_over_head"] > 0

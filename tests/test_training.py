@@ -564,3 +564,15 @@ def test_script_external_sigterm_mid_epoch_resumes_exactly(tmp_path):
         str(tmp_path / "fresh"))
     for split in ("valid", "test"):
         assert results[split]["perplexity"] == pytest.approx(fresh[split]["perplexity"], rel=1e-6)
+
+
+def test_eval_steps_counts_scoring_windows_after_the_warm_up(tmp_path):
+    """A smoke-run cap on evaluation windows still scores targets when the
+    warm-up is longer than the capped windows (it used to leave none)."""
+    config = _tiny_config(epochs=1, steps_per_epoch=2, eval_steps=1, eval_warmup=40,
+                          validate_every_epoch=False, num_diagnostic_contexts=5)
+    results = training.train_and_evaluate(config, str(tmp_path))
+    for split in ("valid", "test"):
+        assert results[split]["partial"] and results[split]["tokens"] > 0
+        assert np.isfinite(results[split]["nll"])
+    assert results["diagnostics"]["empirical_rank"]["num_contexts"] == 5

@@ -87,8 +87,9 @@ class Evaluator:
 
         Args:
             ids: the split's token ids; every token but the first is a target.
-            max_windows: optional cap on the evaluation windows (the result
-                is then `partial`).
+            max_windows: optional cap on the evaluation windows that score
+                targets (warm-up windows before them are read too; the
+                result is then `partial`).
             with_contexts: also return the context vectors of
                 `with_contexts` targets: those of the first windows, in
                 stream order.
@@ -103,7 +104,13 @@ class Evaluator:
             self.eval_model.set_weights(self.model.get_weights())
         tokens, targets, position = eval_windows(config, self.corpus, ids, self.batch_size,
                                                  previous=previous)
-        windows = len(tokens) if not max_windows else min(max_windows, len(tokens))
+        windows = len(tokens)
+        if max_windows:
+            # Count the windows that score targets: the warm-up windows
+            # before the first of them are read, not counted.
+            scoring = np.flatnonzero((position >= 0).reshape(len(tokens), -1).any(axis=1))
+            first = int(scoring[0]) if len(scoring) else 0
+            windows = min(first + max_windows, len(tokens))
         partial = windows < len(tokens)
         tokens, targets, position = tokens[:windows], targets[:windows], position[:windows]
         valid = position >= 0
