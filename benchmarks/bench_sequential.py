@@ -20,10 +20,10 @@ one run and writes them as JSON.
 
 import json
 import os
-import subprocess
 import sys
 import time
 
+import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
 from absl import app
 from absl import flags
 
@@ -87,16 +87,14 @@ def run_row(name):
 def main(argv):
     del argv
     if FLAGS.row:
-        print("RESULT " + json.dumps(run_row(FLAGS.row)), flush=True)
+        fresh_process.report(run_row(FLAGS.row))
         return
     results = []
     for row in FLAGS.rows:
         args = [sys.executable, __file__, f"--row={row}"] + [
             f"--{k}={getattr(FLAGS, k)}" for k in ("vocab_size", "dim", "tokens", "num_sampled", "steps")
         ] + [f"--jit_compile={FLAGS.jit_compile}"]
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        out = subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout
-        result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+        result = fresh_process.run_row(args[1], args[2:])
         results.append(result)
         print(f"{row:24s} {result['median_s'] * 1e3:9.1f} ms/step (min {result['min_s'] * 1e3:.1f})", flush=True)
     by = {r["row"]: r["median_s"] for r in results}

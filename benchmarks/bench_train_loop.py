@@ -23,11 +23,11 @@ no PTB directory is given.
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
+import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
 from absl import app
 from absl import flags
 
@@ -84,7 +84,7 @@ def run_row(name):
 def main(argv):
     del argv
     if FLAGS.row:
-        print("RESULT " + json.dumps(run_row(FLAGS.row)), flush=True)
+        fresh_process.report(run_row(FLAGS.row))
         return
     results = []
     rows = [(row, FLAGS.head) for row in FLAGS.rows]
@@ -95,9 +95,7 @@ def main(argv):
                 f"--head={head}", f"--steps={FLAGS.steps}"]
         if FLAGS.data_dir:
             args.append(f"--data_dir={FLAGS.data_dir}")
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        out = subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout
-        result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+        result = fresh_process.run_row(args[1], args[2:])
         if head != FLAGS.head:
             result["row"] = f"train_lm_{head}"
         result["head"] = head

@@ -92,3 +92,13 @@ def test_train_loop_benchmark(tmp_path):
     result = json.loads(out.read_text())
     assert {r["row"] for r in result["rows"]} == {"bare", "train_lm", "train_lm_sigsoftmax"}
     assert result["train_lm_over_bare"] > 0 and result["compare_head_over_head"] > 0
+
+
+@pytest.mark.slow
+def test_sequential_benchmark(tmp_path):
+    out = tmp_path / "sequential.json"
+    _run("bench_sequential.py", "--vocab_size", "500", "--dim", "16", "--tokens", "64",
+         "--num_sampled", "8", "--steps", "2", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert len(result["rows"]) == 4 and all(r["median_s"] > 0 for r in result["rows"])
+    assert result["ratios"]["full_over_sequential_sampled"] > 0

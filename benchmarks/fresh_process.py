@@ -1,0 +1,26 @@
+"""Runs one benchmark row in a fresh process (shared by the benchmark scripts).
+
+A row's script is re-run with `--row=<name>`: it prints one line
+`RESULT <json>`, which the parent reads back. A fresh process per row keeps
+one row's memory, compiled functions and thread pools out of the next.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+_PREFIX = "RESULT "
+
+
+def report(result):
+    """Prints a row's result for `run_row` to read (call in the child)."""
+    print(_PREFIX + json.dumps(result), flush=True)
+
+
+def run_row(script, args):
+    """Runs `python script *args` and returns the dict it `report`ed."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                         env=env, check=True).stdout
+    return json.loads(out.split(_PREFIX, 1)[1].splitlines()[0])
