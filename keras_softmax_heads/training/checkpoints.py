@@ -187,20 +187,6 @@ class CheckpointManager:
             if f"metric_{i}" in arrays
         ] or None
 
-    def latest_config(self):
-        """The config dict of the newest readable checkpoint, with its
-        path: `(config, path)`, or `(None, None)` without one. Reads only
-        the small `meta` entry; damaged files are skipped silently
-        (`restore` reports them)."""
-        for _, path in reversed(self.list_checkpoints()):
-            try:
-                with tf.io.gfile.GFile(path, "rb") as f:
-                    with np.load(io.BytesIO(f.read()), allow_pickle=False) as data:
-                        return json.loads(str(data["meta"]))["config"], path
-            except Exception:  # damaged: restore() says so
-                continue
-        return None, None
-
     def _check_compatible(self, meta, path):
         if meta["steps_per_epoch"] != self._steps_per_epoch:
             raise ValueError(

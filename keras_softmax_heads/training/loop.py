@@ -149,20 +149,32 @@ def finished_results(config, workdir):
     `results.json` with `"already_finished": True`), or `None` when there
     is none or its settings differ from `config` outside
     `EXECUTION_FIELDS` (then the run is resumed, or refused)."""
+    results = read_results(workdir)
+    if results is None:
+        return None
+    try:
+        saved = TrainConfig.from_dict(results["config"]).to_dict()
+    except (ValueError, KeyError, TypeError):
+        return None  # from another version: resume / refuse as usual
+    current = config.to_dict()
+    if any(saved[k] != current[k] for k in current if k not in EXECUTION_FIELDS):
+        return None
+    results["already_finished"] = True
+    return results
+
+
+def read_results(workdir):
+    """The parsed `workdir/results.json`, or `None` when it is absent or
+    unreadable."""
     path = os.path.join(workdir, "results.json")
     if not tf.io.gfile.exists(path):
         return None
     try:
         with tf.io.gfile.GFile(path, "r") as f:
             results = json.load(f)
-        saved = TrainConfig.from_dict(results["config"]).to_dict()
-    except (ValueError, KeyError, TypeError):
-        return None  # unreadable or from another version: resume / refuse as usual
-    current = config.to_dict()
-    if any(saved[k] != current[k] for k in current if k not in EXECUTION_FIELDS):
+    except ValueError:
         return None
-    results["already_finished"] = True
-    return results
+    return results if isinstance(results, dict) else None
 
 
 def _run(config, workdir, strategy):
@@ -175,8 +187,9 @@ def _run(config, workdir, strategy):
     with strategy.scope():
         model, info = build_model(config, corpus, num_replicas=strategy.num_replicas_in_sync)
     checkpoints = CheckpointManager(workdir, config, model, strategy, steps_per_epoch)
-    _check_previous_run(config, workdir, checkpoints)
-    meta = checkpoints.restore()
+    meta = checkpoints.restore()  # refuses a checkpoint of other settings
+    if meta is None:
+        _check_previous_results(workdir, checkpoints)
     # The settings are accepted: only now is anything written.
     _write_json(os.path.join(workdir, "config.json"), config.to_dict())
     vocab_path = os.path.join(workdir, "vocab.txt")
@@ -247,21 +260,15 @@ def _save_vocabulary(vocab, path):
         tf.io.gfile.copy(local, path, overwrite=True)
 
 
-def _check_previous_run(config, workdir, checkpoints):
+def _check_previous_results(workdir, checkpoints):
     """Refuses (`ValueError`, one line naming the differing fields) a
-    workdir whose latest checkpoint, or finished results, belong to other
-    settings; before anything is written."""
-    saved, path = checkpoints.latest_config()
-    if saved is None:
-        results_path = os.path.join(workdir, "results.json")
-        if tf.io.gfile.exists(results_path):
-            try:
-                with tf.io.gfile.GFile(results_path, "r") as f:
-                    saved, path = json.load(f)["config"], results_path
-            except (ValueError, KeyError):
-                saved = None
-    if saved is not None:
-        checkpoints.check_resume_config(saved, path)
+    workdir without checkpoints whose finished results belong to other
+    settings; before anything is written. (A checkpoint's settings are
+    checked by `CheckpointManager.restore`.)"""
+    results = read_results(workdir)
+    if results is not None and isinstance(results.get("config"), dict):
+        checkpoints.check_resume_config(
+            results["config"], os.path.join(workdir, "results.json"))
 
 
 class _Trainer:
