@@ -202,16 +202,9 @@ class MixtureHead(SoftmaxHead):
         return tuple(ops.shape(inputs)[:-1]) + (self.vocab_size,)
 
     # --------------------------------------------------------------- contract
-    def call(self, inputs, training=None):
-        if training:
-            contexts = self.training_contexts(inputs)
-            if contexts is not None:
-                return contexts
-        self.last_output = "log_probs"
-        log_p = self.log_probs(inputs, training=training)
-        if self.return_probabilities:
-            return ops.exp(log_p)
-        return log_p
+    def call_log_probs(self, inputs, training=None):
+        """`log_probs` with latent dropout when `training`."""
+        return self.log_probs(inputs, training=training)
 
     def training_loss(self, inputs, targets, training=True):
         """`-log p(targets | inputs)`, with latent dropout when `training`."""

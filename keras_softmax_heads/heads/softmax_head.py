@@ -268,10 +268,16 @@ class SoftmaxHead(keras.layers.Layer):
             if contexts is not None:
                 return contexts
         self.last_output = "log_probs"
-        log_p = self.log_probs(inputs)
+        log_p = self.call_log_probs(inputs, training)
         if self.return_probabilities:
             return ops.exp(log_p)
         return log_p
+
+    def call_log_probs(self, inputs, training=None):
+        """The log-probabilities `call` returns: `log_probs(inputs)`; heads
+        whose log-probabilities depend on `training` (dropout) override it."""
+        del training
+        return self.log_probs(inputs)
 
     def training_contexts(self, inputs):
         """`call`'s training-mode output when it is not log-probabilities.
