@@ -8,7 +8,8 @@ from keras import ops
 
 # The `save_own_variables` keys of the random-number generators' states
 # (`SEED_STATE_KEY.format(i)`), next to Keras' own "0", "1", ... keys.
-SEED_STATE_KEY = "seed_state_{}"
+SEED_STATE_PREFIX = "seed_state_"
+SEED_STATE_KEY = SEED_STATE_PREFIX + "{}"
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
@@ -169,7 +170,7 @@ class HeadModel(keras.Model):
             store[SEED_STATE_KEY.format(i)] = state
 
     def load_own_variables(self, store):
-        seed_keys = [k for k in store.keys() if k.startswith("seed_state_")]
+        seed_keys = [k for k in store.keys() if k.startswith(SEED_STATE_PREFIX)]
         super().load_own_variables(
             {k: store[k] for k in store.keys() if k not in seed_keys}
         )
