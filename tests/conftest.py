@@ -41,3 +41,24 @@ def pytest_generate_tests(metafunc):
     """Parametrises `case` over the `cases` of a `battery.HeadBattery` class."""
     if "case" in metafunc.fixturenames and metafunc.cls is not None:
         metafunc.parametrize("case", sorted(getattr(metafunc.cls, "cases", {})))
+
+
+def pytest_collection_modifyitems(config, items):
+    """On JAX and PyTorch, runs only the tests marked `multibackend`.
+
+    The suite runs in full on TensorFlow (the default backend). A test module
+    whose tests hold on every backend sets
+    `pytestmark = pytest.mark.multibackend`; under `KERAS_BACKEND=jax` or
+    `torch` the other tests (tf.data pipelines, tf.distribute, the training
+    script's TensorFlow-only parts) are deselected, not skipped one by one.
+    """
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if item.get_closest_marker("multibackend") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

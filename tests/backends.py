@@ -1,0 +1,101 @@
+"""Backend-neutral test helpers: gradients and compilation on every backend.
+
+The tests of the heads run under whichever Keras backend `KERAS_BACKEND`
+selects (TensorFlow, JAX or PyTorch). The few things `keras.ops` has no
+public function for are dispatched here, once, on `keras.backend.backend()`:
+
+* `value_and_grad(fn, inputs, variables)`: the gradient of a scalar
+  `fn(*inputs)` with respect to the input tensors and Keras variables
+  (`tf.GradientTape`; `jax.value_and_grad` over a `keras.StatelessScope`;
+  `torch.autograd.grad`);
+* `jit(fn)`: `fn` compiled with XLA (`tf.function(jit_compile=True)`,
+  `jax.jit`) or, on PyTorch, `fn` itself (PyTorch has no XLA here);
+* `to_numpy(x)`.
+"""
+
+import keras
+import numpy as np
+
+BACKEND = keras.backend.backend()
+
+
+def to_numpy(x):
+    """A NumPy array of a backend tensor, variable or sparse gradient."""
+    if x is None:
+        return None
+    if isinstance(x, keras.Variable):
+        x = x.value
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(x, tf.IndexedSlices):
+            x = tf.convert_to_tensor(x)
+    return keras.ops.convert_to_numpy(x)
+
+
+def value_and_grad(fn, inputs=(), variables=()):
+    """`(value, input_grads, variable_grads)` of a scalar `fn(*inputs)`.
+
+    `inputs` are array-likes (converted to tensors of their dtype) and
+    `variables` Keras variables `fn` reads. Gradients come back as NumPy
+    arrays, in order; a gradient that does not exist is `None`.
+    """
+    inputs = [keras.ops.convert_to_tensor(x) for x in inputs]
+    variables = list(variables)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            value = fn(*inputs)
+        grads = tape.gradient(value, inputs + variables)
+    elif BACKEND == "jax":
+        import jax
+
+        def pure(input_values, variable_values):
+            mapping = list(zip(variables, variable_values))
+            with keras.StatelessScope(state_mapping=mapping):
+                return fn(*input_values)
+
+        value, (gi, gv) = jax.value_and_grad(pure, argnums=(0, 1))(
+            inputs, [v.value for v in variables]
+        )
+        grads = list(gi) + list(gv)
+    elif BACKEND == "torch":
+        import torch
+
+        inputs = [x.detach().clone().requires_grad_(True) for x in inputs]
+        value = fn(*inputs)
+        grads = torch.autograd.grad(
+            value, inputs + [v.value for v in variables], allow_unused=True
+        )
+    else:
+        raise NotImplementedError(f"Unsupported backend: {BACKEND}")
+    grads = [to_numpy(g) for g in grads]
+    return float(to_numpy(value)), grads[: len(inputs)], grads[len(inputs):]
+
+
+def jit(fn):
+    """`fn` compiled with XLA where the backend has it (TF, JAX)."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=True)
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)
+    return fn
+
+
+def is_target_error(exc):
+    """Whether `exc` is the error a head raises for out-of-range targets
+    (a `ValueError` eagerly; TensorFlow's `InvalidArgumentError` from a
+    graph-mode check)."""
+    if isinstance(exc, ValueError):
+        return True
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return isinstance(exc, tf.errors.InvalidArgumentError)
+    return False
