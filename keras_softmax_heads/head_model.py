@@ -3,7 +3,6 @@
 import warnings
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 # The `save_own_variables` keys of the random-number generators' states
@@ -66,9 +65,19 @@ class HeadModel(keras.Model):
         self.backbone = backbone
         self.head = head
         self._nll_tracker = keras.metrics.Mean(name="loss")
+        # "train" / "test" while Keras runs (or traces) a step, else None.
+        self._step_mode = None
 
     def call(self, inputs, training=None):
-        return self.head(self.backbone(inputs, training=training))
+        h = self.backbone(inputs, training=training)
+        if self._step_mode is None:
+            return self.head(h)
+        # Inside `fit` / `evaluate`: hand the contexts to `compute_loss`;
+        # the log-probabilities only when compiled metrics need them.
+        outputs = {"contexts": h}
+        if self._wants_metrics():
+            outputs["log_probs"] = self.head(h)
+        return outputs
 
     def build(self, input_shape):
         if not self.backbone.built:
@@ -77,18 +86,58 @@ class HeadModel(keras.Model):
             self.head.build(self.backbone.compute_output_shape(input_shape))
         self.built = True
 
-    def _mark_built(self, x):
-        """Marks the model built after a step traced backbone and head.
+    def _run_step(self, mode, step, *args, **kwargs):
+        """Runs Keras' own `train_step` / `test_step` (whatever the backend's
+        signature) with `call` returning the contexts."""
+        self._check_compiled_loss()
+        previous, self._step_mode = self._step_mode, mode
+        try:
+            return step(*args, **kwargs)
+        finally:
+            self._step_mode = previous
 
-        Goes through `build` (which only builds what is still unbuilt) so
-        that Keras records the input shape: a `.keras` file then carries a
-        build config, and loading rebuilds the model before restoring the
-        weights *and the optimizer's state*.
+    def train_step(self, *args, **kwargs):
+        return self._run_step("train", super().train_step, *args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        return self._run_step("test", super().test_step, *args, **kwargs)
+
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
+        """Token-mean training objective (training) or exact NLL (evaluation).
+
+        `y_pred` is what `call` returns inside a step: `{"contexts": h}`.
+        Training minimises `head.training_loss(h, y)` plus the regularisation
+        losses; evaluation uses `-head.log_likelihood(h, y)`. Both are
+        averaged over tokens weighted by `sample_weight`, and the mean is what
+        `loss` reports. Under a `tf.distribute` strategy the returned value
+        is divided by the number of replicas (Keras sums their gradients).
         """
-        if not self.built:
-            self.build(keras.tree.map_structure(lambda t: tuple(t.shape), x))
+        h = y_pred["contexts"]
+        if training:
+            per_token = self.head.training_loss(h, y, training=True)
+        else:
+            per_token = -self.head.log_likelihood(h, y)
+        loss, count = self._token_mean(per_token, sample_weight)
+        if training and self.losses:
+            loss = loss + ops.sum(
+                ops.stack([ops.cast(l, "float32") for l in self.losses])
+            )
+        self._nll_tracker.update_state(loss, sample_weight=count)
+        return _per_replica(loss)
 
-    def _token_mean(self, per_token, y, sample_weight):
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        logs = {}
+        if self._wants_metrics():
+            log_probs = y_pred["log_probs"] if isinstance(y_pred, dict) else y_pred
+            logs = super().compute_metrics(x, y, log_probs, sample_weight)
+        logs["loss"] = self._nll_tracker.result()
+        if self._step_mode == "test":
+            logs["perplexity"] = ops.exp(logs["loss"])
+        return logs
+
+    def _token_mean(self, per_token, sample_weight):
         per_token = ops.cast(per_token, "float32")
         if sample_weight is None:
             weight = ops.ones_like(per_token)
@@ -111,47 +160,6 @@ class HeadModel(keras.Model):
     def _wants_metrics(self):
         # compile(metrics=...) adds Keras' "compile_metrics" container.
         return any(m.name == "compile_metrics" for m in super().metrics)
-
-    def train_step(self, data):
-        self._check_compiled_loss()
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.GradientTape() as tape:
-            h = self.backbone(x, training=True)
-            per_token = self.head.training_loss(h, y, training=True)
-            self._mark_built(x)
-            loss, count = self._token_mean(per_token, y, sample_weight)
-            if self.losses:
-                loss = loss + ops.sum(ops.stack(self.losses))
-            self._nll_tracker.update_state(loss, sample_weight=count)
-            # Gradients are summed over replicas: average them instead.
-            scaled = loss / tf.distribute.get_strategy().num_replicas_in_sync
-            if self.optimizer is not None:
-                scaled = self.optimizer.scale_loss(scaled)
-        variables = self.trainable_variables
-        grads = tape.gradient(scaled, variables)
-        self.optimizer.apply_gradients(zip(grads, variables))
-        logs = {}
-        if self._wants_metrics():
-            logs = self.compute_metrics(x, y, self.head(h), sample_weight)
-        logs["loss"] = self._nll_tracker.result()
-        return logs
-
-    def test_step(self, data):
-        self._check_compiled_loss()
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        h = self.backbone(x, training=False)
-        nll = -self.head.log_likelihood(h, y)
-        self._mark_built(x)
-        loss, count = self._token_mean(nll, y, sample_weight)
-        self._nll_tracker.update_state(loss, sample_weight=count)
-        logs = {}
-        if self._wants_metrics():
-            y_pred = self.head(h)
-            logs = self.compute_metrics(x, y, y_pred, sample_weight)
-            logs.pop("loss", None)
-        result = self._nll_tracker.result()
-        logs.update({"loss": result, "perplexity": ops.exp(result)})
-        return logs
 
     # ---------------------------------------------------------------- saving
     def random_states(self):
@@ -284,3 +292,15 @@ def find_layer(root, path):
         if layer is None:
             return None
     return layer
+
+
+def _per_replica(loss):
+    """`loss` divided by the replicas of the current `tf.distribute`
+    strategy (TensorFlow sums per-replica gradients); unchanged on the other
+    backends, whose distribution computes the global mean directly."""
+    if keras.backend.backend() != "tensorflow":
+        return loss
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss / replicas if replicas > 1 else loss
