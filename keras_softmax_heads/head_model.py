@@ -40,7 +40,9 @@ class HeadModel(keras.Model):
     * the states of the random-number generators of backbone and head
       (dropout, sampled heads' samplers) are saved with the weights and
       restored, so a step after loading draws what the original model's
-      next step draws.
+      next step draws. (On PyTorch, Keras draws an unseeded `Dropout`'s
+      masks from torch's global generator, which is not saved: give the
+      layers a `seed` for exact resumes there.)
 
     Args:
         backbone: a `keras.layers.Layer` or `keras.Model` mapping inputs to
@@ -114,6 +116,7 @@ class HeadModel(keras.Model):
         `loss` reports. Under a `tf.distribute` strategy the returned value
         is divided by the number of replicas (Keras sums their gradients).
         """
+        self._check_compiled_loss()
         h = y_pred["contexts"]
         if training:
             per_token = self.head.training_loss(h, y, training=True)

@@ -3,8 +3,11 @@ import os
 import keras
 import numpy as np
 import pytest
+from backends import to_numpy
 
 import keras_softmax_heads as ksh
+
+pytestmark = pytest.mark.multibackend
 
 
 def _model(vocab=11, dim=5):
@@ -85,13 +88,13 @@ def test_save_after_fit_keeps_optimizer_state(tmp_path, head):
     assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 4
     assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
     for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
     # Training continues identically, the sampled head's too: the sampler's
     # generator state is saved and restored with the weights.
     model.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
     loaded.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
     for a, b in zip(model.weights, loaded.weights):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=1e-6)
 
 
 @keras.saving.register_keras_serializable(package="test_head_model")
@@ -103,7 +106,9 @@ class DropoutBackbone(keras.layers.Layer):
         super().__init__(**kwargs)
         self.vocab, self.dim = vocab, dim
         self.token_embedding = keras.layers.Embedding(vocab, dim, name="token_embedding")
-        self.dropout = keras.layers.Dropout(0.3)
+        # Seeded: on PyTorch an unseeded Dropout draws from torch's global
+        # generator, which no saved model can restore.
+        self.dropout = keras.layers.Dropout(0.3, seed=7)
 
     def build(self, input_shape):
         self.token_embedding.build(input_shape)
@@ -137,11 +142,11 @@ def test_tie_and_dropout_state_survive_save_and_load(tmp_path):
     assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
     assert len(loaded.variables) == len(model.variables)
     for a, b in zip(model.variables, loaded.variables):  # seed states included
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b), err_msg=a.path)
     model.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
     loaded.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
     for a, b in zip(model.weights, loaded.weights):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=1e-6)
 
 
 def test_tied_head_counts_only_its_own_parameters():
