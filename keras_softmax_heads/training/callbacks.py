@@ -138,6 +138,12 @@ class StepCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self.model.stop_training = True
 
+    def _save(self, step_in_epoch):
+        # Reading `self.model` makes Keras write the JAX trainer's state
+        # (held outside the variables during `fit`) back to the variables.
+        self.model  # noqa: B018
+        self.checkpoints.save(self.epoch, step_in_epoch, self.history)
+
     def on_train_batch_end(self, batch, logs=None):
         self.times.append(time.perf_counter())
         step_in_epoch = self.offset + batch + 1
@@ -146,7 +152,7 @@ class StepCallback(keras.callbacks.Callback):
         mid_epoch = step_in_epoch < self.steps_per_epoch
         if (every and mid_epoch
                 and global_step // every > self.checkpoints.last_saved_step // every):
-            self.checkpoints.save(self.epoch, step_in_epoch, self.history)
+            self._save(step_in_epoch)
         if (self.summary_writer is not None and self.summary_every
                 and global_step % self.summary_every == 0 and logs and "loss" in logs):
             with self.summary_writer.as_default():
@@ -155,6 +161,6 @@ class StepCallback(keras.callbacks.Callback):
             os.kill(os.getpid(), self.config.kill_signal)
         if self.signals is not None and self.signals.signum is not None and mid_epoch:
             if self.checkpoints.last_saved_step != global_step:
-                self.checkpoints.save(self.epoch, step_in_epoch, self.history)
+                self._save(step_in_epoch)
             self.interrupted_at = global_step
             self.model.stop_training = True

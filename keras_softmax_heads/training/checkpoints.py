@@ -32,6 +32,7 @@ import re
 import sys
 import time
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -94,9 +95,9 @@ class CheckpointManager:
         model = self._model
         arrays = {}
         for i, v in enumerate(model.variables):
-            arrays[f"model_{i}"] = np.asarray(v.numpy())
+            arrays[f"model_{i}"] = keras.ops.convert_to_numpy(v)
         for i, v in enumerate(model.optimizer.variables):
-            arrays[f"optimizer_{i}"] = np.asarray(v.numpy())
+            arrays[f"optimizer_{i}"] = keras.ops.convert_to_numpy(v)
         for i, value in enumerate(self.read_carried_state()):
             arrays[f"carry_{i}"] = value
         for i, value in enumerate(self.running_metric_values() if step_in_epoch else []):
@@ -227,7 +228,7 @@ class CheckpointManager:
     def running_metric_values(self):
         """Current values of the model's metric variables (the running
         training-loss mean), as NumPy arrays."""
-        return [np.asarray(v.numpy()) for v in self._metric_variables()]
+        return [keras.ops.convert_to_numpy(v) for v in self._metric_variables()]
 
     def restore_running_metrics(self):
         """Assigns the running metric of the restored mid-epoch checkpoint
@@ -247,7 +248,7 @@ class CheckpointManager:
         out = []
         for var in self._model.backbone.carried_state_variables:
             parts = self._strategy.experimental_local_results(var.value)
-            out.append(np.concatenate([np.asarray(p.numpy()) for p in parts], axis=0))
+            out.append(np.concatenate([keras.ops.convert_to_numpy(p) for p in parts], axis=0))
         return out
 
     def write_carried_state(self, values):

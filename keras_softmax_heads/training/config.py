@@ -138,7 +138,9 @@ class TrainConfig:
     seed: int = _field(0, "Random seed of initialisation, dropout and n-gram shuffling.")
     # Infrastructure.
     strategy: str = _field(
-        "default", "Distribution strategy (multi_worker: cluster from TF_CONFIG).",
+        "default", "Distribution strategy: mirrored, multi_worker (cluster from "
+        "TF_CONFIG) and tpu are tf.distribute (TensorFlow backend); "
+        "data_parallel is keras.distribution.DataParallel (JAX backend).",
         choices=DISTRIBUTION_STRATEGIES, resumable=True)
     tpu: str | None = _field(
         None, "TPU name or grpc:// address (none: 'local', on a TPU VM).", resumable=True)

@@ -1,12 +1,17 @@
-"""`tf.distribute` strategies, this process' place in a cluster, and how
-global batches are split between replicas."""
+"""`tf.distribute` strategies (TensorFlow), `keras.distribution` data
+parallelism (JAX), this process' place in a cluster, and how global batches
+are split between replicas."""
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 #: Names accepted by `make_strategy` (and `TrainConfig.strategy`).
-DISTRIBUTION_STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+DISTRIBUTION_STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")
+
+#: The strategies that are `tf.distribute` strategies (TensorFlow backend).
+TF_STRATEGIES = ("mirrored", "multi_worker", "tpu")
 
 
 def make_strategy(name="default", tpu=None):
@@ -21,11 +26,39 @@ def make_strategy(name="default", tpu=None):
       `experimental_connect_to_cluster`, `initialize_tpu_system`,
       `TPUStrategy`. `tpu` is the TPU's name or `grpc://` address, or
       `"local"` (default) on a TPU VM.
+    * `"data_parallel"` (JAX backend): sets Keras' global distribution to
+      `keras.distribution.DataParallel` over all local devices (on a TPU VM
+      its cores; on a CPU, `XLA_FLAGS=--xla_force_host_platform_device_count=N`
+      makes N host devices) and returns the default `tf.distribute`
+      strategy, which then only feeds the `tf.data` input.
+
+    The first three are `tf.distribute` strategies and need the TensorFlow
+    backend; `"data_parallel"` needs JAX (Keras' distribution API).
 
     Raises:
         RuntimeError: `"tpu"` when no TPU can be reached (the message says
             what was tried).
+        ValueError: a strategy the current Keras backend cannot run.
     """
+    backend = keras.backend.backend()
+    if name in TF_STRATEGIES and backend != "tensorflow":
+        raise ValueError(
+            f"strategy={name!r} is a tf.distribute strategy: it needs "
+            f"KERAS_BACKEND=tensorflow (the current backend is {backend!r}). "
+            "On JAX use strategy='data_parallel' (keras.distribution)."
+        )
+    if name == "data_parallel":
+        if backend != "jax":
+            raise ValueError(
+                "strategy='data_parallel' uses keras.distribution, which needs "
+                f"KERAS_BACKEND=jax (the current backend is {backend!r}). On "
+                "TensorFlow use strategy='mirrored'."
+            )
+        devices = keras.distribution.list_devices()
+        keras.distribution.set_distribution(
+            keras.distribution.DataParallel(devices=devices)
+        )
+        return tf.distribute.get_strategy()
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
@@ -50,6 +83,15 @@ def make_strategy(name="default", tpu=None):
         return tf.distribute.TPUStrategy(resolver)
     raise ValueError(
         f"Unknown strategy. Expected one of {list(DISTRIBUTION_STRATEGIES)}. Received: {name!r}")
+
+
+def data_parallel_devices():
+    """Devices the global `keras.distribution` splits each batch across
+    (`strategy="data_parallel"`), or 1 when there is none."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return 1
+    return int(distribution.device_mesh.devices.size)
 
 
 def worker_info(strategy):

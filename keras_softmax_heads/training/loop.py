@@ -35,6 +35,7 @@ from keras_softmax_heads.training.config import TrainConfig
 from keras_softmax_heads.training.config import parse_options
 from keras_softmax_heads.training.config import validate_config
 from keras_softmax_heads.training.distribute import distribute_dataset
+from keras_softmax_heads.training.distribute import data_parallel_devices
 from keras_softmax_heads.training.distribute import make_strategy
 from keras_softmax_heads.training.distribute import worker_info
 from keras_softmax_heads.training.evaluation import Evaluator
@@ -182,8 +183,15 @@ def _run(config, workdir, strategy):
 
     corpus = load_dataset(config.dataset, config.data_dir, **parse_options(config.dataset_options))
     steps_per_epoch = train_steps_per_epoch(config, corpus)
+    devices = data_parallel_devices()
+    if config.batch_size % devices:
+        raise ValueError(
+            "The batch size must be divisible by the number of data-parallel "
+            f"devices. Received: batch_size={config.batch_size}, devices={devices}"
+        )
     _log(config, f"{corpus!r}; {steps_per_epoch} steps per epoch, "
-                 f"{strategy.num_replicas_in_sync} replica(s)")
+                 f"{strategy.num_replicas_in_sync} replica(s)"
+                 + (f", data parallel over {devices} devices" if devices > 1 else ""))
     with strategy.scope():
         model, info = build_model(config, corpus, num_replicas=strategy.num_replicas_in_sync)
     checkpoints = CheckpointManager(workdir, config, model, strategy, steps_per_epoch)
@@ -227,6 +235,8 @@ def _run(config, workdir, strategy):
         "tied_embeddings": info["tied"], "head": info["head"],
         "context_dim": int(model.backbone.output_dim),
         "num_replicas": strategy.num_replicas_in_sync,
+        "data_parallel_devices": devices,
+        "backend": keras.backend.backend(),
     }
     results["training"] = timing
     results["history"] = history
