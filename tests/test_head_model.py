@@ -170,3 +170,26 @@ def test_tied_head_counts_only_its_own_parameters():
     untied = ksh.SigSoftmax(vocab)
     untied.build((None, dim))
     assert untied.count_params() == dim * vocab + vocab
+
+
+def test_keras_fit_machinery_steps_per_execution_and_callbacks():
+    """HeadModel trains through Keras' own fit loop on every backend:
+    `steps_per_execution` gives the same weights as one step per call, and
+    callbacks see every batch."""
+    x, y = _data(n=16)
+    weights = []
+    # Keras runs PyTorch one step per call.
+    for steps in (1, 1 if keras.backend.backend() == "torch" else 4):
+        model = _model()
+        model.compile(keras.optimizers.SGD(0.5), steps_per_execution=steps)
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        weights.append(model.get_weights())
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    ends = []
+    callback = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: ends.append(float(logs["loss"])))
+    model = _model()
+    model.compile("adam")
+    model.fit(x, y, batch_size=4, epochs=1, callbacks=[callback], verbose=0)
+    assert len(ends) == 4 and all(np.isfinite(ends))
