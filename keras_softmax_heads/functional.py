@@ -1,10 +1,16 @@
 """Pure functions shared by the heads: output functions in log space and PLIF.
 
-Everything here works on float32 (or float64) tensors; the heads call these
-functions on their linear scores `z`. The sigsoftmax family is written with
-`keras.ops`. The PLIF kernels use TensorFlow directly (`tf.custom_gradient`,
-`tf.while_loop`, `tf.TensorArray`, `tf.raw_ops.DenseBincount` and
-`tf.tensor_scatter_nd_add` have no `keras.ops` equivalent with the same cost).
+Everything here works on float32 (or float64) tensors of any Keras backend
+(TensorFlow, JAX, PyTorch); the heads call these functions on their linear
+scores `z`. Everything is written with `keras.ops` (`ops.custom_gradient`,
+`ops.scan`, `ops.segment_sum`) except three small dispatch points that
+branch on `keras.backend.backend()` and import TensorFlow only in their
+TensorFlow branch: `knot_histogram` (the slopes' weighted histogram,
+`DenseBincount` on TensorFlow), `_lookup` (the table lookups, `tf.gather`
+on TensorFlow) and `scan_tiles` (`ops.scan` on JAX and PyTorch, a
+`tf.while_loop` with one iteration in flight and `TensorArray` outputs on
+TensorFlow, where Keras' `ops.scan` requires the per-iteration outputs to
+have the structure of the carry).
 
 PLIF: where the time goes
 -------------------------
@@ -19,20 +25,18 @@ sum). Automatic differentiation of the plain formula (`plif_reference`) does
 the same work with two scatter-adds and keeps more `[N, V]` tensors.
 
 `plif` (any shape) has a custom gradient that saves `z` and the int32
-interval index and computes both histograms with `DenseBincount`
-(multi-threaded partial histograms in TensorFlow's CPU kernel, much faster
-than `unsorted_segment_sum`; a scatter-add under XLA).
+interval index and computes both histograms with `knot_histogram`.
 `plif_log_likelihood` (the PLIF head's training path) also fuses PLIF with
 `log_softmax` and the target lookup: its backward pass recomputes the PLIF
 scores and `softmax` tile by tile from `z`, so it saves `z`, the index and
 two `[N]` vectors, never the `[N, V]` PLIF scores or log-probabilities.
 
-When the number of scores is static (always under XLA) both work in tiles of
-about `TILE_ELEMENTS` scores inside `tf.while_loop`s. The loop keeps a tile in
-cache and, more importantly under XLA, stops the compiler from fusing the
-softplus / cumulative-sum table computation into every lookup (one fusion
-for the whole step re-computes the `[K]` tables, softplus and cumulative
-sum, for every score).
+When the number of scores is static (always under XLA, JAX and PyTorch)
+both work in tiles of about `TILE_ELEMENTS` scores inside `scan_tiles`. The
+loop keeps a tile in cache, bounds the temporaries of the backward pass to
+one tile, and, under XLA, stops the compiler from fusing the softplus /
+cumulative-sum table computation into every lookup (one fusion for the
+whole step re-computes the `[K]` tables for every score).
 
 What a PLIF step costs beyond Linear-Softmax is inherent to the histogram
 and memory-bound on a CPU: the `N * V`-element weighted histogram (a serial
@@ -54,7 +58,7 @@ that of a running sum.
 import math
 import numbers
 
-import tensorflow as tf
+import keras
 from keras import ops
 
 # ------------------------------------------------------------------ sigsoftmax
@@ -62,6 +66,7 @@ from keras import ops
 
 def log_sigmoid_scores(z):
     """`log(exp(z) * sigmoid(z)) = z - softplus(-z)`, stable for any |z|."""
+    z = ops.convert_to_tensor(z)
     return z - ops.softplus(-z)
 
 
@@ -73,11 +78,12 @@ def log_sigsoftmax(z, axis=-1):
 
     Example:
 
-    >>> import numpy as np
+    >>> import keras, numpy as np
     >>> from keras_softmax_heads import functional
     >>> z = np.array([[-1.0, 0.0, 2.0]], "float32")
     >>> g = np.exp(z) / (1 + np.exp(-z))
-    >>> bool(np.allclose(np.exp(functional.log_sigsoftmax(z)), g / g.sum(), atol=1e-6))
+    >>> log_p = keras.ops.convert_to_numpy(functional.log_sigsoftmax(z))
+    >>> bool(np.allclose(np.exp(log_p), g / g.sum(), atol=1e-6))
     True
     """
     return ops.log_softmax(log_sigmoid_scores(z), axis=axis)
@@ -85,7 +91,7 @@ def log_sigsoftmax(z, axis=-1):
 
 def log_sigmoid_output_scores(z):
     """`log g(z)` for the output function `g = sigmoid`: `-softplus(-z)`."""
-    return -ops.softplus(-z)
+    return -ops.softplus(-ops.convert_to_tensor(z))
 
 
 def log_relu_output_scores(z, epsilon):
@@ -96,25 +102,14 @@ def log_relu_output_scores(z, epsilon):
     probability mass at least `epsilon / sum_j g(z_j)`, so a row of
     non-positive scores gives the uniform distribution instead of NaN.
     """
+    z = ops.convert_to_tensor(z)
     return ops.log(ops.relu(z) + ops.cast(epsilon, z.dtype))
 
 
 # ------------------------------------------------------------------------ PLIF
 
 TILE_ELEMENTS = 2**19
-"""Scores per tile of `plif_log_likelihood` (2 MiB of float32)."""
-
-TILE_HISTOGRAM = "bincount"
-"""How `plif_log_likelihood` accumulates the slopes' histograms per tile.
-
-`"bincount"` (default): two `DenseBincount`s per tile (TensorFlow's
-multi-threaded CPU kernel in graph mode, two scatter-adds under XLA).
-`"complex_scatter"`: one `tensor_scatter_nd_add` of `A + iB` into a complex
-loop-carried buffer: one scatter instead of two, so somewhat faster under
-XLA, but slower in graph mode (TensorFlow's scatter-add CPU kernel is
-serial, unlike `DenseBincount`); set it to `"complex_scatter"` for XLA-only
-training (measurements in `docs/plif.md`).
-"""
+"""Scores per tile of `plif` and `plif_log_likelihood` (2 MiB of float32)."""
 
 
 def plif_identity_raw_slope():
@@ -133,109 +128,182 @@ def check_knot_bound(knot_bound):
     return float(knot_bound)
 
 
+def knot_histogram(idx, weights, num_knots):
+    """Per-interval sums of weights: `out[i] = sum of w where idx == i`.
+
+    The slopes' gradient of PLIF, and the one backend-specific kernel of
+    this module: TensorFlow uses `DenseBincount` (multi-threaded partial
+    histograms on CPU, much faster there than `unsorted_segment_sum`; a
+    scatter-add under XLA), the other backends `ops.segment_sum` (a
+    scatter-add; `jax.ops.segment_sum` under JAX). `O(idx.size)` time,
+    `O(num_knots)` memory per weight tensor.
+
+    Args:
+        idx: int32 tensor of any shape, values in `[0, num_knots)`.
+        weights: tuple of float tensors of the shape of `idx`.
+        num_knots: int, the number of intervals `K` (static).
+
+    Returns:
+        A tuple of `[K]` tensors, one per weight tensor, in its dtype.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_softmax_heads import functional
+    >>> idx = np.array([0, 2, 2, 1], "int32")
+    >>> w = np.array([1.0, 2.0, 3.0, 4.0], "float32")
+    >>> [ops.convert_to_numpy(h).tolist() for h in functional.knot_histogram(idx, (w,), 4)]
+    [[1.0, 4.0, 5.0, 0.0]]
+    """
+    idx = ops.reshape(idx, [-1])
+    weights = [ops.reshape(w, [-1]) for w in weights]
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tuple(
+            tf.raw_ops.DenseBincount(
+                input=idx, size=num_knots, weights=w, binary_output=False
+            )
+            for w in weights
+        )
+    return tuple(ops.segment_sum(w, idx, num_segments=num_knots) for w in weights)
+
+
+def _lookup(table, idx):
+    """`table[idx]` for int32 indices known to be in range.
+
+    `ops.take`, except on TensorFlow: `tf.gather` there, which skips the
+    pass over `idx` that Keras' `take` adds for negative indices (measured
+    about 10% of a graph-mode `plif_log_likelihood` step).
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.gather(table, idx)
+    return ops.take(table, idx)
+
+
+def scan_tiles(body, carry, xs, ys_dtypes):
+    """`ops.scan(body, carry, xs)` with one iteration in flight at a time.
+
+    `body(carry, x) -> (carry, ys)`, `ys` a tuple of tensors (possibly
+    empty) stacked along a new leading axis. JAX and PyTorch use
+    `ops.scan`; TensorFlow a `tf.while_loop` with `parallel_iterations=1`
+    and `TensorArray` outputs of `ys_dtypes` (Keras' TensorFlow `scan`
+    needs outputs of the carry's structure, and a loop with parallel
+    iterations would hold several tiles' temporaries at once).
+
+    Args:
+        body: the step function.
+        carry: tuple of tensors.
+        xs: tuple of tensors with a common static leading dimension `n`.
+        ys_dtypes: tuple of the dtypes of `ys` (used by TensorFlow).
+
+    Returns:
+        `(carry, ys)`, `ys` a tuple of `[n, ...]` tensors.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return ops.scan(body, carry, xs)
+    import tensorflow as tf
+
+    n = xs[0].shape[0]
+    arrays = tuple(tf.TensorArray(dtype, size=n) for dtype in ys_dtypes)
+
+    def loop_body(i, carry, arrays):
+        carry, ys = body(carry, tuple(x[i] for x in xs))
+        return i + 1, tuple(carry), tuple(a.write(i, y) for a, y in zip(arrays, ys))
+
+    _, carry, arrays = tf.while_loop(
+        lambda i, *_: i < n,
+        loop_body,
+        (tf.constant(0), tuple(carry), arrays),
+        maximum_iterations=n,
+        parallel_iterations=1,
+    )
+    return carry, tuple(a.stack() for a in arrays)
+
+
+def _upstream(args, upstream):
+    """The upstream gradient of an `ops.custom_gradient` gradient function
+    (positional on TensorFlow / JAX, keyword on PyTorch)."""
+    return args[-1] if upstream is None else upstream
+
+
 def _compute_dtype(z):
     """PLIF runs in float32 (float64 for float64 scores): the interval index
     of a K=1e5 grid does not fit the precision of float16 / bfloat16."""
-    return tf.float64 if z.dtype == tf.float64 else tf.float32
+    dtype = keras.backend.standardize_dtype(z.dtype)
+    return "float64" if dtype == "float64" else "float32"
 
 
 def _prepare(z, raw_slopes, knot_bound):
-    z = tf.convert_to_tensor(z)
-    if not z.dtype.is_floating:
-        z = tf.cast(z, tf.float32)
-    dtype = _compute_dtype(z)
+    knot_bound = check_knot_bound(knot_bound)
+    z = ops.convert_to_tensor(z)
+    if not keras.backend.is_float_dtype(z.dtype):
+        z = ops.cast(z, "float32")
     # A variable is read here, outside the custom gradient, so its gradient
     # flows through the read as for any other tensor.
-    raw = tf.cast(tf.convert_to_tensor(raw_slopes), dtype)
-    if raw.shape.rank != 1 or raw.shape[0] is None or raw.shape[0] < 1:
+    raw = ops.cast(ops.convert_to_tensor(raw_slopes), _compute_dtype(z))
+    if len(raw.shape) != 1 or raw.shape[0] is None or raw.shape[0] < 1:
         raise ValueError(
             "`raw_slopes` must be a vector of static length K >= 1. "
-            f"Received: raw_slopes with shape {raw.shape}"
+            f"Received: raw_slopes with shape {tuple(raw.shape)}"
         )
-    return z, raw, check_knot_bound(knot_bound)
+    return z, raw, knot_bound
 
 
 def _blocked_cumsum(x, reverse=False):
     """Exclusive cumulative sum of a vector in blocks of ~sqrt(K) elements.
 
-    A running float32 sum over K = 1e5 terms loses ~sqrt(K) ulps (TensorFlow's
-    CPU `cumsum` is sequential, XLA's a tree: they differ by ~2e-5 relative);
-    summing within blocks, then over the block totals, keeps the error at the
-    level of a ~sqrt(K)-term sum, and the same in every execution mode.
+    A running float32 sum over K = 1e5 terms loses ~sqrt(K) ulps (sequential
+    and tree-shaped cumulative sums differ by ~2e-5 relative); summing
+    within blocks, then over the block totals, keeps the error at the level
+    of a ~sqrt(K)-term sum, and the same in every execution mode.
     """
     size = x.shape[0]
     block = max(1, int(math.ceil(math.sqrt(size))))
     blocks = -(-size // block)
-    padded = tf.pad(x, [[0, blocks * block - size]]) if blocks * block > size else x
-    padded = tf.reshape(padded, [blocks, block])
-    within = tf.cumsum(padded, axis=1, exclusive=True, reverse=reverse)
-    offsets = tf.cumsum(tf.reduce_sum(padded, axis=1), exclusive=True, reverse=reverse)
-    return tf.reshape(within + offsets[:, None], [-1])[:size]
+    if reverse:
+        x = ops.flip(x, axis=0)
+    if blocks * block > size:
+        x = ops.pad(x, [[0, blocks * block - size]])
+    x = ops.reshape(x, [blocks, block])
+    within = ops.cumsum(x, axis=1)
+    within = ops.pad(within[:, :-1], [[0, 0], [1, 0]])
+    totals = ops.sum(x, axis=1)
+    offsets = ops.pad(ops.cumsum(totals)[:-1], [[1, 0]])
+    out = ops.reshape(within + offsets[:, None], [-1])[:size]
+    return ops.flip(out, axis=0) if reverse else out
 
 
 def _tables(raw, knot_bound):
-    """Slopes `s = softplus(v)`, `f(l_i)` at the left knots, interval width."""
-    num_knots = raw.shape[0]
-    width = 2.0 * knot_bound / num_knots
-    slopes = tf.nn.softplus(raw)
+    """Slopes `s = softplus(v)` and `f(l_i)` at the left knots."""
+    width = 2.0 * knot_bound / raw.shape[0]
+    slopes = ops.softplus(raw)
     left_values = -knot_bound + width * _blocked_cumsum(slopes)
-    return slopes, left_values, width
+    return slopes, left_values
 
 
 def _interval(z, num_knots, knot_bound):
     """`clip(floor((z + T) K / 2T), 0, K - 1)` as int32 (0 for NaN)."""
     width = 2.0 * knot_bound / num_knots
-    position = tf.clip_by_value(tf.floor((z + knot_bound) / width), 0.0, num_knots - 1.0)
+    position = ops.clip(ops.floor((z + knot_bound) / width), 0.0, num_knots - 1.0)
     # The integer clip sends NaN (cast to an arbitrary integer) into range.
-    return tf.clip_by_value(tf.cast(position, tf.int32), 0, num_knots - 1)
+    return ops.clip(ops.cast(position, "int32"), 0, num_knots - 1)
 
 
 def _offset(z, idx, num_knots, knot_bound):
     """`z - l_idx`, the distance to the left knot of the interval."""
     width = 2.0 * knot_bound / num_knots
-    return z - (-knot_bound + width * tf.cast(idx, z.dtype))
-
-
-def _histograms(idx, grad, offset, num_knots):
-    """Per interval: `A_i = sum grad`, `B_i = sum grad * offset` (any shapes).
-
-    `DenseBincount` with weights: multi-threaded partial histograms in
-    TensorFlow's CPU kernel (much faster than `unsorted_segment_sum` or a
-    scatter-add, which are serial there), a scatter-add under XLA.
-    """
-    idx = tf.reshape(idx, [-1])
-
-    def bincount(weights):
-        return tf.raw_ops.DenseBincount(
-            input=idx,
-            size=num_knots,
-            weights=tf.reshape(weights, [-1]),
-            binary_output=False,
-        )
-
-    return bincount(grad), bincount(grad * offset)
-
-
-def _accumulate_histograms(sums, idx, grad, offset):
-    """Adds one tile's histograms to the loop-carried `sums`.
-
-    `sums` is a complex `[K]` vector (`A + iB`) for
-    `TILE_HISTOGRAM = "complex_scatter"`: one scatter-add per tile into the
-    loop-carried buffer (in place under XLA), else a pair of `[K]` vectors
-    updated with two `DenseBincount`s.
-    """
-    if TILE_HISTOGRAM == "complex_scatter":
-        update = tf.complex(grad, grad * offset)
-        return tf.tensor_scatter_nd_add(sums, idx[..., None], update)
-    a, b = _histograms(idx, grad, offset, sums[0].shape[0])
-    return sums[0] + a, sums[1] + b
+    return z - (-knot_bound + width * ops.cast(idx, z.dtype))
 
 
 def _slope_gradient(sum_grad, sum_grad_offset, raw, knot_bound):
     """`dL/dv_j` from the histograms: `(w sum_{i>j} A_i + B_j) sigmoid(v_j)`."""
     width = 2.0 * knot_bound / raw.shape[0]
     d_slopes = width * _blocked_cumsum(sum_grad, reverse=True)
-    return (d_slopes + sum_grad_offset) * tf.sigmoid(raw)
+    return (d_slopes + sum_grad_offset) * ops.sigmoid(raw)
 
 
 def plif(z, raw_slopes, knot_bound):
@@ -249,11 +317,12 @@ def plif(z, raw_slopes, knot_bound):
     linearly (still increasing). With all `s_i = 1`, `f(x) = x`. The paper's
     free offset `b_0` is left out: a softmax does not see it.
 
-    The gradient is custom (see the module docstring): it saves `z` and the
-    int32 interval index, gives `df/dz = s[idx]` and the slopes' gradient by
-    two weighted histograms and a reverse cumulative sum. Extra memory does
-    not grow with `K` beyond the `[K]` tables. Inputs of static size larger
-    than `TILE_ELEMENTS` are processed in tiles (`tf.while_loop`).
+    The gradient is custom (`ops.custom_gradient`, see the module
+    docstring): it saves `z` and the int32 interval index, gives
+    `df/dz = s[idx]` and the slopes' gradient by two weighted histograms
+    (`knot_histogram`) and a reverse cumulative sum. Extra memory does not
+    grow with `K` beyond the `[K]` tables. Inputs of static size larger
+    than `TILE_ELEMENTS` are processed in tiles (`scan_tiles`).
 
     Args:
         z: float tensor of any shape (float16 / bfloat16 are computed in
@@ -268,48 +337,56 @@ def plif(z, raw_slopes, knot_bound):
     Example:
 
     >>> import numpy as np
+    >>> from keras import ops
     >>> from keras_softmax_heads import functional
     >>> raw = np.full((4,), functional.plif_identity_raw_slope(), "float32")
     >>> z = np.array([-3.0, -0.5, 0.25, 7.0], "float32")
-    >>> bool(np.allclose(functional.plif(z, raw, 2.0), z, atol=1e-6))  # identity
+    >>> f = ops.convert_to_numpy(functional.plif(z, raw, 2.0))
+    >>> bool(np.allclose(f, z, atol=1e-6))  # identity
     True
     >>> raw[2] = 3.0  # steeper on [0, 1]
-    >>> np.asarray(functional.plif(z, raw, 2.0)).round(3).tolist()  # doctest: +ELLIPSIS
+    >>> ops.convert_to_numpy(functional.plif(z, raw, 2.0)).round(3).tolist()  # doctest: +ELLIPSIS
     [-3.0, -0.5, 0.76..., 9.04...]
     """
     z, raw, knot_bound = _prepare(z, raw_slopes, knot_bound)
     out_dtype = z.dtype
-    num_knots = raw.shape[0]
-    z = tf.cast(z, _compute_dtype(z))
-    size = z.shape.num_elements()
+    z = ops.cast(z, _compute_dtype(z))
+    shape = tuple(z.shape)
+    size = math.prod(shape) if all(d is not None for d in shape) else None
     if size is not None and size > TILE_ELEMENTS:
-        flat = tf.reshape(z, [size])
+        flat = ops.reshape(z, [size])
         out = _plif_tiled(flat, raw, knot_bound, _tile_rows(size, 1))
-        return tf.cast(tf.reshape(out, tf.shape(z)), out_dtype)
+        return ops.cast(ops.reshape(out, shape), out_dtype)
+    return ops.cast(_plif_untiled(z, raw, knot_bound), out_dtype)
 
-    @tf.custom_gradient
+
+def _plif_untiled(z, raw, knot_bound):
+    """`plif` in one piece (any shape, also dynamic)."""
+    num_knots = raw.shape[0]
+
+    @ops.custom_gradient
     def _plif(z, raw):
-        slopes, left_values, _ = _tables(raw, knot_bound)
+        slopes, left_values = _tables(raw, knot_bound)
         idx = _interval(z, num_knots, knot_bound)
         offset = _offset(z, idx, num_knots, knot_bound)
-        out = tf.gather(left_values, idx) + tf.gather(slopes, idx) * offset
+        out = _lookup(left_values, idx) + _lookup(slopes, idx) * offset
 
-        def grad(upstream):
-            upstream = tf.cast(upstream, z.dtype)
+        def grad(*args, upstream=None):
+            upstream = ops.cast(_upstream(args, upstream), z.dtype)
             offset = _offset(z, idx, num_knots, knot_bound)
-            d_z = upstream * tf.gather(slopes, idx)
-            sums = _histograms(idx, upstream, offset, num_knots)
+            d_z = upstream * _lookup(slopes, idx)
+            sums = knot_histogram(idx, (upstream, upstream * offset), num_knots)
             return d_z, _slope_gradient(*sums, raw, knot_bound)
 
         return out, grad
 
-    return tf.cast(_plif(z, raw), out_dtype)
+    return _plif(z, raw)
 
 
 def _plif_tiled(z, raw, knot_bound, tile):
     """`plif` of a flat vector of static size, in tiles of `tile` elements.
 
-    The same function and custom gradient, with `tf.while_loop`s over the
+    The same function and custom gradient, with `scan_tiles` loops over the
     tiles: under XLA the loop keeps each tile in cache and the `[K]` tables
     materialised (as one fusion, XLA re-computes the softplus and the
     cumulative sum inside every lookup, which dominates the step).
@@ -323,59 +400,50 @@ def _plif_tiled(z, raw, knot_bound, tile):
     def forward_tile(zt, slopes, left_values):
         idx = _interval(zt, num_knots, knot_bound)
         offset = _offset(zt, idx, num_knots, knot_bound)
-        return idx, tf.gather(left_values, idx) + tf.gather(slopes, idx) * offset
+        return idx, _lookup(left_values, idx) + _lookup(slopes, idx) * offset
 
     def backward_tile(zt, idx, upstream, slopes, sums):
         offset = _offset(zt, idx, num_knots, knot_bound)
-        a, b = _histograms(idx, upstream, offset, num_knots)
-        return upstream * tf.gather(slopes, idx), (sums[0] + a, sums[1] + b)
+        a, b = knot_histogram(idx, (upstream, upstream * offset), num_knots)
+        return upstream * _lookup(slopes, idx), (sums[0] + a, sums[1] + b)
 
-    def arrays(dtype_):
-        return tf.TensorArray(dtype_, size=num_full, element_shape=[tile])
-
-    def loop(body, state):
-        return tf.while_loop(
-            lambda i, *_: i < num_full,
-            body,
-            (tf.constant(0),) + state,
-            maximum_iterations=num_full,
-            parallel_iterations=1,
-        )[1:]
-
-    @tf.custom_gradient
+    @ops.custom_gradient
     def tiled(z, raw):
-        z = tf.stop_gradient(z)  # see `_fused_plif_ll`
-        slopes, left_values, _ = _tables(tf.stop_gradient(raw), knot_bound)
-        z2 = tf.reshape(z[: num_full * tile], [num_full, tile])
+        # `stop_gradient`: an outer tape recording the forward loop would
+        # make it keep per-iteration temporaries for a gradient that the
+        # custom gradient replaces.
+        z = ops.stop_gradient(z)
+        slopes, left_values = _tables(ops.stop_gradient(raw), knot_bound)
+        z2 = ops.reshape(z[: num_full * tile], [num_full, tile])
 
-        def fwd_body(i, idx_ta, out_ta):
-            idx, out = forward_tile(z2[i], slopes, left_values)
-            return i + 1, idx_ta.write(i, idx), out_ta.write(i, out)
+        def fwd_body(carry, x):
+            return carry, forward_tile(x[0], slopes, left_values)
 
-        idx_ta, out_ta = loop(fwd_body, (arrays(tf.int32), arrays(dtype)))
-        idx2 = idx_ta.stack()
-        out = tf.reshape(out_ta.stack(), [num_full * tile])
+        _, (idx2, out) = scan_tiles(fwd_body, (), (z2,), ("int32", dtype))
+        out = ops.reshape(out, [num_full * tile])
         if remainder:
             idx_rem, out_rem = forward_tile(z[num_full * tile :], slopes, left_values)
-            out = tf.concat([out, out_rem], 0)
+            out = ops.concatenate([out, out_rem], 0)
 
-        def grad(upstream):
-            upstream = tf.cast(upstream, dtype)
-            u2 = tf.reshape(upstream[: num_full * tile], [num_full, tile])
+        def grad(*args, upstream=None):
+            upstream = ops.cast(_upstream(args, upstream), dtype)
+            u2 = ops.reshape(upstream[: num_full * tile], [num_full, tile])
 
-            def bwd_body(i, dz_ta, sums):
-                d_z, sums = backward_tile(z2[i], idx2[i], u2[i], slopes, sums)
-                return i + 1, dz_ta.write(i, d_z), sums
+            def bwd_body(sums, x):
+                d_z, sums = backward_tile(x[0], x[1], x[2], slopes, sums)
+                return sums, (d_z,)
 
-            zeros = tf.zeros([num_knots], dtype)
-            dz_ta, sums = loop(bwd_body, (arrays(dtype), (zeros, zeros)))
-            d_z = tf.reshape(dz_ta.stack(), [num_full * tile])
+            zeros = ops.zeros([num_knots], dtype)
+            sums, (d_z,) = scan_tiles(
+                bwd_body, (zeros, zeros), (z2, idx2, u2), (dtype,)
+            )
+            d_z = ops.reshape(d_z, [num_full * tile])
             if remainder:
                 d_rem, sums = backward_tile(
                     z[num_full * tile :], idx_rem, upstream[num_full * tile :],
                     slopes, sums,
                 )
-                d_z = tf.concat([d_z, d_rem], 0)
+                d_z = ops.concatenate([d_z, d_rem], 0)
             return d_z, _slope_gradient(*sums, raw, knot_bound)
 
         return out, grad
@@ -391,10 +459,10 @@ def plif_reference(z, raw_slopes, knot_bound):
     """
     z, raw, knot_bound = _prepare(z, raw_slopes, knot_bound)
     num_knots = raw.shape[0]
-    slopes, left_values, _ = _tables(tf.cast(raw, z.dtype), knot_bound)
+    slopes, left_values = _tables(ops.cast(raw, z.dtype), knot_bound)
     idx = _interval(z, num_knots, knot_bound)
     offset = _offset(z, idx, num_knots, knot_bound)
-    return tf.gather(left_values, idx) + tf.gather(slopes, idx) * offset
+    return ops.take(left_values, idx) + ops.take(slopes, idx) * offset
 
 
 def _tile_rows(rows, vocab_size):
@@ -420,8 +488,9 @@ def plif_log_likelihood(z, raw_slopes, knot_bound, targets):
     the per-row log-normaliser; the backward pass recomputes the PLIF scores
     and `softmax` tile by tile and returns `dL/dz` and the slopes' gradient
     (two weighted histograms, see the module docstring). Rows are processed
-    in tiles of about `TILE_ELEMENTS` scores in a `tf.while_loop` when their
-    number is static (always under XLA), in one piece otherwise.
+    in tiles of about `TILE_ELEMENTS` scores in `scan_tiles` when their
+    number is static (always under XLA, JAX and PyTorch), in one piece
+    otherwise.
 
     Args:
         z: float tensor `[..., V]`, the linear scores (float16 / bfloat16 are
@@ -437,34 +506,32 @@ def plif_log_likelihood(z, raw_slopes, knot_bound, targets):
 
     Example:
 
-    >>> import numpy as np, tensorflow as tf
+    >>> import numpy as np
+    >>> from keras import ops
     >>> from keras_softmax_heads import functional
     >>> rng = np.random.default_rng(0)
     >>> z = rng.normal(size=(3, 4, 9)).astype("float32")
     >>> raw = rng.normal(size=(16,)).astype("float32")
     >>> t = rng.integers(0, 9, size=(3, 4))
-    >>> ll = functional.plif_log_likelihood(z, raw, 2.0, t)
-    >>> dense = np.asarray(tf.nn.log_softmax(functional.plif(z, raw, 2.0)))
+    >>> ll = ops.convert_to_numpy(functional.plif_log_likelihood(z, raw, 2.0, t))
+    >>> dense = ops.convert_to_numpy(ops.log_softmax(functional.plif(z, raw, 2.0)))
     >>> expected = np.take_along_axis(dense, t[..., None], -1)[..., 0]
     >>> bool(np.allclose(ll, expected, atol=1e-5))
     True
     """
     z, raw, knot_bound = _prepare(z, raw_slopes, knot_bound)
-    z = tf.cast(z, _compute_dtype(z))
+    z = ops.cast(z, _compute_dtype(z))
     vocab_size = z.shape[-1]
     if vocab_size is None:
         raise ValueError(
-            f"`z` needs a static last dimension. Received: z.shape={z.shape}"
+            f"`z` needs a static last dimension. Received: z.shape={tuple(z.shape)}"
         )
-    targets = tf.convert_to_tensor(targets)
-    out_shape = tf.shape(targets)
-    flat_z = tf.reshape(z, [-1, vocab_size])
-    flat_t = tf.clip_by_value(tf.reshape(tf.cast(targets, tf.int32), [-1]), 0, vocab_size - 1)
+    targets = ops.convert_to_tensor(targets)
+    out_shape = ops.shape(targets)
+    flat_z = ops.reshape(z, [-1, vocab_size])
+    flat_t = ops.clip(ops.reshape(ops.cast(targets, "int32"), [-1]), 0, vocab_size - 1)
     ll = _fused_plif_ll(flat_z, raw, flat_t, knot_bound)
-    ll = tf.reshape(ll, out_shape)
-    if targets.shape.rank is not None:
-        ll = tf.ensure_shape(ll, targets.shape)
-    return ll
+    return ops.reshape(ll, out_shape)
 
 
 def _fused_plif_ll(z, raw, targets, knot_bound):
@@ -475,124 +542,80 @@ def _fused_plif_ll(z, raw, targets, knot_bound):
 
     def scores(zt, idx, slopes, left_values):
         offset = _offset(zt, idx, num_knots, knot_bound)
-        slope = tf.gather(slopes, idx)
-        return tf.gather(left_values, idx) + slope * offset, slope, offset
+        slope = _lookup(slopes, idx)
+        return _lookup(left_values, idx) + slope * offset, slope, offset
 
     def forward_tile(zt, tt, slopes, left_values):
         idx = _interval(zt, num_knots, knot_bound)
         f, _, _ = scores(zt, idx, slopes, left_values)
-        lse = tf.reduce_logsumexp(f, axis=-1)
-        picked = tf.gather(f, tt, batch_dims=1)
+        lse = ops.logsumexp(f, axis=-1)
+        picked = ops.take_along_axis(f, tt[:, None], axis=-1)[:, 0]
         return idx, lse, picked - lse
 
-    def backward_tile(zt, idx, tt, ut, lse, slopes, left_values):
+    def backward_tile(zt, idx, tt, ut, lse, slopes, left_values, sums):
         f, slope, offset = scores(zt, idx, slopes, left_values)
         # d ll / d f = upstream * (onehot(target) - softmax(f)).
         d_f = (
-            tf.one_hot(tt, vocab_size, dtype=dtype) - tf.exp(f - lse[:, None])
+            ops.one_hot(tt, vocab_size, dtype=dtype) - ops.exp(f - lse[:, None])
         ) * ut[:, None]
-        return d_f * slope, offset, d_f
+        a, b = knot_histogram(idx, (d_f, d_f * offset), num_knots)
+        return d_f * slope, (sums[0] + a, sums[1] + b)
 
     tile = None if rows is None else _tile_rows(rows, vocab_size)
-    if tile is None or tile >= rows:
-        return _fused_untiled(z, raw, targets, knot_bound, forward_tile, backward_tile)
-    num_full = rows // tile
-    remainder = rows - num_full * tile
+    num_full = 0 if tile is None or tile >= rows else rows // tile
+    # Rows past the full tiles, in one piece (all rows when untiled, also
+    # when their number is unknown).
+    remainder = num_full == 0 or rows > num_full * tile
+    start = num_full * tile if num_full else 0
 
-    @tf.custom_gradient
-    def fused(z, raw):
-        # `stop_gradient`: an outer tape recording the forward loop would
-        # make it keep per-iteration temporaries for a gradient that the
-        # custom gradient replaces.
-        z = tf.stop_gradient(z)
-        slopes, left_values, _ = _tables(tf.stop_gradient(raw), knot_bound)
-        z3 = tf.reshape(z[: num_full * tile], [num_full, tile, vocab_size])
-        t2 = tf.reshape(targets[: num_full * tile], [num_full, tile])
+    # `targets` is an argument, not a closure: JAX's custom gradient cannot
+    # close over values traced by an enclosing `jax.jit`.
+    @ops.custom_gradient
+    def fused(z, raw, targets):
+        z = ops.stop_gradient(z)  # see `_plif_tiled`
+        slopes, left_values = _tables(ops.stop_gradient(raw), knot_bound)
+        lls = []
+        if num_full:
+            z3 = ops.reshape(z[: num_full * tile], [num_full, tile, vocab_size])
+            t2 = ops.reshape(targets[: num_full * tile], [num_full, tile])
 
-        def arrays(dtype_, shape):
-            return tf.TensorArray(dtype_, size=num_full, element_shape=shape)
+            def fwd_body(carry, x):
+                return carry, forward_tile(x[0], x[1], slopes, left_values)
 
-        def fwd_body(i, idx_ta, lse_ta, ll_ta):
-            idx, lse, ll = forward_tile(z3[i], t2[i], slopes, left_values)
-            return i + 1, idx_ta.write(i, idx), lse_ta.write(i, lse), ll_ta.write(i, ll)
-
-        _, idx_ta, lse_ta, ll_ta = tf.while_loop(
-            lambda i, *_: i < num_full,
-            fwd_body,
-            (
-                tf.constant(0),
-                arrays(tf.int32, [tile, vocab_size]),
-                arrays(dtype, [tile]),
-                arrays(dtype, [tile]),
-            ),
-            maximum_iterations=num_full,
-            parallel_iterations=1,
-        )
-        idx3 = idx_ta.stack()
-        lse2 = lse_ta.stack()
-        ll = tf.reshape(ll_ta.stack(), [num_full * tile])
+            _, (idx3, lse2, ll2) = scan_tiles(
+                fwd_body, (), (z3, t2), ("int32", dtype, dtype)
+            )
+            lls.append(ops.reshape(ll2, [num_full * tile]))
         if remainder:
-            z_rem, t_rem = z[num_full * tile :], targets[num_full * tile :]
+            z_rem, t_rem = z[start:], targets[start:]
             idx_rem, lse_rem, ll_rem = forward_tile(z_rem, t_rem, slopes, left_values)
-            ll = tf.concat([ll, ll_rem], 0)
+            lls.append(ll_rem)
+        ll = lls[0] if len(lls) == 1 else ops.concatenate(lls, 0)
 
-        def grad(upstream):
-            upstream = tf.cast(upstream, dtype)
-            u2 = tf.reshape(upstream[: num_full * tile], [num_full, tile])
+        def grad(*args, upstream=None):
+            upstream = ops.cast(_upstream(args, upstream), dtype)
+            zeros = ops.zeros([num_knots], dtype)
+            sums, d_zs = (zeros, zeros), []
+            if num_full:
+                u2 = ops.reshape(upstream[: num_full * tile], [num_full, tile])
 
-            def bwd_body(i, dz_ta, sums):
-                idx = idx3[i]
-                d_z, offset, d_f = backward_tile(
-                    z3[i], idx, t2[i], u2[i], lse2[i], slopes, left_values
+                def bwd_body(sums, x):
+                    d_z, sums = backward_tile(*x, slopes, left_values, sums)
+                    return sums, (d_z,)
+
+                sums, (d_z,) = scan_tiles(
+                    bwd_body, sums, (z3, idx3, t2, u2, lse2), (dtype,)
                 )
-                sums = _accumulate_histograms(sums, idx, d_f, offset)
-                return i + 1, dz_ta.write(i, d_z), sums
-
-            if TILE_HISTOGRAM == "complex_scatter":
-                complex_dtype = tf.complex128 if dtype == tf.float64 else tf.complex64
-                sums = tf.zeros([num_knots], complex_dtype)
-            else:
-                sums = (tf.zeros([num_knots], dtype), tf.zeros([num_knots], dtype))
-            _, dz_ta, sums = tf.while_loop(
-                lambda i, *_: i < num_full,
-                bwd_body,
-                (tf.constant(0), arrays(dtype, [tile, vocab_size]), sums),
-                maximum_iterations=num_full,
-                parallel_iterations=1,
-            )
-            d_z = tf.reshape(dz_ta.stack(), [num_full * tile, vocab_size])
+                d_zs.append(ops.reshape(d_z, [num_full * tile, vocab_size]))
             if remainder:
-                d_rem, offset, d_f = backward_tile(
-                    z_rem, idx_rem, t_rem, upstream[num_full * tile :], lse_rem,
-                    slopes, left_values,
+                d_rem, sums = backward_tile(
+                    z_rem, idx_rem, t_rem, upstream[start:], lse_rem,
+                    slopes, left_values, sums,
                 )
-                d_z = tf.concat([d_z, d_rem], 0)
-                sums = _accumulate_histograms(sums, idx_rem, d_f, offset)
-            if TILE_HISTOGRAM == "complex_scatter":
-                sums = tf.math.real(sums), tf.math.imag(sums)
-            return d_z, _slope_gradient(*sums, raw, knot_bound)
+                d_zs.append(d_rem)
+            d_z = d_zs[0] if len(d_zs) == 1 else ops.concatenate(d_zs, 0)
+            return d_z, _slope_gradient(*sums, raw, knot_bound), None
 
         return ll, grad
 
-    return fused(z, raw)
-
-
-def _fused_untiled(z, raw, targets, knot_bound, forward_tile, backward_tile):
-    """`_fused_plif_ll` in one piece (rows unknown when tracing, or one tile)."""
-
-    @tf.custom_gradient
-    def fused(z, raw):
-        slopes, left_values, _ = _tables(raw, knot_bound)
-        idx, lse, ll = forward_tile(z, targets, slopes, left_values)
-
-        def grad(upstream):
-            upstream = tf.cast(upstream, z.dtype)
-            d_z, offset, d_f = backward_tile(
-                z, idx, targets, upstream, lse, slopes, left_values
-            )
-            sums = _histograms(idx, d_f, offset, raw.shape[0])
-            return d_z, _slope_gradient(*sums, raw, knot_bound)
-
-        return ll, grad
-
-    return fused(z, raw)
+    return fused(z, raw, targets)

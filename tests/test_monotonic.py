@@ -1,12 +1,23 @@
+import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from backends import BACKEND
+from backends import jit
+from backends import to_numpy
+from backends import value_and_grad
 from battery import HeadBattery
+from keras import ops
 from references import numpy_log_softmax
 from references import softplus
 
 from keras_softmax_heads.heads.monotonic_softmax import MonotonicSoftmax
 from keras_softmax_heads.heads.monotonic_softmax import monotonic_mlp
+
+pytestmark = pytest.mark.multibackend
+
+# Keras computes float64 only on TensorFlow (JAX and PyTorch promote to 32
+# bits): exact comparisons in float64 there, float32 elsewhere.
+DTYPE = "float64" if BACKEND == "tensorflow" else "float32"
 
 
 def numpy_mlp(z, raw_u, b, raw_v):
@@ -19,7 +30,8 @@ def numpy_mlp(z, raw_u, b, raw_v):
 def randomise(head, seed=0, scale=0.5):
     rng = np.random.default_rng(seed)
     for w in head.weights:
-        w.assign(w.numpy() + scale * rng.normal(size=w.shape).astype(w.dtype))
+        value = to_numpy(w)
+        w.assign((value + scale * rng.normal(size=value.shape)).astype(value.dtype))
 
 
 class TestMonotonicSoftmaxBattery(HeadBattery):
@@ -32,37 +44,70 @@ def test_numpy_reference():
     head = MonotonicSoftmax(11, num_units=5, bias_initializer="random_normal")
     head(h)
     randomise(head)
-    out = np.asarray(head(h))
-    z = h.astype("float64") @ head.kernel.numpy() + head.bias.numpy()
+    out = to_numpy(head(h))
+    z = h.astype("float64") @ to_numpy(head.kernel) + to_numpy(head.bias)
     f = numpy_mlp(
         z,
-        head.raw_input_weights.numpy(),
-        head.hidden_biases.numpy(),
-        head.raw_output_weights.numpy(),
+        to_numpy(head.raw_input_weights),
+        to_numpy(head.hidden_biases),
+        to_numpy(head.raw_output_weights),
     )
     np.testing.assert_allclose(out, numpy_log_softmax(f), atol=1e-5)
+    np.testing.assert_allclose(np.exp(out).sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(jit(lambda h: head(h))(h)), out, atol=2e-5)
 
 
-def test_custom_gradient_matches_autodiff():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_custom_gradient_matches_autodiff(compiled):
     """The memory-saving custom gradient equals autodiff of the naive
-    `[..., K]` broadcast (float64, all inputs)."""
+    `[..., K]` broadcast (float64 on TensorFlow, all inputs), eagerly and
+    compiled (`backends.jit`)."""
     rng = np.random.default_rng(1)
-    z = tf.constant(rng.normal(size=(3, 4, 5)) * 3, tf.float64)
-    params = [tf.constant(rng.normal(size=(6,)), tf.float64) for _ in range(3)]
-    w = tf.constant(rng.normal(size=(3, 4, 5)), tf.float64)
+    z = (rng.normal(size=(3, 4, 5)) * 3).astype(DTYPE)
+    params = [rng.normal(size=(6,)).astype(DTYPE) for _ in range(3)]
+    w = rng.normal(size=(3, 4, 5)).astype(DTYPE)
 
     def naive(z, raw_u, b, raw_v):
-        s = tf.sigmoid(tf.nn.softplus(raw_u) * z[..., None] + b)
-        return tf.reduce_sum(tf.nn.softplus(raw_v) * s, -1)
+        s = ops.sigmoid(ops.softplus(raw_u) * z[..., None] + b)
+        return ops.sum(ops.softplus(raw_v) * s, -1)
 
-    for fn in [monotonic_mlp, tf.function(monotonic_mlp, jit_compile=True)]:
-        with tf.GradientTape(persistent=True) as tape:
-            tape.watch([z] + params)
-            ours = tf.reduce_sum(fn(z, *params) * w)
-            ref = tf.reduce_sum(naive(z, *params) * w)
-        np.testing.assert_allclose(float(ours), float(ref), rtol=1e-12)
-        for a, b in zip(tape.gradient(ours, [z] + params), tape.gradient(ref, [z] + params)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+    def ours(*args):
+        return ops.sum(ops.multiply(monotonic_mlp(*args), w))
+
+    def ref(*args):
+        return ops.sum(ops.multiply(naive(*args), w))
+
+    if compiled:
+        ours, ref = jit(ours), jit(ref)
+    value, grads, _ = value_and_grad(ours, [z] + params)
+    ref_value, ref_grads, _ = value_and_grad(ref, [z] + params)
+    rtol, atol = (1e-10, 1e-12) if DTYPE == "float64" else (1e-5, 1e-5)
+    np.testing.assert_allclose(value, ref_value, rtol=rtol)
+    for a, b in zip(grads, ref_grads):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision(policy):
+    rng = np.random.default_rng(4)
+    h = rng.normal(size=(3, 4)).astype("float32")
+    y = rng.integers(0, 9, size=(3,))
+    reference = MonotonicSoftmax(9, num_units=4, init_range=3.0)
+    reference(h)
+    keras.config.set_dtype_policy(policy)
+    head = MonotonicSoftmax(9, num_units=4, init_range=3.0)
+    head(h)
+    head.set_weights(reference.get_weights())
+    assert keras.backend.standardize_dtype(head.hidden_biases.dtype) == "float32"
+    out, ll = head(h), head.log_likelihood(h, y)
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"
+    assert keras.backend.standardize_dtype(ll.dtype) == "float32"
+    tol = 0.05 if policy == "mixed_bfloat16" else 0.01
+    np.testing.assert_allclose(to_numpy(out), to_numpy(reference(h)), atol=tol)
+    _, _, grads = value_and_grad(
+        lambda h: ops.sum(head.training_loss(h, y)), [h], head.trainable_weights
+    )
+    assert all(np.all(np.isfinite(g)) for g in grads)
 
 
 def test_monotone_and_preserves_argmax():
@@ -74,17 +119,17 @@ def test_monotone_and_preserves_argmax():
     grid = np.linspace(-30, 30, 20001)
     f = numpy_mlp(
         grid,
-        head.raw_input_weights.numpy(),
-        head.hidden_biases.numpy(),
-        head.raw_output_weights.numpy(),
+        to_numpy(head.raw_input_weights),
+        to_numpy(head.hidden_biases),
+        to_numpy(head.raw_output_weights),
     )
     inside = np.abs(grid) < 8  # outside, float64 sigmoids saturate to equality
     assert np.all(np.diff(f) >= 0)
     assert np.all(np.diff(f[inside]) > 0)
-    f_tf = np.asarray(head.score_transform(tf.constant(grid, tf.float32)))
-    np.testing.assert_allclose(f_tf, f, atol=1e-4)
+    f_ours = to_numpy(head.score_transform(grid.astype("float32")))
+    np.testing.assert_allclose(f_ours, f, atol=1e-4)
     np.testing.assert_array_equal(
-        np.argmax(np.asarray(head(h)), -1), np.argmax(np.asarray(head.logits(h)), -1)
+        np.argmax(to_numpy(head(h)), -1), np.argmax(to_numpy(head.logits(h)), -1)
     )
 
 
@@ -92,7 +137,7 @@ def test_initialisation_is_close_to_a_shifted_identity():
     head = MonotonicSoftmax(5, num_units=64, init_range=10.0)
     head.build((None, 3))
     x = np.linspace(-5, 5, 101).astype("float32")
-    f = np.asarray(head.score_transform(x))
+    f = to_numpy(head.score_transform(x))
     np.testing.assert_allclose(f - x, 10.0, atol=0.05)
 
 

@@ -5,8 +5,9 @@ import numbers
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
+from keras_softmax_heads import functional
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 
 
@@ -21,90 +22,79 @@ def monotonic_mlp(z, raw_input_weights, hidden_biases, raw_output_weights):
 
     The one-hidden-layer monotonic network of Ganea et al. (2019, eq. 14;
     Daniels & Velikova, 2010) applied elementwise, with a custom gradient
-    that keeps memory at `O(z.size)`: the units are summed one at a time in a
-    `tf.while_loop` (the naive broadcast `sigmoid(z[..., None] * u + b)`
-    holds `K` tensors of the size of `z` for the backward pass,
-    `[N, V, K]`; so does a Python loop, whose unrolled units TensorFlow and
-    XLA schedule side by side); the backward pass recomputes each unit's
-    sigmoid and accumulates `df/dz` and the three `[K]` parameter
-    gradients. Saved for the backward pass: `z` only. The cost is `K`
-    sigmoids per score in the forward pass and again in the backward pass,
-    each unit a pass over `z`.
+    (`ops.custom_gradient`) that keeps memory at `O(z.size)`: the units are
+    summed one at a time in a loop (`functional.scan_tiles`: `ops.scan`, on
+    TensorFlow a `tf.while_loop` with one iteration in flight; the naive
+    broadcast `sigmoid(z[..., None] * u + b)` holds `K` tensors of the size
+    of `z` for the backward pass, `[N, V, K]`; so does a Python loop, whose
+    unrolled units TensorFlow and XLA schedule side by side); the backward
+    pass recomputes each unit's sigmoid and accumulates `df/dz` and the
+    three `[K]` parameter gradients. Saved for the backward pass: `z` only.
+    The cost is `K` sigmoids per score in the forward pass and again in the
+    backward pass, each unit a pass over `z`.
 
     Args:
         z: float tensor of any shape.
         raw_input_weights, hidden_biases, raw_output_weights: float tensors
-            `[K]` (unconstrained; the weights are made positive by softplus).
+            or variables `[K]` (unconstrained; the weights are made
+            positive by softplus).
 
     Returns:
         `f(z)`, same shape and dtype as `z`.
     """
-    z = tf.convert_to_tensor(z)
-    dtype = tf.float64 if z.dtype == tf.float64 else tf.float32
+    z = ops.convert_to_tensor(z)
     out_dtype = z.dtype
+    dtype = "float64" if keras.backend.standardize_dtype(z.dtype) == "float64" else "float32"
+    # Variables are read here, outside the custom gradient.
     params = [
-        tf.cast(tf.convert_to_tensor(p), dtype)
+        ops.cast(ops.convert_to_tensor(p), dtype)
         for p in (raw_input_weights, hidden_biases, raw_output_weights)
     ]
     num_units = params[0].shape[0]
     if num_units is None:
         raise ValueError("The monotonic MLP needs weights of static length K.")
 
-    @tf.custom_gradient
+    @ops.custom_gradient
     def mlp(z, raw_u, b, raw_v):
-        u, v = tf.nn.softplus(raw_u), tf.nn.softplus(raw_v)
-        # `tf.while_loop`s (not Python loops) over the units: one unit's
-        # `z`-sized temporaries are alive at a time, in graph mode and
-        # under XLA alike. `stop_gradient`: a loop recorded by an outer
-        # gradient tape would otherwise keep every iteration's temporaries
-        # for a gradient that the custom gradient below replaces.
-        z_, u_, v_, b_ = (tf.stop_gradient(x) for x in (z, u, v, b))
+        u, v = ops.softplus(raw_u), ops.softplus(raw_v)
+        # `stop_gradient`: a loop recorded by an outer gradient tape would
+        # otherwise keep every iteration's temporaries for a gradient that
+        # the custom gradient below replaces.
+        z_ = ops.stop_gradient(z)
 
-        def forward(k, out):
-            return k + 1, out + v_[k] * tf.sigmoid(u_[k] * z_ + b_[k])
+        def forward(carry, unit):
+            u_k, b_k, v_k = unit
+            return (carry[0] + v_k * ops.sigmoid(u_k * z_ + b_k),), ()
 
-        _, out = tf.while_loop(
-            lambda k, _: k < num_units,
-            forward,
-            (tf.constant(0), tf.zeros_like(z)),
-            maximum_iterations=num_units,
-            parallel_iterations=1,
-        )
+        units = tuple(ops.stop_gradient(x) for x in (u, b, v))
+        (out,), _ = functional.scan_tiles(forward, (ops.zeros_like(z_),), units, ())
 
-        def grad(upstream):
-            upstream = tf.cast(upstream, z.dtype)
+        def grad(*args, upstream=None):
+            upstream = args[-1] if upstream is None else upstream
+            upstream = ops.cast(upstream, z.dtype)
 
-            def backward(k, d_z, d_u, d_b, d_v):
-                s = tf.sigmoid(u[k] * z + b[k])
-                t = upstream * (v[k] * s * (1.0 - s))  # d out / d pre-activation
-                return (
-                    k + 1,
-                    d_z + u[k] * t,
-                    d_u.write(k, tf.reduce_sum(t * z)),
-                    d_b.write(k, tf.reduce_sum(t)),
-                    d_v.write(k, tf.reduce_sum(upstream * s)),
-                )
+            def backward(carry, unit):
+                u_k, b_k, v_k = unit
+                s = ops.sigmoid(u_k * z_ + b_k)
+                t = upstream * (v_k * s * (1.0 - s))  # d out / d pre-activation
+                d_u = ops.sum(t * z_)
+                d_b = ops.sum(t)
+                d_v = ops.sum(upstream * s)
+                return (carry[0] + u_k * t,), (d_u, d_b, d_v)
 
-            def array():
-                return tf.TensorArray(z.dtype, size=num_units, element_shape=[])
-
-            _, d_z, d_u, d_b, d_v = tf.while_loop(
-                lambda k, *_: k < num_units,
-                backward,
-                (tf.constant(0), tf.zeros_like(z), array(), array(), array()),
-                maximum_iterations=num_units,
-                parallel_iterations=1,
+            (d_z,), (d_u, d_b, d_v) = functional.scan_tiles(
+                backward, (ops.zeros_like(z_),), units, (dtype, dtype, dtype)
             )
             return (
                 d_z,
-                d_u.stack() * tf.sigmoid(raw_u),
-                d_b.stack(),
-                d_v.stack() * tf.sigmoid(raw_v),
+                d_u * ops.sigmoid(raw_u),
+                d_b,
+                d_v * ops.sigmoid(raw_v),
             )
 
         return out, grad
 
-    return tf.cast(mlp(tf.cast(z, dtype), *params), out_dtype)
+    return ops.cast(mlp(ops.cast(z, dtype), *params), out_dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
@@ -156,10 +146,10 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
 
     Example:
 
-    >>> import numpy as np
+    >>> import keras, numpy as np
     >>> from keras_softmax_heads.heads.monotonic_softmax import MonotonicSoftmax
     >>> head = MonotonicSoftmax(vocab_size=7, num_units=4)
-    >>> log_p = head(np.random.rand(2, 3, 5).astype("float32"))
+    >>> log_p = keras.ops.convert_to_numpy(head(np.random.rand(2, 3, 5).astype("float32")))
     >>> tuple(log_p.shape)
     (2, 3, 7)
     >>> bool(np.allclose(np.exp(log_p).sum(-1), 1.0, atol=1e-5))

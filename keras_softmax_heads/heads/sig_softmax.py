@@ -60,10 +60,10 @@ class SigSoftmax(PointwiseSoftmaxHead):
 
     Example:
 
-    >>> import numpy as np
+    >>> import keras, numpy as np
     >>> from keras_softmax_heads.heads.sig_softmax import SigSoftmax
     >>> head = SigSoftmax(vocab_size=7)
-    >>> log_p = head(np.random.rand(2, 3, 4).astype("float32"))
+    >>> log_p = keras.ops.convert_to_numpy(head(np.random.rand(2, 3, 4).astype("float32")))
     >>> tuple(log_p.shape)
     (2, 3, 7)
     >>> bool(np.allclose(np.exp(log_p).sum(-1), 1.0, atol=1e-5))
@@ -71,7 +71,8 @@ class SigSoftmax(PointwiseSoftmaxHead):
     >>> relu = SigSoftmax(vocab_size=3, output_fn="relu", use_bias=False)
     >>> relu.build((None, 2))
     >>> relu.set_weights([np.ones((2, 3), "float32")])
-    >>> np.round(np.exp(relu(-np.ones((1, 2), "float32"))), 3)  # all z < 0
+    >>> log_p = keras.ops.convert_to_numpy(relu(-np.ones((1, 2), "float32")))
+    >>> np.round(np.exp(log_p), 3)  # all z < 0
     array([[0.333, 0.333, 0.333]], dtype=float32)
 
     References:
