@@ -46,6 +46,9 @@ pytestmark = pytest.mark.multibackend
 
 RTOL = 1e-5
 TF_ONLY = pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow only")
+#: On TensorFlow `"auto"` is the `tf.while_loop` fast path; `"ops"` is the
+#: `keras.ops` version (the only one elsewhere), checked there too.
+IMPLEMENTATIONS = ["auto", "ops"] if BACKEND == "tensorflow" else ["auto"]
 
 
 def assert_close(actual, expected, rtol=RTOL, name=""):
@@ -199,9 +202,16 @@ def weighted(fn, weights, dtype):
     return total
 
 
-def compare(h, kernel, bias, targets, weights, name, transform, params,
-            chunk_size, transposed=False, mode="eager", dtype="float32",
-            rtol=None):
+def compare(*args, **kwargs):
+    """`compare_one` for each implementation; the last one's results."""
+    for implementation in IMPLEMENTATIONS:
+        out = compare_one(*args, implementation=implementation, **kwargs)
+    return out
+
+
+def compare_one(h, kernel, bias, targets, weights, name, transform, params,
+                chunk_size, transposed=False, mode="eager", dtype="float32",
+                rtol=None, implementation="auto"):
     """Chunked vs dense: NumPy values, and autodiff gradients of every input."""
     has_bias = bias is not None
     rtol = rtol or (1e-9 if dtype == "float64" else RTOL)
@@ -214,7 +224,7 @@ def compare(h, kernel, bias, targets, weights, name, transform, params,
         h, k, b, p = unpack(args)
         return chunked_pointwise_nll(
             h, k, b, targets, transform, p, chunk_size=chunk_size,
-            kernel_transposed=transposed,
+            kernel_transposed=transposed, implementation=implementation,
         )
 
     def dense(*args):
@@ -408,7 +418,8 @@ def value_and_grad_raw(fn, inputs):
     return value, list(grads), None
 
 
-def test_variables_as_inputs_and_read_inside_transform():
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_variables_as_inputs_and_read_inside_transform(implementation):
     """Keras variables as kernel / bias / params, and a transform that reads
     a variable of `transform_params` itself (the way a head's
     `score_transform` does): it reads the value passed in, and its gradient
@@ -428,11 +439,12 @@ def test_variables_as_inputs_and_read_inside_transform():
         return monotonic_mlp_fn(plif_ops(z, slopes_var), *mlp_params)
 
     def loss(chunked):
-        def total(h):
+        def total(h):  # noqa: B023
             if chunked:
                 nll = chunked_pointwise_nll(
                     h, kernel_var, bias_var, targets, transform,
                     [slopes_var] + mlp_vars, chunk_size=8,
+                    implementation=implementation,
                 )
             else:
                 nll = dense_nll(
@@ -458,7 +470,9 @@ def test_variables_as_inputs_and_read_inside_transform():
 @TF_ONLY
 def test_unlisted_variable_read_by_the_transform_raises():
     """A transform that reads a trainable variable it was not given would
-    get no gradient for it: TensorFlow sees the read, and it is an error."""
+    get no gradient for it from the `keras.ops` version: TensorFlow sees the
+    read, and it is an error. (The TensorFlow fast path returns its gradient
+    through `tf.custom_gradient`'s `variables`.)"""
     import tensorflow as tf
 
     h, kernel, bias, targets, _ = problem(seed=8)
@@ -466,7 +480,7 @@ def test_unlisted_variable_read_by_the_transform_raises():
     with tf.GradientTape() as tape:
         nll = chunked_pointwise_nll(
             h.astype("float32"), kernel.astype("float32"), None, targets,
-            lambda z: plif_ops(z, slopes), chunk_size=8,
+            lambda z: plif_ops(z, slopes), chunk_size=8, implementation="ops",
         )
     with pytest.raises(ValueError, match="transform_params"):
         tape.gradient(nll, [slopes.value])
@@ -495,6 +509,12 @@ def test_leading_dims_and_shapes():
     assert tuple(nll.shape) == (3, 4)
     ref = numpy_nll(h, kernel, bias, targets, "identity", [])
     assert_close(to_numpy(nll).reshape(-1), ref, RTOL, "nll")
+
+
+def test_bad_implementation():
+    h, kernel, bias, targets, _ = problem()
+    with pytest.raises(ValueError, match="Received: implementation"):
+        chunked_pointwise_nll(h, kernel, bias, targets, implementation="tf")
 
 
 @pytest.mark.parametrize("chunk_size", [0, -3, 2.5, True, "8"])
@@ -597,6 +617,7 @@ def dense_mixture_nll(latents, log_priors, kernel, bias, targets, fn, params):
     return -ops.take_along_axis(log_p, t, axis=1)[:, 0]
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize(
     "transform,mode,dtype",
     [
@@ -607,7 +628,7 @@ def dense_mixture_nll(latents, log_priors, kernel, bias, targets, fn, params):
         ("identity", "jit", "float32"),
     ],
 )
-def test_mixture_matches_dense(transform, mode, dtype):
+def test_mixture_matches_dense(transform, mode, dtype, implementation):
     """Loss and gradients of latents, prior logits (through the mixture
     weights), kernel, bias and transform parameters."""
     latents, prior_logits, kernel, bias, targets, weights = mixture_problem()
@@ -620,7 +641,7 @@ def test_mixture_matches_dense(transform, mode, dtype):
             if chunked:
                 return chunked_mixture_nll(
                     latents, log_priors, kernel, bias, targets, fn, params,
-                    chunk_size=7,
+                    chunk_size=7, implementation=implementation,
                 )
             return dense_mixture_nll(
                 latents, log_priors, kernel, bias, targets, fn, params
@@ -836,7 +857,7 @@ def _head_results(cls, values, chunk_size, dtype, mode="eager"):
 
     def total(h):
         ll = head.log_likelihood(h, y)
-        return ops.sum(ll * ops.convert_to_tensor(weights.astype(ll.dtype)))
+        return ops.sum(ll * ops.cast(weights, ll.dtype))
 
     ll = to_numpy(head.log_likelihood(h, y))
     fn = jit(total) if mode == "xla" else total
