@@ -17,14 +17,21 @@ one extra matrix product per step (the recomputation): 4 instead of 3
 `N x d x V` products. See `docs/chunked.md` for measurements and for when
 each path wins.
 
-Everything here is TensorFlow (`tf.custom_gradient`, `tf.while_loop`,
-`tf.TensorArray` have no `keras.ops` equivalent) and works eagerly, in
-`tf.function` graphs and under XLA (`jit_compile=True`): the number of tiles
-is static and a vocabulary that `chunk_size` does not divide is handled by one
-statically shaped remainder tile, without padding or copying the kernel.
+Everything is written with `keras.ops` (`custom_gradient`, `fori_loop`,
+`slice`, `slice_update`) and runs on TensorFlow, JAX and PyTorch, eagerly and
+compiled (`tf.function(jit_compile=True)`, `jax.jit`): the number of tiles
+and every tile's shape are static. Backend-specific: `value_and_vjp`, the
+vector-Jacobian product of the pointwise transform inside the backward tile
+(`tf.GradientTape`, `jax.vjp`, `torch.autograd.grad`), and, on TensorFlow
+only, a faster `tf.while_loop` / `TensorArray` version of the loop
+(`implementation="auto"`), tested against the `keras.ops` one.
 """
 
-import tensorflow as tf
+import math
+
+import keras
+import numpy as np
+from keras import ops
 
 DEFAULT_CHUNK_SIZE = 4096
 """Default vocabulary tile width (see `docs/chunked.md` for the measurements)."""
@@ -53,8 +60,8 @@ def tile_width(vocab_size, chunk_size):
     otherwise the largest divisor of `vocab_size` in
     `[chunk_size / 2, chunk_size]` is used when there is one (every tile is
     full: nothing is masked and the kernel's gradient is assembled without a
-    copy, also under XLA), else `chunk_size` itself (the last tile then
-    overlaps its neighbour and the overlap is masked).
+    copy), else `chunk_size` itself (then one tile, the last `chunk_size`
+    words, overlaps its neighbour and masks the overlap).
 
     >>> tile_width(100_000, 4096), tile_width(793_471, 4096), tile_width(50_257, 4096)
     (4000, 3017, 4096)
@@ -67,24 +74,93 @@ def tile_width(vocab_size, chunk_size):
     return chunk_size
 
 
-def _accumulation_dtype(*tensors):
-    if any(t is not None and t.dtype == tf.float64 for t in tensors):
-        return tf.float64
-    return tf.float32
+def value_and_vjp(fn, primals):
+    """`fn(*primals)` and its vector-Jacobian product.
+
+    Returns `(out, vjp)`: `out = fn(*primals)` and a function `vjp(cotangent)`
+    giving the gradients of `sum(out * cotangent)` with respect to each of
+    `primals`, as a list of dense tensors of their shapes (zeros for a primal
+    `out` does not depend on). `fn` is differentiated by the backend's
+    automatic differentiation: `jax.vjp`, a `tf.GradientTape`,
+    `torch.autograd.grad`. This is the only backend dispatch of the chunked
+    losses; they call it on one `[N, chunk]` tile at a time.
+    """
+    backend = keras.backend.backend()
+    primals = list(primals)
+    if backend == "jax":
+        import jax
+
+        out, pullback = jax.vjp(fn, *primals)
+        return out, lambda cotangent: list(pullback(cotangent))
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(primals)
+            out = fn(*primals)
+
+        def tf_vjp(cotangent):
+            grads = tape.gradient(
+                out,
+                primals,
+                output_gradients=cotangent,
+                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            )
+            return [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices
+
+        return out, tf_vjp
+    if backend == "torch":
+        import torch
+
+        leaves = [p.detach().requires_grad_(True) for p in primals]
+        with torch.enable_grad():
+            out = fn(*leaves)
+
+        def torch_vjp(cotangent):
+            if not out.requires_grad:
+                return [torch.zeros_like(p) for p in leaves]
+            grads = torch.autograd.grad(
+                out, leaves, grad_outputs=cotangent, allow_unused=True
+            )
+            return [
+                torch.zeros_like(p) if g is None else g for g, p in zip(grads, leaves)
+            ]
+
+        return out.detach(), torch_vjp
+    raise NotImplementedError(
+        "The chunked losses need automatic differentiation: the TensorFlow, "
+        f"JAX or PyTorch backend. Received: backend {backend!r}"
+    )
 
 
 def _as_tensor(x):
-    """Reads a (Keras or TF) variable into a tensor; tensors pass through."""
-    return tf.convert_to_tensor(x)
+    """A tensor of `x`'s value (a variable is read: TensorFlow's
+    `convert_to_tensor` of a Keras variable gives the `tf.Variable`)."""
+    x = ops.convert_to_tensor(x)
+    return ops.cast(x, x.dtype)
 
 
-def _dense_grad(grad, like):
-    """`tape.gradient` may give None or IndexedSlices; return a dense tensor."""
-    if grad is None:
-        return tf.zeros_like(like)
-    if isinstance(grad, tf.IndexedSlices):
-        grad = tf.convert_to_tensor(grad)
-    return tf.cast(grad, like.dtype)
+def _accumulation_dtype(*tensors):
+    for t in tensors:
+        if t is not None and keras.backend.standardize_dtype(t.dtype) == "float64":
+            return "float64"
+    return "float32"
+
+
+def _matmul_fn(dtype):
+    """`ops.matmul`, or for float64 an `ops.einsum` (Keras' PyTorch `matmul`
+    computes float64 products in float32)."""
+    if dtype == "float64":
+        return lambda a, b: ops.einsum("ij,jk->ik", a, b)
+    return ops.matmul
+
+
+def _loop(count, body, state):
+    """`body(i, state)` for `i` in `range(count)` (a static count): one call
+    with a Python 0 for a single tile, else `ops.fori_loop`."""
+    if count == 1:
+        return body(0, state)
+    return ops.fori_loop(0, count, body, state)
 
 
 def _pointwise_nll(
@@ -94,11 +170,249 @@ def _pointwise_nll(
     targets,
     transform_fn,
     params,
+    variables,
     chunk_size,
     kernel_transposed,
-    parallel_iterations,
 ):
     """Flat core: h `[N, d]`, targets `[N]` int32 -> nll `[N]` (acc dtype).
+
+    `params` are tensors, `variables[j]` the Keras variable `params[j]` was
+    read from (or None): while `transform_fn` runs, reading that variable
+    gives `params[j]` (a `keras.StatelessScope`).
+
+    Tiling (`size = tile_width(V, chunk_size)`, `T = ceil(V / size)`): full
+    tiles start at `0, size, ...`. When `size` does not divide `V`, the last
+    tile is the last `size` words: it overlaps the tile before it by
+    `overlap = T * size - V` columns, which it masks (score `-inf`: no
+    probability, no gradient). That tile is processed first, outside the
+    loop with a static mask, so the loop body has none; in the backward pass
+    the full tile processed after it overwrites its (zero) gradient columns.
+    Every tile's gradient is written into place in the `[d, V]` (or
+    `[V, d]`) kernel gradient with `ops.slice_update`.
+    """
+    acc = _accumulation_dtype(h, kernel)
+    matmul = _matmul_fn(acc)
+    if len(kernel.shape) != 2:
+        raise ValueError(
+            f"The kernel must be a matrix. Received: kernel.shape={kernel.shape}"
+        )
+    if kernel_transposed:
+        vocab, d = kernel.shape
+    else:
+        d, vocab = kernel.shape
+    if d is None or vocab is None:
+        raise ValueError(
+            "chunked losses need a kernel of static shape. "
+            f"Received: kernel with shape {kernel.shape}"
+        )
+    if h.shape[-1] is not None and h.shape[-1] != d:
+        raise ValueError(
+            f"`h` has last dimension {h.shape[-1]} but the kernel has d={d} "
+            f"(kernel_transposed={kernel_transposed}). Received: h.shape={h.shape}, "
+            f"kernel.shape={kernel.shape}"
+        )
+    size = tile_width(vocab, chunk_size)
+    num_tiles = -(-vocab // size)
+    overlap = num_tiles * size - vocab
+    num_full = num_tiles - 1 if overlap else num_tiles
+    has_bias = bias is not None
+    mapped = [j for j, v in enumerate(variables) if v is not None]
+    tail_start = vocab - size
+
+    def call_transform(z, *values):
+        if not mapped:
+            return ops.cast(transform_fn(z, *values), acc)
+        mapping = [(variables[j], values[j]) for j in mapped]
+        with keras.StatelessScope(state_mapping=mapping, initialize_variables=False):
+            return ops.cast(transform_fn(z, *values), acc)
+
+    def linear(h_acc, kernel, bias, start, mask):
+        """`(z, w)`: `z = h W_tile + b_tile` `[N, size]` and the kernel tile,
+        in the accumulation dtype. For the identity transform `mask` (the
+        tail tile's) rides on the bias add."""
+        if kernel_transposed:
+            w = ops.cast(ops.slice(kernel, [start, 0], [size, d]), acc)
+            z = matmul(h_acc, ops.transpose(w))
+        else:
+            w = ops.cast(ops.slice(kernel, [0, start], [d, size]), acc)
+            z = matmul(h_acc, w)
+        shift = None
+        if has_bias:
+            shift = ops.cast(ops.slice(bias, [start], [size]), acc)
+        if mask is not None and transform_fn is None:
+            shift = mask if shift is None else shift + mask
+        if shift is not None:
+            z = z + shift
+        return z, w
+
+    # Every tensor the custom-gradient function uses is one of its arguments
+    # or made inside it: JAX's custom gradients must not close over values
+    # traced outside them (under `jax.jit` even constants are traced).
+    @ops.custom_gradient
+    def nll_fn(targets, *args):
+        h, kernel = args[0], args[1]
+        bias = args[2] if has_bias else None
+        params = list(args[2 + int(has_bias) :])
+        h_acc = ops.cast(h, acc)
+        tail_mask = None
+        if overlap:
+            tail_mask = ops.convert_to_tensor(
+                np.where(np.arange(size) >= overlap, 0.0, -np.inf), acc
+            )
+
+        def target_columns(start, skip):
+            col = targets - start
+            inside = ops.logical_and(col >= skip, col < size)
+            return ops.clip(col, 0, size - 1), inside
+
+        # ------------------------------------------------------------ forward
+        def forward_tile(state, start, mask, skip):
+            run_max, run_sum, target_score = state
+            z, _ = linear(h_acc, kernel, bias, start, mask)
+            g = z
+            if transform_fn is not None:
+                g = call_transform(z, *params)
+                if mask is not None:
+                    g = g + mask
+            tile_max = ops.max(g, axis=1)
+            # Not `ops.maximum`: Keras' PyTorch backend returns float32 for it.
+            new_max = ops.where(tile_max > run_max, tile_max, run_max)
+            # Rows whose scores are all -inf so far: avoid (-inf) - (-inf).
+            safe_max = ops.where(
+                ops.isfinite(new_max), new_max, ops.zeros_like(new_max)
+            )
+            run_sum = run_sum * ops.exp(run_max - safe_max) + ops.sum(
+                ops.exp(g - safe_max[:, None]), axis=1
+            )
+            col, inside = target_columns(start, skip)
+            picked = ops.take_along_axis(g, col[:, None], axis=1)[:, 0]
+            target_score = target_score + ops.where(
+                inside, picked, ops.zeros_like(picked)
+            )
+            return new_max, run_sum, target_score
+
+        state = (
+            ops.full_like(targets, float("-inf"), dtype=acc),
+            ops.zeros_like(targets, dtype=acc),
+            ops.zeros_like(targets, dtype=acc),
+        )
+        if overlap:
+            state = forward_tile(state, tail_start, tail_mask, overlap)
+        run_max, run_sum, target_score = _loop(
+            num_full,
+            lambda i, state: forward_tile(state, i * size, None, 0),
+            state,
+        )
+        lse = run_max + ops.log(run_sum)
+        nll = lse - target_score
+
+        # ----------------------------------------------------------- backward
+        def grad_fn(*args, upstream=None, variables=None):
+            # TensorFlow and JAX call grad_fn(upstream); PyTorch
+            # grad_fn(*inputs, upstream=upstream).
+            if variables:
+                raise ValueError(
+                    "The `transform_fn` of a chunked loss read trainable "
+                    f"variables it was not given: {[v.name for v in variables]}. "
+                    "Pass them in `transform_params`."
+                )
+            if upstream is None:
+                (upstream,) = args
+            upstream = ops.cast(upstream, acc)
+            h_t = None if kernel_transposed else ops.transpose(h_acc)
+            columns = ops.arange(size, dtype="int32")
+
+            def backward_tile(state, start, mask, skip):
+                dh, dparams, dkernel, dbias = state
+                z, w = linear(h_acc, kernel, bias, start, mask)
+                if transform_fn is not None:
+                    g, pullback = value_and_vjp(call_transform, [z] + params)
+                    if mask is not None:
+                        g = g + mask
+                else:
+                    g = z
+                # d nll / d g = upstream * (softmax - onehot(target)); masked
+                # columns have g = -inf, so softmax (and the gradient) is 0.
+                dg = ops.exp(g - lse[:, None]) * upstream[:, None]
+                col, inside = target_columns(start, skip)
+                hit = ops.logical_and(
+                    ops.equal(columns[None, :], col[:, None]), inside[:, None]
+                )
+                dg = ops.where(hit, dg - upstream[:, None], dg)
+                if transform_fn is not None:
+                    grads = pullback(dg)
+                    dz = ops.cast(grads[0], acc)
+                    dparams = [
+                        a + ops.cast(g_p, acc) for a, g_p in zip(dparams, grads[1:])
+                    ]
+                else:
+                    dz = dg
+                if kernel_transposed:  # w: [size, d]
+                    dh = dh + matmul(dz, w)
+                    dw = matmul(ops.transpose(dz), h_acc)
+                    dkernel = ops.slice_update(dkernel, [start, 0], dw)
+                else:  # w: [d, size]
+                    dh = dh + matmul(dz, ops.transpose(w))
+                    dkernel = ops.slice_update(dkernel, [0, start], matmul(h_t, dz))
+                if has_bias:
+                    dbias = ops.slice_update(dbias, [start], ops.sum(dz, axis=0))
+                return dh, dparams, dkernel, dbias
+
+            state = (
+                ops.zeros_like(h_acc),
+                [ops.zeros(p.shape, acc) for p in params],
+                ops.zeros(kernel.shape, acc),
+                ops.zeros((vocab,), acc) if has_bias else ops.zeros((), acc),
+            )
+            if overlap:
+                state = backward_tile(state, tail_start, tail_mask, overlap)
+            dh, dparams, dkernel, dbias = _loop(
+                num_full,
+                lambda i, state: backward_tile(state, i * size, None, 0),
+                state,
+            )
+            grads = [ops.cast(dh, h.dtype), ops.cast(dkernel, kernel.dtype)]
+            if has_bias:
+                grads.append(ops.cast(dbias, bias.dtype))
+            grads += [ops.cast(g, p.dtype) for g, p in zip(dparams, params)]
+            return (None, *grads)  # None: no gradient for the integer targets
+
+        return nll, grad_fn
+
+    args = [h, kernel] + ([bias] if has_bias else []) + list(params)
+    return nll_fn(targets, *args)
+
+
+def _tf_dense_grad(grad, like):
+    """`tape.gradient` may give None or IndexedSlices; return a dense tensor."""
+    import tensorflow as tf
+
+    if grad is None:
+        return tf.zeros_like(like)
+    if isinstance(grad, tf.IndexedSlices):
+        grad = tf.convert_to_tensor(grad)
+    return tf.cast(grad, like.dtype)
+
+
+def _tensorflow_pointwise_nll(
+    h,
+    kernel,
+    bias,
+    targets,
+    transform_fn,
+    params,
+    variables,
+    chunk_size,
+    kernel_transposed,
+    parallel_iterations=1,
+):
+    """TensorFlow fast path of `_pointwise_nll` (same arguments and result).
+
+    `tf.while_loop` with `parallel_iterations=1` (one tile alive at a time in
+    graph mode) and the kernel's gradient stacked from a `TensorArray` of
+    word-major tiles: measured faster and leaner than the `keras.ops` loop on
+    TensorFlow, whose `slice_update` of the `[d, V]` gradient copies it in
+    graph mode (`docs/chunked.md`). Tested against `_pointwise_nll`.
 
     Tiling (`size = tile_width(V, chunk_size)`): `ceil(V / size)` tiles of
     `size` columns; tile `i` starts at
@@ -109,7 +423,10 @@ def _pointwise_nll(
     gradient rows are rolled by `-skip` so that the stacked `[num_tiles *
     size, d]` gradient holds word `v` in row `v` (zeros past `V`).
     """
-    acc = _accumulation_dtype(h, kernel)
+    import tensorflow as tf
+
+    acc = tf.as_dtype(_accumulation_dtype(h, kernel))
+    mapped = [j for j, v in enumerate(variables) if v is not None]
     d = kernel.shape[1] if kernel_transposed else kernel.shape[0]
     vocab = kernel.shape[0] if kernel_transposed else kernel.shape[1]
     if d is None or vocab is None:
@@ -167,7 +484,12 @@ def _pointwise_nll(
         """`g(z)` with the skipped columns at -inf."""
         if transform_fn is None:
             return z
-        g = tf.cast(transform_fn(z, *params), acc)
+        if mapped:
+            mapping = [(variables[j], params[j]) for j in mapped]
+            with keras.StatelessScope(state_mapping=mapping, initialize_variables=False):
+                g = tf.cast(transform_fn(z, *params), acc)
+        else:
+            g = tf.cast(transform_fn(z, *params), acc)
         if mask is not None:
             g = tf.nn.bias_add(g, mask)
         return g
@@ -249,15 +571,15 @@ def _pointwise_nll(
                 )
                 if transform_fn is not None:
                     grads = tape.gradient(g, [z] + watched, output_gradients=dg)
-                    dz = _dense_grad(grads[0], z)
+                    dz = _tf_dense_grad(grads[0], z)
                     param_grads = grads[1 : 1 + num_params]
                     var_grads = grads[1 + num_params :]
                     dparams = [
-                        acc_p + tf.cast(_dense_grad(g_p, p), acc)
+                        acc_p + tf.cast(_tf_dense_grad(g_p, p), acc)
                         for acc_p, g_p, p in zip(dparams, param_grads, params)
                     ]
                     dvars = [
-                        acc_v + tf.cast(_dense_grad(g_v, acc_v), acc)
+                        acc_v + tf.cast(_tf_dense_grad(g_v, acc_v), acc)
                         for acc_v, g_v in zip(dvars, var_grads)
                     ]
                 else:
@@ -316,6 +638,7 @@ def _pointwise_nll(
     return nll_fn(*args)
 
 
+
 def chunked_pointwise_nll(
     h,
     kernel,
@@ -325,18 +648,18 @@ def chunked_pointwise_nll(
     transform_params=(),
     chunk_size=DEFAULT_CHUNK_SIZE,
     kernel_transposed=False,
-    parallel_iterations=1,
+    implementation="auto",
 ):
     """Exact `-log softmax(g(h W + b))[target]` without the `[N, V]` scores.
 
-    The vocabulary is processed in tiles of `chunk_size` columns inside a
-    `tf.custom_gradient`: the forward pass keeps a running max / sum per row
-    (online log-sum-exp) and the target's score `g(z_target)`; the backward
-    pass recomputes each tile and accumulates the gradients of `h`, the
-    kernel, the bias and the transform's parameters, using the
-    vector-Jacobian product of `transform_fn` (any differentiable pointwise
-    function works: identity, sigsoftmax's `z - softplus(-z)`, PLIF with its
-    own custom gradient, a monotonic MLP).
+    The vocabulary is processed in tiles of at most `chunk_size` columns
+    inside a `keras.ops.custom_gradient`: the forward pass keeps a running
+    max / sum per row (online log-sum-exp) and the target's score
+    `g(z_target)`; the backward pass recomputes each tile and accumulates the
+    gradients of `h`, the kernel, the bias and the transform's parameters,
+    using the vector-Jacobian product of `transform_fn` (any differentiable
+    pointwise function works: identity, sigsoftmax's `z - softplus(-z)`,
+    PLIF with its own custom gradient, a monotonic MLP).
 
     Scores are accumulated in float32 (float64 if `h` or `kernel` is
     float64). bfloat16 / float16 `h` and `kernel` are upcast tile by tile, so
@@ -345,32 +668,36 @@ def chunked_pointwise_nll(
 
     Peak extra memory: `O(N * chunk_size + d * chunk_size)` for the tiles,
     plus the kernel's gradient (`[d, V]`, like the kernel) in the backward
-    pass. The number of tiles is static (a last partial tile handles
-    `V % chunk_size` without padding), so it compiles with XLA.
+    pass. The number of tiles and their shapes are static, so it compiles
+    with XLA (`jit_compile=True`, `jax.jit`).
 
     Args:
         h: float tensor `[..., d]`, the context vectors.
         kernel: the output projection, `[d, V]`, or `[V, d]` (e.g. a tied
             embedding matrix, no transposed copy is made) with
-            `kernel_transposed=True`. Tensors or variables (variables are
-            read once, outside the custom gradient, so their gradients flow
-            through ordinary autodiff).
-        bias: `[V]` bias, or `None`.
+            `kernel_transposed=True`. A tensor or a Keras variable (read
+            once, before the custom gradient, so its gradient flows through
+            ordinary autodiff).
+        bias: `[V]` bias (tensor or variable), or `None`.
         targets: integer word ids of shape `[...]` (the leading shape of `h`),
             in `[0, V)`. An id outside that range is not validated here: its
             result is `logsumexp(g)` (use `base.nan_if_invalid`).
         transform_fn: `None` (identity: Linear-Softmax, fastest path) or a
             callable `(z, *transform_params) -> g(z)` applied elementwise to a
-            float32 tile `z`. It may also read variables directly (e.g. a
-            layer's weights); their gradients are then returned through
-            `tf.custom_gradient`'s `variables` mechanism.
-        transform_params: list of tensors or variables passed to
-            `transform_fn` after `z`; gradients flow to them.
-        chunk_size: int, vocabulary tile width (clamped to `V`); `None`
-            means `DEFAULT_CHUNK_SIZE`.
+            float32 tile `z`. It must be a function of its arguments: a
+            variable it reads must be one of `transform_params`.
+        transform_params: tensors or Keras variables passed to
+            `transform_fn` after `z`; gradients flow to them. While
+            `transform_fn` runs, a variable listed here may also be read
+            directly (e.g. `self.raw_slopes` in a head's `score_transform`):
+            it then holds the value passed in (a `keras.StatelessScope`).
+        chunk_size: int, maximum vocabulary tile width (`tile_width`);
+            `None` means `DEFAULT_CHUNK_SIZE`.
         kernel_transposed: bool, `kernel` is `[V, d]`.
-        parallel_iterations: iterations of the tile loops that graph mode may
-            run concurrently. 1 (default) keeps one tile alive at a time.
+        implementation: `"auto"` (default): on TensorFlow a `tf.while_loop`
+            / `TensorArray` version, measured faster and leaner there (see
+            `docs/chunked.md`), elsewhere the `keras.ops` one; `"ops"`: the
+            `keras.ops` version on every backend. Both give the same results.
 
     Returns:
         Float32 (float64 for float64 inputs) tensor of shape `targets.shape`:
@@ -378,49 +705,62 @@ def chunked_pointwise_nll(
 
     Example:
 
-    >>> import numpy as np, tensorflow as tf
+    >>> import numpy as np
+    >>> from keras import ops
     >>> from keras_softmax_heads.chunked import chunked_pointwise_nll
     >>> rng = np.random.default_rng(0)
-    >>> h = tf.constant(rng.normal(size=(4, 3)), tf.float32)
-    >>> w = tf.constant(rng.normal(size=(3, 10)), tf.float32)
-    >>> t = tf.constant([0, 3, 9, 5])
+    >>> h = rng.normal(size=(4, 3)).astype("float32")
+    >>> w = rng.normal(size=(3, 10)).astype("float32")
+    >>> t = np.array([0, 3, 9, 5])
     >>> nll = chunked_pointwise_nll(h, w, None, t, chunk_size=4)
-    >>> dense = -tf.gather(tf.nn.log_softmax(h @ w), t, batch_dims=1)
-    >>> bool(np.allclose(nll, dense, atol=1e-5))
+    >>> log_p = ops.log_softmax(ops.matmul(h, w), axis=-1)
+    >>> dense = -np.take_along_axis(ops.convert_to_numpy(log_p), t[:, None], 1)[:, 0]
+    >>> bool(np.allclose(ops.convert_to_numpy(nll), dense, atol=1e-5))
     True
     """
     chunk_size = check_chunk_size(chunk_size)
+    if implementation not in ("auto", "ops"):
+        raise ValueError(
+            '`implementation` must be "auto" or "ops". '
+            f"Received: implementation={implementation!r}"
+        )
+    core = _pointwise_nll
+    if implementation == "auto" and keras.backend.backend() == "tensorflow":
+        core = _tensorflow_pointwise_nll
     h = _as_tensor(h)
     kernel = _as_tensor(kernel)
     if bias is not None:
         bias = _as_tensor(bias)
+    transform_params = list(transform_params)
+    variables = [p if isinstance(p, keras.Variable) else None for p in transform_params]
     params = [_as_tensor(p) for p in transform_params]
-    targets = tf.cast(tf.convert_to_tensor(targets), tf.int32)
+    targets = ops.cast(ops.convert_to_tensor(targets), "int32")
+    lead = tuple(h.shape[:-1])
     if (
-        h.shape[:-1].is_fully_defined()
-        and targets.shape.is_fully_defined()
-        and h.shape[:-1].num_elements() != targets.shape.num_elements()
+        all(x is not None for x in lead)
+        and all(x is not None for x in targets.shape)
+        and math.prod(lead) != math.prod(targets.shape)
     ):
         raise ValueError(
             "`targets` must have one word id per context vector. Received: "
-            f"h.shape={h.shape}, targets.shape={targets.shape}"
+            f"h.shape={tuple(h.shape)}, targets.shape={tuple(targets.shape)}"
         )
-    out_shape = tf.shape(targets)
+    out_shape = ops.shape(targets)
     d = h.shape[-1]
-    flat_h = tf.reshape(h, [-1, d if d is not None else tf.shape(h)[-1]])
-    flat_t = tf.reshape(targets, [-1])
-    nll = _pointwise_nll(
+    flat_h = ops.reshape(h, (-1, d if d is not None else ops.shape(h)[-1]))
+    flat_t = ops.reshape(targets, (-1,))
+    nll = core(
         flat_h,
         kernel,
         bias,
         flat_t,
         transform_fn,
         params,
+        variables,
         chunk_size,
         bool(kernel_transposed),
-        int(parallel_iterations),
     )
-    return tf.reshape(nll, out_shape)
+    return ops.reshape(nll, out_shape)
 
 
 def chunked_mixture_nll(
@@ -433,7 +773,7 @@ def chunked_mixture_nll(
     transform_params=(),
     chunk_size=DEFAULT_CHUNK_SIZE,
     kernel_transposed=False,
-    parallel_iterations=1,
+    implementation="auto",
 ):
     """Exact mixture-of-softmaxes NLL without the `[N, K, V]` scores.
 
@@ -447,9 +787,9 @@ def chunked_mixture_nll(
     `bias` and the transform's parameters.
 
     Mixture of softmaxes (Yang et al. 2018) is `transform_fn=None`; mixture
-    of sigsoftmax (Kanai et al. 2018) is `transform_fn=ops.log_sigmoid_scores`;
-    MoS + PLIF (Ganea et al. 2019) is `transform_fn=ops.plif` with its slopes
-    and knot bound.
+    of sigsoftmax (Kanai et al. 2018) is
+    `transform_fn=functional.log_sigmoid_scores`; MoS + PLIF (Ganea et al.
+    2019) is `transform_fn=functional.plif` with its slopes and knot bound.
 
     Args:
         latents: float tensor `[..., K, d]`, the per-component context vectors
@@ -457,7 +797,7 @@ def chunked_mixture_nll(
         log_priors: float tensor `[..., K]`, normalised log mixture weights
             (`log_softmax` of the prior logits).
         kernel, bias, transform_fn, transform_params, chunk_size,
-        kernel_transposed, parallel_iterations: as in `chunked_pointwise_nll`
+        kernel_transposed, implementation: as in `chunked_pointwise_nll`
             (`transform_fn` is applied to every component's scores).
         targets: integer word ids `[...]`.
 
@@ -466,22 +806,24 @@ def chunked_mixture_nll(
 
     Example:
 
-    >>> import numpy as np, tensorflow as tf
+    >>> import numpy as np
+    >>> from keras import ops
     >>> from keras_softmax_heads.chunked import chunked_mixture_nll
     >>> rng = np.random.default_rng(0)
-    >>> lat = tf.constant(rng.normal(size=(4, 2, 3)), tf.float32)
-    >>> log_pi = tf.nn.log_softmax(tf.constant(rng.normal(size=(4, 2)), tf.float32))
-    >>> w = tf.constant(rng.normal(size=(3, 10)), tf.float32)
-    >>> t = tf.constant([0, 3, 9, 5])
+    >>> lat = rng.normal(size=(4, 2, 3)).astype("float32")
+    >>> log_pi = ops.log_softmax(rng.normal(size=(4, 2)).astype("float32"), axis=-1)
+    >>> w = rng.normal(size=(3, 10)).astype("float32")
+    >>> t = np.array([0, 3, 9, 5])
     >>> nll = chunked_mixture_nll(lat, log_pi, w, None, t, chunk_size=4)
-    >>> comp = tf.nn.log_softmax(tf.einsum("nkd,dv->nkv", lat, w))
-    >>> log_p = tf.reduce_logsumexp(log_pi[..., None] + comp, axis=1)
-    >>> bool(np.allclose(nll, -tf.gather(log_p, t, batch_dims=1), atol=1e-5))
+    >>> comp = ops.log_softmax(ops.einsum("nkd,dv->nkv", lat, w), axis=-1)
+    >>> log_p = ops.convert_to_numpy(ops.logsumexp(log_pi[..., None] + comp, axis=1))
+    >>> dense = -np.take_along_axis(log_p, t[:, None], 1)[:, 0]
+    >>> bool(np.allclose(ops.convert_to_numpy(nll), dense, atol=1e-5))
     True
     """
     latents = _as_tensor(latents)
     log_priors = _as_tensor(log_priors)
-    targets = tf.cast(tf.convert_to_tensor(targets), tf.int32)
+    targets = ops.cast(ops.convert_to_tensor(targets), "int32")
     num_components = latents.shape[-2]
     d = latents.shape[-1]
     if num_components is None or d is None:
@@ -489,10 +831,10 @@ def chunked_mixture_nll(
             "`latents` needs static last two dimensions [K, d]. "
             f"Received: latents.shape={latents.shape}"
         )
-    out_shape = tf.shape(targets)
-    flat_t = tf.reshape(targets, [-1])
-    flat_latents = tf.reshape(latents, [-1, d])
-    component_targets = tf.repeat(flat_t, num_components)
+    out_shape = ops.shape(targets)
+    flat_t = ops.reshape(targets, (-1,))
+    flat_latents = ops.reshape(latents, (-1, d))
+    component_targets = ops.repeat(flat_t, num_components)
     component_nll = chunked_pointwise_nll(
         flat_latents,
         kernel,
@@ -502,11 +844,11 @@ def chunked_mixture_nll(
         transform_params=transform_params,
         chunk_size=chunk_size,
         kernel_transposed=kernel_transposed,
-        parallel_iterations=parallel_iterations,
+        implementation=implementation,
     )
-    component_nll = tf.reshape(component_nll, [-1, num_components])
-    flat_log_priors = tf.cast(
-        tf.reshape(log_priors, [-1, num_components]), component_nll.dtype
+    component_nll = ops.reshape(component_nll, (-1, num_components))
+    flat_log_priors = ops.cast(
+        ops.reshape(log_priors, (-1, num_components)), component_nll.dtype
     )
-    log_p = tf.reduce_logsumexp(flat_log_priors - component_nll, axis=1)
-    return tf.reshape(-log_p, out_shape)
+    log_p = ops.logsumexp(flat_log_priors - component_nll, axis=1)
+    return ops.reshape(-log_p, out_shape)

@@ -1,10 +1,15 @@
 """Chunked exact losses (`keras_softmax_heads.chunked`) against the dense path.
 
 Every comparison checks the loss *and* every gradient (inputs, kernel, bias,
-transform parameters) against `log_softmax(g(h W + b))` gathered at the
-targets, computed densely with TensorFlow autodiff on the same float32 values.
+transform parameters, mixture weights) against `log_softmax(g(h W + b))`
+gathered at the targets: the values against NumPy (float64), the gradients
+against the backend's automatic differentiation of the dense formula on the
+same values. The module runs on TensorFlow, JAX and PyTorch
+(`tests/backends.py`); compiled means `tf.function(jit_compile=True)` /
+`jax.jit`.
 """
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -18,8 +23,15 @@ import textwrap
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from backends import BACKEND
+from backends import jit
+from backends import to_numpy
+from backends import value_and_grad
 from battery import HeadBattery
+from keras import ops
+from references import numpy_log_sigmoid
+from references import numpy_log_softmax
+from references import numpy_plif
 
 import keras_softmax_heads as ksh
 from keras_softmax_heads import functional
@@ -27,15 +39,22 @@ from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import chunked_mixture_nll
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.chunked import tile_width
+from keras_softmax_heads.chunked import value_and_vjp
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 
+pytestmark = pytest.mark.multibackend
+
 RTOL = 1e-5
+TF_ONLY = pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow only")
+#: On TensorFlow `"auto"` is the `tf.while_loop` fast path; `"ops"` is the
+#: `keras.ops` version (the only one elsewhere), checked there too.
+IMPLEMENTATIONS = ["auto", "ops"] if BACKEND == "tensorflow" else ["auto"]
 
 
 def assert_close(actual, expected, rtol=RTOL, name=""):
     """Equal to `rtol` relative to the largest magnitude of `expected`."""
-    actual = np.asarray(tf.cast(tf.convert_to_tensor(actual), tf.float64))
-    expected = np.asarray(tf.cast(tf.convert_to_tensor(expected), tf.float64))
+    actual = np.asarray(to_numpy(actual), "float64")
+    expected = np.asarray(to_numpy(expected), "float64")
     assert actual.shape == expected.shape, (name, actual.shape, expected.shape)
     assert np.all(np.isfinite(actual)), f"non-finite values in {name}"
     scale = max(float(np.max(np.abs(expected))), 1e-30)
@@ -44,37 +63,101 @@ def assert_close(actual, expected, rtol=RTOL, name=""):
     )
 
 
+@contextlib.contextmanager
+def float64_enabled():
+    """float64 arrays on JAX (off by default there); a no-op elsewhere."""
+    if BACKEND == "jax":
+        import jax
+
+        with jax.enable_x64(True):
+            yield
+    else:
+        yield
+
+
+def matmul(a, b):
+    """`a @ b` in the inputs' dtype (Keras' PyTorch `matmul` rounds float64
+    products to float32)."""
+    return ops.einsum("ij,jk->ik", a, b)
+
+
 # --------------------------------------------------------------- transforms
 KNOT_BOUND = 3.0
 
 
-def plif_fn(z, raw_slopes):
-    return functional.plif(z, raw_slopes, KNOT_BOUND)
+def plif_ops(z, raw_slopes, knot_bound=KNOT_BOUND):
+    """PLIF written with plain `keras.ops` (gathers, automatic gradient), so
+    the tests of a transform with parameters do not depend on the library's
+    PLIF kernels (`numpy_plif` is its float64 oracle)."""
+    num_knots = raw_slopes.shape[0]
+    width = 2.0 * knot_bound / num_knots
+    slopes = ops.softplus(ops.cast(raw_slopes, z.dtype))
+    # Exclusive cumulative sum as a product with a triangular matrix
+    # (Keras' PyTorch `cumsum` rounds float64 to float32).
+    before = np.triu(np.ones((num_knots, num_knots)), k=1)
+    left = -knot_bound + width * ops.einsum(
+        "k,kj->j", slopes, ops.convert_to_tensor(before, z.dtype)
+    )
+    idx = ops.cast(ops.clip((z + knot_bound) / width, 0, num_knots - 1), "int32")
+    offset = z - (-knot_bound + width * ops.cast(idx, z.dtype))
+    return ops.take(left, idx) + ops.take(slopes, idx) * offset
 
 
 def monotonic_mlp_fn(z, a, b, c):
-    """A small monotonic MLP `z + sum_j softplus(a_j) tanh(softplus(b_j) z + c_j)`."""
-    hidden = tf.tanh(tf.nn.softplus(b) * z[..., None] + c)
-    return z + tf.reduce_sum(tf.nn.softplus(a) * hidden, axis=-1)
+    """A small monotonic MLP `z + sum_j softplus(a_j) tanh(softplus(b_j) z + c_j)`
+    (tanh as `2 sigmoid(2x) - 1`: Keras' JAX `tanh` rounds float64 to float32)."""
+    x = ops.softplus(b) * z[..., None] + c
+    hidden = 2.0 * ops.sigmoid(2.0 * x) - 1.0
+    return z + ops.sum(ops.softplus(a) * hidden, axis=-1)
+
+
+def numpy_transform(name, z, params):
+    """The float64 oracle of each transform."""
+    sp = lambda x: np.logaddexp(0.0, x)  # noqa: E731
+    if name == "identity":
+        return z
+    if name == "sigsoftmax":
+        return z + numpy_log_sigmoid(z)
+    if name in ("plif", "library_plif"):
+        return numpy_plif(z, params[0], KNOT_BOUND)
+    if name == "mlp":
+        a, b, c = params
+        return z + (sp(a) * np.tanh(sp(b) * z[..., None] + c)).sum(-1)
+    raise ValueError(name)
+
+
+def _library_plif_runs():
+    """Whether `functional.plif` runs on this backend, compiled too."""
+    tensor_type = type(ops.zeros((1,)))
+    try:
+        out = jit(lambda z, s: functional.plif(z, s, KNOT_BOUND))(
+            ops.zeros((2, 3)), ops.zeros((4,))
+        )
+    except Exception:  # noqa: BLE001 (a TensorFlow-only kernel on this backend)
+        return False
+    return isinstance(out, tensor_type)
 
 
 def make_transform(name, rng):
-    """`(transform_fn, params)` for the chunked call and the dense reference."""
+    """`(transform_fn, params)`: params are float64 NumPy arrays."""
     if name == "identity":
         return None, []
     if name == "sigsoftmax":
         return (lambda z: functional.log_sigmoid_scores(z)), []
     if name == "plif":
-        return plif_fn, [tf.constant(rng.normal(size=(7,)), tf.float32)]
+        return plif_ops, [rng.normal(size=(7,))]
+    if name == "library_plif":
+        if not _library_plif_runs():
+            pytest.skip(f"functional.plif does not run on {BACKEND} yet")
+        return (lambda z, s: functional.plif(z, s, KNOT_BOUND)), [rng.normal(size=(7,))]
     if name == "mlp":
-        return monotonic_mlp_fn, [
-            tf.constant(rng.normal(size=(3,)), tf.float32) for _ in range(3)
-        ]
+        return monotonic_mlp_fn, [rng.normal(size=(3,)) for _ in range(3)]
     raise ValueError(name)
 
 
 # ----------------------------------------------------------------- problems
-def problem(n=13, d=6, v=37, scale=1.0, seed=0, ties=False, dtype=tf.float32):
+def problem(n=13, d=6, v=37, scale=1.0, seed=0, ties=False):
+    """float64 NumPy `(h, kernel, bias, targets, weights)`."""
     rng = np.random.default_rng(seed)
     h = rng.normal(size=(n, d))
     kernel = rng.normal(size=(d, v)) * scale
@@ -82,57 +165,66 @@ def problem(n=13, d=6, v=37, scale=1.0, seed=0, ties=False, dtype=tf.float32):
     if ties:  # identical columns (and biases) for a block of words
         kernel[:, 5:12] = kernel[:, 5:6]
         bias[5:12] = bias[5]
-    targets = rng.integers(0, v, size=(n,))
+    targets = rng.integers(0, v, size=(n,)).astype("int32")
     if ties:
         targets[: n // 2] = rng.integers(5, 12, size=(n // 2,))
     weights = rng.normal(size=(n,))  # per-row upstream gradients, any sign
     weights[0] = 0.0
-    cast = lambda x: tf.constant(x, dtype)  # noqa: E731
-    return (
-        cast(h),
-        cast(kernel),
-        cast(bias),
-        tf.constant(targets, tf.int32),
-        tf.constant(weights, tf.float32),
-    )
+    return h, kernel, bias, targets, weights
+
+
+def numpy_nll(h, kernel, bias, targets, name, params, transposed=False):
+    w = kernel.T if transposed else kernel
+    z = h @ w + (0.0 if bias is None else bias)
+    g = numpy_transform(name, z, params)
+    return -numpy_log_softmax(g)[np.arange(len(targets)), targets]
 
 
 def dense_nll(h, kernel, bias, targets, transform_fn, params, transposed=False):
-    w = tf.transpose(kernel) if transposed else kernel
-    z = tf.matmul(h, w)
+    """The dense formula in `keras.ops` (differentiated by the backend)."""
+    w = ops.transpose(kernel) if transposed else kernel
+    z = matmul(h, w)
     if bias is not None:
         z = z + bias
     g = z if transform_fn is None else transform_fn(z, *params)
-    return -tf.gather(tf.nn.log_softmax(g), targets, batch_dims=1)
+    log_p = ops.log_softmax(g, axis=-1)
+    t = ops.convert_to_tensor(np.asarray(targets)[:, None])
+    return -ops.take_along_axis(log_p, t, axis=1)[:, 0]
 
 
-def loss_and_grads(fn, sources, weights, mode="eager"):
-    def run(*sources):
-        with tf.GradientTape() as tape:
-            tape.watch(list(sources))
-            nll = fn(*sources)
-            total = tf.reduce_sum(tf.cast(nll, tf.float32) * weights)
-        return nll, tape.gradient(total, list(sources))
+def weighted(fn, weights, dtype):
+    """`sum(fn(*args) * weights)`, the scalar the gradients are taken of."""
+    def total(*args):
+        out = fn(*args)
+        w = ops.convert_to_tensor(np.asarray(weights, dtype))
+        return ops.sum(ops.cast(out, dtype) * w)
 
-    if mode != "eager":
-        run = tf.function(run, jit_compile=mode == "xla")
-    return run(*sources)
+    return total
 
 
-def compare(h, kernel, bias, targets, weights, transform, params, chunk_size,
-            transposed=False, mode="eager", rtol=RTOL):
+def compare(*args, **kwargs):
+    """`compare_one` for each implementation; the last one's results."""
+    for implementation in IMPLEMENTATIONS:
+        out = compare_one(*args, implementation=implementation, **kwargs)
+    return out
+
+
+def compare_one(h, kernel, bias, targets, weights, name, transform, params,
+                chunk_size, transposed=False, mode="eager", dtype="float32",
+                rtol=None, implementation="auto"):
+    """Chunked vs dense: NumPy values, and autodiff gradients of every input."""
     has_bias = bias is not None
+    rtol = rtol or (1e-9 if dtype == "float64" else RTOL)
 
     def unpack(args):
-        h, kernel = args[0], args[1]
         b = args[2] if has_bias else None
-        return h, kernel, b, list(args[2 + int(has_bias):])
+        return args[0], args[1], b, list(args[2 + int(has_bias):])
 
     def chunked(*args):
         h, k, b, p = unpack(args)
         return chunked_pointwise_nll(
             h, k, b, targets, transform, p, chunk_size=chunk_size,
-            kernel_transposed=transposed,
+            kernel_transposed=transposed, implementation=implementation,
         )
 
     def dense(*args):
@@ -140,32 +232,51 @@ def compare(h, kernel, bias, targets, weights, transform, params, chunk_size,
         return dense_nll(h, k, b, targets, transform, p, transposed)
 
     sources = [h, kernel] + ([bias] if has_bias else []) + list(params)
-    nll, grads = loss_and_grads(chunked, sources, weights, mode)
-    ref, ref_grads = loss_and_grads(dense, sources, weights)
-    assert nll.dtype == tf.float32
+    sources = [np.asarray(s, dtype) for s in sources]
+    with float64_enabled() if dtype == "float64" else contextlib.nullcontext():
+        nll = chunked(*[ops.convert_to_tensor(s) for s in sources])
+        assert keras.backend.standardize_dtype(nll.dtype) == (
+            "float64" if dtype == "float64" else "float32"
+        )
+        loss_fn = weighted(chunked, weights, dtype)
+        if mode == "jit":
+            loss_fn = jit(loss_fn)
+        value, grads, _ = value_and_grad(loss_fn, sources)
+        ref_value, ref_grads, _ = value_and_grad(weighted(dense, weights, dtype), sources)
+    ref = numpy_nll(*[np.asarray(s, "float64") for s in sources[:2]],
+                    np.asarray(sources[2], "float64") if has_bias else None,
+                    targets, name, [np.asarray(p, "float64") for p in sources[2 + has_bias:]],
+                    transposed)
     assert_close(nll, ref, rtol, "nll")
+    assert abs(value - ref_value) <= rtol * max(1.0, abs(ref_value)), (value, ref_value)
     names = ["h", "kernel"] + (["bias"] if has_bias else [])
     names += [f"param{i}" for i in range(len(params))]
-    for name, g, r in zip(names, grads, ref_grads):
-        assert g is not None, f"no gradient for {name}"
-        assert_close(g, r, rtol, f"gradient of {name}")
-    return nll, grads
+    for n, g, r in zip(names, grads, ref_grads):
+        assert g is not None, f"no gradient for {n}"
+        assert_close(g, r, rtol, f"gradient of {n} ({mode}, {dtype})")
+    return to_numpy(nll), grads
 
 
 # ------------------------------------------------------------------- tests
+TRANSFORMS = ["identity", "sigsoftmax", "plif", "mlp"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize(
     "transform,use_bias,chunk_size",
-    [(t, True, 8) for t in ["identity", "sigsoftmax", "plif", "mlp"]]
-    + [(t, False, 1) for t in ["identity", "sigsoftmax", "plif", "mlp"]]
-    + [("identity", True, 64), ("plif", False, 64)],
+    [(t, True, 8) for t in TRANSFORMS]
+    + [(t, False, 1) for t in TRANSFORMS]
+    + [("identity", True, 64), ("plif", False, 64), ("identity", True, 5),
+       ("mlp", True, 36), ("library_plif", True, 8)],
 )
-def test_matches_dense(transform, use_bias, chunk_size):
-    """N=13 and V=37 are not multiples of 8 (4 tiles + a remainder of 5);
-    1 is one word per tile; 64 > V is clamped to a single tile."""
+def test_matches_dense(transform, use_bias, chunk_size, dtype):
+    """N=13 and V=37: 8 gives 4 full tiles and an overlapping last tile
+    (37 is prime, no divisor in [4, 8]); 5 likewise; 36 one full tile and an
+    overlap of 35; 1 is one word per tile; 64 > V is clamped to one tile."""
     h, kernel, bias, targets, weights = problem()
     fn, params = make_transform(transform, np.random.default_rng(1))
-    compare(h, kernel, bias if use_bias else None, targets, weights, fn,
-            params, chunk_size)
+    compare(h, kernel, bias if use_bias else None, targets, weights, transform,
+            fn, params, chunk_size, dtype=dtype)
 
 
 @pytest.mark.parametrize("transform", ["identity", "plif"])
@@ -176,9 +287,9 @@ def test_divisor_tiles(transform, transposed):
     h, kernel, bias, targets, weights = problem(v=36, seed=11)
     fn, params = make_transform(transform, np.random.default_rng(1))
     if transposed:
-        kernel = tf.transpose(kernel)
-    compare(h, kernel, bias, targets, weights, fn, params, chunk_size=8,
-            transposed=transposed)
+        kernel = kernel.T
+    compare(h, kernel, bias, targets, weights, transform, fn, params,
+            chunk_size=8, transposed=transposed, dtype="float64")
 
 
 def test_tile_width():
@@ -189,25 +300,41 @@ def test_tile_width():
     assert tile_width(13, 5) == 5 and tile_width(7, 2) == 1
 
 
-@pytest.mark.parametrize("transform,mode", [("identity", "graph"), ("plif", "xla")])
-def test_compiled(transform, mode):
+@pytest.mark.parametrize(
+    "transform,chunk_size,transposed",
+    [("identity", 8, False), ("plif", 8, False), ("mlp", 6, True),
+     ("sigsoftmax", 29, False)],
+)
+def test_compiled_equals_eager(transform, chunk_size, transposed):
+    """XLA (TensorFlow, JAX; PyTorch runs eagerly): the same loss and
+    gradients, masked tail tile (V=29) included."""
     h, kernel, bias, targets, weights = problem(n=9, v=29)
     fn, params = make_transform(transform, np.random.default_rng(1))
-    compare(h, kernel, bias, targets, weights, fn, params, chunk_size=8,
-            mode=mode)
+    if transposed:
+        kernel = kernel.T
+    compare(h, kernel, bias, targets, weights, transform, fn, params,
+            chunk_size=chunk_size, transposed=transposed, mode="jit")
 
 
 @pytest.mark.parametrize("transform", ["identity", "sigsoftmax", "plif"])
 def test_large_logits(transform):
     """|logit| ~ 1e3: the online log-sum-exp must not overflow."""
     h, kernel, bias, targets, weights = problem(scale=300.0, seed=2)
-    z = np.asarray(h @ kernel)
-    assert np.abs(z).max() > 1e3
+    assert np.abs(h @ kernel).max() > 1e3
     fn, params = make_transform(transform, np.random.default_rng(1))
     if transform == "plif":  # knots where the scores are
-        fn = lambda z, s: functional.plif(z, s, 2000.0)  # noqa: E731
-    nll, _ = compare(h, kernel, bias, targets, weights, fn, params, chunk_size=8)
-    assert np.all(np.asarray(nll) >= 0)
+        fn = lambda z, s: plif_ops(z, s, 2000.0)  # noqa: E731
+        params = [np.zeros(7) + 0.5]
+        ref_fn = lambda z: numpy_plif(z, params[0], 2000.0)  # noqa: E731
+        h32 = [np.asarray(x, "float32") for x in (h, kernel, bias)]
+        nll = to_numpy(chunked_pointwise_nll(*h32, targets, fn, params, chunk_size=8))
+        z = h32[0].astype("float64") @ h32[1] + h32[2]
+        ref = -numpy_log_softmax(ref_fn(z))[np.arange(len(targets)), targets]
+        assert_close(nll, ref, 1e-5, "nll")
+        return
+    nll, _ = compare(h, kernel, bias, targets, weights, transform, fn, params,
+                     chunk_size=8, dtype="float64")
+    assert np.all(nll >= 0)
 
 
 @pytest.mark.parametrize("transform", ["identity", "plif"])
@@ -215,115 +342,179 @@ def test_ties(transform):
     """Identical columns: equal scores in and across tiles, targets among them."""
     h, kernel, bias, targets, weights = problem(ties=True, seed=3)
     fn, params = make_transform(transform, np.random.default_rng(1))
-    compare(h, kernel, bias, targets, weights, fn, params, chunk_size=4)
+    compare(h, kernel, bias, targets, weights, transform, fn, params, 4)
 
 
 def test_all_scores_equal():
     h, kernel, bias, targets, weights = problem(seed=4)
-    kernel = tf.zeros_like(kernel)
-    nll, _ = compare(h, kernel, tf.zeros_like(bias), targets, weights, None, [], 8)
-    np.testing.assert_allclose(np.asarray(nll), np.log(37.0), rtol=1e-6)
+    nll, _ = compare(h, 0 * kernel, 0 * bias, targets, weights, "identity",
+                     None, [], 8)
+    np.testing.assert_allclose(nll, np.log(37.0), rtol=1e-6)
 
 
 @pytest.mark.parametrize("transform", ["identity", "sigsoftmax"])
 def test_tied_layout(transform):
     """`kernel_transposed=True` takes the `[V, d]` embedding matrix as is."""
     h, kernel, bias, targets, weights = problem(seed=5)
-    embeddings = tf.transpose(kernel)
     fn, params = make_transform(transform, np.random.default_rng(1))
-    compare(h, embeddings, bias, targets, weights, fn, params, chunk_size=8,
-            transposed=True)
-    compare(h, embeddings, None, targets, weights, fn, params, chunk_size=8,
-            transposed=True, mode="xla" if transform == "identity" else "graph")
+    compare(h, kernel.T, bias, targets, weights, transform, fn, params,
+            chunk_size=8, transposed=True)
+    compare(h, kernel.T, None, targets, weights, transform, fn, params,
+            chunk_size=8, transposed=True, mode="jit")
 
 
-@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_low_precision_inputs(dtype):
-    """bf16 / fp16 inputs: same as the float32 dense path on the rounded values."""
-    h, kernel, bias, targets, weights = problem(seed=6, dtype=dtype)
+    """bf16 / fp16 inputs (mixed precision): float32 accumulation, the same
+    as the float32 dense path on the rounded values; gradients come back in
+    the inputs' dtypes, rounded once."""
+    h, kernel, bias, targets, weights = problem(seed=6)
     fn, params = make_transform("plif", np.random.default_rng(1))
-    sources = [h, kernel, bias] + params
+    sources = [ops.cast(np.asarray(s, "float32"), dtype) for s in [h, kernel, bias] + params]
+    rounded = [to_numpy(ops.cast(s, "float32")) for s in sources]
 
     def chunked(h, k, b, *p):
         return chunked_pointwise_nll(h, k, b, targets, fn, p, chunk_size=8)
 
-    nll, grads = loss_and_grads(chunked, sources, weights)
-    assert nll.dtype == tf.float32
-    assert [g.dtype for g in grads] == [s.dtype for s in sources]
-    rounded = [tf.cast(s, tf.float32) for s in sources]
-
-    def dense(h, k, b, *p):
-        return dense_nll(h, k, b, targets, fn, p)
-
-    ref, ref_grads = loss_and_grads(dense, rounded, weights)
+    nll = chunked(*sources)
+    assert keras.backend.standardize_dtype(nll.dtype) == "float32"
+    ref = numpy_nll(*[r.astype("float64") for r in rounded[:3]], targets, "plif",
+                    [rounded[3].astype("float64")])
     assert_close(nll, ref, RTOL, "nll")
-    # The gradients are accumulated in float32 and rounded once to `dtype`.
-    eps = float(np.finfo(np.float16).eps) if dtype == tf.float16 else 2.0**-8
+    if BACKEND == "torch":
+        inputs = [s.detach().clone().requires_grad_(True) for s in sources]
+        import torch
+
+        out = chunked(*inputs)
+        grads = torch.autograd.grad(
+            ops.sum(out * ops.convert_to_tensor(weights.astype("float32"))), inputs
+        )
+    else:
+        loss = weighted(chunked, weights, "float32")
+        _, grads, _ = value_and_grad_raw(loss, sources)
+    assert [keras.backend.standardize_dtype(g.dtype) for g in grads] == [dtype] * 4
+    _, ref_grads, _ = value_and_grad(weighted(
+        lambda h, k, b, *p: dense_nll(h, k, b, targets, fn, p), weights, "float32"),
+        rounded)
+    eps = float(np.finfo(np.float16).eps) if dtype == "float16" else 2.0**-8
     for name, g, r in zip(["h", "kernel", "bias", "slopes"], grads, ref_grads):
-        expected = tf.cast(tf.cast(r, g.dtype), tf.float32) if g.dtype != r.dtype else r
-        assert_close(g, expected, 2 * eps, f"gradient of {name}")
+        expected = to_numpy(ops.cast(ops.cast(r, dtype), "float32"))
+        assert_close(ops.cast(g, "float32"), expected, 2 * eps, f"gradient of {name}")
 
 
-def test_float64():
-    h, kernel, bias, targets, weights = problem(seed=7, dtype=tf.float64)
-    nll = chunked_pointwise_nll(h, kernel, bias, targets, chunk_size=8)
-    assert nll.dtype == tf.float64
-    ref = dense_nll(h, kernel, bias, targets, None, [])
-    np.testing.assert_allclose(np.asarray(nll), np.asarray(ref), rtol=1e-12)
+def value_and_grad_raw(fn, inputs):
+    """Like `backends.value_and_grad` but returns the gradients as backend
+    tensors (their dtypes are checked)."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            value = fn(*inputs)
+        return value, tape.gradient(value, inputs), None
+    import jax
+
+    value, grads = jax.value_and_grad(fn, argnums=tuple(range(len(inputs))))(*inputs)
+    return value, list(grads), None
 
 
-def test_variables_as_inputs_and_read_inside_transform():
-    """Keras variables as kernel / bias / explicit params, and a transform that
-    reads a variable itself (the way a head's `score_transform` does)."""
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_variables_as_inputs_and_read_inside_transform(implementation):
+    """Keras variables as kernel / bias / params, and a transform that reads
+    a variable of `transform_params` itself (the way a head's
+    `score_transform` does): it reads the value passed in, and its gradient
+    comes back (eagerly and compiled)."""
     h, kernel, bias, targets, weights = problem(seed=8)
     rng = np.random.default_rng(9)
-    kernel_var = keras.Variable(np.asarray(kernel), name="kernel")
-    bias_var = keras.Variable(np.asarray(bias), name="bias")
+    kernel_var = keras.Variable(kernel.astype("float32"), name="kernel")
+    bias_var = keras.Variable(bias.astype("float32"), name="bias")
     slopes_var = keras.Variable(rng.normal(size=(7,)).astype("float32"), name="slopes")
     mlp_vars = [
         keras.Variable(rng.normal(size=(3,)).astype("float32")) for _ in range(3)
     ]
     variables = [kernel_var, bias_var, slopes_var] + mlp_vars
 
-    def transform(z, *mlp_params):  # slopes read from the variable directly
-        return monotonic_mlp_fn(plif_fn(z, slopes_var), *mlp_params)
+    def transform(z, slopes, *mlp_params):  # slopes read from the variable
+        del slopes
+        return monotonic_mlp_fn(plif_ops(z, slopes_var), *mlp_params)
 
-    def step(chunked):
-        with tf.GradientTape() as tape:
+    def loss(chunked):
+        def total(h):  # noqa: B023
             if chunked:
                 nll = chunked_pointwise_nll(
-                    h, kernel_var, bias_var, targets, transform, mlp_vars,
-                    chunk_size=8,
+                    h, kernel_var, bias_var, targets, transform,
+                    [slopes_var] + mlp_vars, chunk_size=8,
+                    implementation=implementation,
                 )
             else:
                 nll = dense_nll(
-                    h, kernel_var, bias_var, targets, transform,
-                    [v.value for v in mlp_vars],
+                    h, kernel_var, bias_var, targets,
+                    lambda z, *p: monotonic_mlp_fn(plif_ops(z, slopes_var), *p),
+                    list(mlp_vars),
                 )
-            total = tf.reduce_sum(nll * weights)
-        return nll, tape.gradient(total, [v.value for v in variables])
+            return ops.sum(nll * ops.convert_to_tensor(weights.astype("float32")))
 
-    ref, ref_grads = step(False)
-    for mode in ["eager", "xla"]:
-        fn = step if mode == "eager" else tf.function(
-            step, jit_compile=mode == "xla"
-        )
-        nll, grads = fn(True)
-        assert_close(nll, ref, RTOL, f"nll ({mode})")
-        for i, (g, r) in enumerate(zip(grads, ref_grads)):
+        return total
+
+    h32 = h.astype("float32")
+    ref, ref_h, ref_vars = value_and_grad(loss(False), [h32], variables)
+    for mode in ["eager", "jit"]:
+        fn = loss(True) if mode == "eager" else jit(loss(True))
+        value, g_h, g_vars = value_and_grad(fn, [h32], variables)
+        assert abs(value - ref) <= RTOL * abs(ref)
+        for i, (g, r) in enumerate(zip(g_h + g_vars, ref_h + ref_vars)):
             assert g is not None, f"no gradient for variable {i} ({mode})"
             assert_close(g, r, RTOL, f"gradient of variable {i} ({mode})")
 
 
+@TF_ONLY
+def test_unlisted_variable_read_by_the_transform_raises():
+    """A transform that reads a trainable variable it was not given would
+    get no gradient for it from the `keras.ops` version: TensorFlow sees the
+    read, and it is an error. (The TensorFlow fast path returns its gradient
+    through `tf.custom_gradient`'s `variables`.)"""
+    import tensorflow as tf
+
+    h, kernel, bias, targets, _ = problem(seed=8)
+    slopes = keras.Variable(np.zeros(7, "float32"))
+    with tf.GradientTape() as tape:
+        nll = chunked_pointwise_nll(
+            h.astype("float32"), kernel.astype("float32"), None, targets,
+            lambda z: plif_ops(z, slopes), chunk_size=8, implementation="ops",
+        )
+    with pytest.raises(ValueError, match="transform_params"):
+        tape.gradient(nll, [slopes.value])
+
+
+def test_value_and_vjp():
+    """The backend dispatch point against the analytic derivative."""
+    x = ops.convert_to_tensor(np.linspace(-2.0, 2.0, 6).astype("float32"))
+    a = ops.convert_to_tensor(np.array([1.5], "float32"))
+    ct = ops.convert_to_tensor(np.arange(6).astype("float32"))
+    out, vjp = value_and_vjp(lambda x, a: a * ops.sigmoid(x), [x, a])
+    gx, ga = vjp(ct)
+    s = 1.0 / (1.0 + np.exp(-to_numpy(x)))
+    assert_close(out, 1.5 * s, 1e-6, "value")
+    assert_close(gx, to_numpy(ct) * 1.5 * s * (1 - s), 1e-6, "d/dx")
+    assert_close(ga, [np.sum(to_numpy(ct) * s)], 1e-6, "d/da")
+
+
 def test_leading_dims_and_shapes():
     h, kernel, bias, targets, _ = problem(n=12, seed=10)
+    f32 = lambda x: x.astype("float32")  # noqa: E731
     nll = chunked_pointwise_nll(
-        tf.reshape(h, [3, 4, 6]), kernel, bias, tf.reshape(targets, [3, 4]),
+        f32(h).reshape(3, 4, 6), f32(kernel), f32(bias), targets.reshape(3, 4),
         chunk_size=8,
     )
     assert tuple(nll.shape) == (3, 4)
-    ref = dense_nll(h, kernel, bias, targets, None, [])
-    assert_close(tf.reshape(nll, [-1]), ref, RTOL, "nll")
+    ref = numpy_nll(h, kernel, bias, targets, "identity", [])
+    assert_close(to_numpy(nll).reshape(-1), ref, RTOL, "nll")
+
+
+def test_bad_implementation():
+    h, kernel, bias, targets, _ = problem()
+    with pytest.raises(ValueError, match="Received: implementation"):
+        chunked_pointwise_nll(h, kernel, bias, targets, implementation="tf")
 
 
 @pytest.mark.parametrize("chunk_size", [0, -3, 2.5, True, "8"])
@@ -341,11 +532,7 @@ def test_bad_shapes():
         chunked_pointwise_nll(h[:, :4], kernel, bias, targets, chunk_size=8)
 
 
-def _largest_array(fn, *args):
-    """Elements of the largest f32 array in the XLA program of `fn`."""
-    hlo = tf.function(fn, jit_compile=True).experimental_get_compiler_ir(*args)(
-        stage="hlo"
-    )
+def _largest_f32_array(hlo):
     sizes = [
         int(np.prod([int(x) for x in dims.split(",") if x]))
         for dims in re.findall(r"f32\[([\d,]*)\]", hlo)
@@ -353,70 +540,108 @@ def _largest_array(fn, *args):
     return max(sizes)
 
 
+def _compiled_hlo(fn, *args):
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=True).experimental_get_compiler_ir(*args)(
+            stage="hlo"
+        )
+    import jax
+
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="no XLA program on PyTorch")
 def test_no_tensor_of_size_tokens_times_vocabulary():
-    """The compiled forward + backward program (while-loop bodies included)
-    holds no [N, V] array: the largest ones are the kernel, its gradient and
+    """The compiled forward + backward program (loop bodies included) holds
+    no [N, V] array: the largest ones are the kernel, its gradient and
     [N, chunk] tiles. The same probe finds [N, V] in the dense program."""
     n, d, v, chunk = 64, 8, 1000, 128
-    h, kernel, bias, targets, weights = problem(n=n, d=d, v=v)
+    h, kernel, bias, targets, _ = [
+        x.astype("float32") if x.dtype == np.float64 else x for x in problem(n=n, d=d, v=v)
+    ]
 
     def step(loss_fn):
-        def run(h, kernel, bias):
-            with tf.GradientTape() as tape:
-                tape.watch([h, kernel, bias])
-                total = tf.reduce_sum(loss_fn(h, kernel, bias))
-            return tape.gradient(total, [h, kernel, bias])
+        if BACKEND == "tensorflow":
+            import tensorflow as tf
 
-        return run
+            def run(h, kernel, bias):
+                with tf.GradientTape() as tape:
+                    tape.watch([h, kernel, bias])
+                    total = tf.reduce_sum(loss_fn(h, kernel, bias))
+                return tape.gradient(total, [h, kernel, bias])
+
+            return run
+        import jax
+
+        return jax.grad(lambda *a: ops.sum(loss_fn(*a)), argnums=(0, 1, 2))
 
     chunked = step(
         lambda h, k, b: chunked_pointwise_nll(h, k, b, targets, chunk_size=chunk)
     )
     dense = step(lambda h, k, b: dense_nll(h, k, b, targets, None, []))
-    assert _largest_array(dense, h, kernel, bias) >= n * v
-    padded = -(-v // chunk) * chunk  # the stacked kernel-gradient tiles
-    assert _largest_array(chunked, h, kernel, bias) <= max(d * padded, n * chunk)
+    args = [ops.convert_to_tensor(x) for x in (h, kernel, bias)]
+    assert _largest_f32_array(_compiled_hlo(dense, *args)) >= n * v
+    assert _largest_f32_array(_compiled_hlo(chunked, *args)) <= max(d * v, n * chunk)
 
 
 # ------------------------------------------------------------------ mixture
 def mixture_problem(n=11, k=3, d=5, v=23, seed=0):
     rng = np.random.default_rng(seed)
-    latents = tf.constant(np.tanh(rng.normal(size=(n, k, d))), tf.float32)
-    prior_logits = tf.constant(rng.normal(size=(n, k)), tf.float32)
-    kernel = tf.constant(rng.normal(size=(d, v)), tf.float32)
-    bias = tf.constant(rng.normal(size=(v,)), tf.float32)
-    targets = tf.constant(rng.integers(0, v, size=(n,)), tf.int32)
-    weights = tf.constant(rng.normal(size=(n,)), tf.float32)
+    latents = np.tanh(rng.normal(size=(n, k, d)))
+    prior_logits = rng.normal(size=(n, k))
+    kernel = rng.normal(size=(d, v))
+    bias = rng.normal(size=(v,))
+    targets = rng.integers(0, v, size=(n,)).astype("int32")
+    weights = rng.normal(size=(n,))
     return latents, prior_logits, kernel, bias, targets, weights
 
 
+def numpy_mixture_nll(latents, prior_logits, kernel, bias, targets, name, params):
+    z = np.einsum("nkd,dv->nkv", latents, kernel) + bias
+    g = numpy_transform(name, z, params)
+    log_p = np.logaddexp.reduce(
+        numpy_log_softmax(prior_logits)[..., None] + numpy_log_softmax(g), axis=1
+    )
+    return -log_p[np.arange(len(targets)), targets]
+
+
 def dense_mixture_nll(latents, log_priors, kernel, bias, targets, fn, params):
-    z = tf.einsum("nkd,dv->nkv", latents, kernel) + bias
+    z = ops.einsum("nkd,dv->nkv", latents, kernel) + bias
     g = z if fn is None else fn(z, *params)
-    log_p = tf.reduce_logsumexp(log_priors[..., None] + tf.nn.log_softmax(g), axis=1)
-    return -tf.gather(log_p, targets, batch_dims=1)
+    log_p = ops.logsumexp(
+        log_priors[..., None] + ops.log_softmax(g, axis=-1), axis=1
+    )
+    t = ops.convert_to_tensor(targets[:, None])
+    return -ops.take_along_axis(log_p, t, axis=1)[:, 0]
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize(
-    "transform,mode",
+    "transform,mode,dtype",
     [
-        ("identity", "eager"),
-        ("sigsoftmax", "eager"),
-        ("plif", "eager"),
-        ("plif", "xla"),
+        ("identity", "eager", "float64"),
+        ("sigsoftmax", "eager", "float64"),
+        ("plif", "eager", "float64"),
+        ("plif", "jit", "float32"),
+        ("identity", "jit", "float32"),
     ],
 )
-def test_mixture_matches_dense(transform, mode):
+def test_mixture_matches_dense(transform, mode, dtype, implementation):
+    """Loss and gradients of latents, prior logits (through the mixture
+    weights), kernel, bias and transform parameters."""
     latents, prior_logits, kernel, bias, targets, weights = mixture_problem()
     fn, params = make_transform(transform, np.random.default_rng(1))
+    rtol = 1e-9 if dtype == "float64" else RTOL
 
     def make(chunked):
         def nll(latents, prior_logits, kernel, bias, *params):
-            log_priors = tf.nn.log_softmax(prior_logits)
+            log_priors = ops.log_softmax(prior_logits, axis=-1)
             if chunked:
                 return chunked_mixture_nll(
                     latents, log_priors, kernel, bias, targets, fn, params,
-                    chunk_size=7,
+                    chunk_size=7, implementation=implementation,
                 )
             return dense_mixture_nll(
                 latents, log_priors, kernel, bias, targets, fn, params
@@ -424,45 +649,54 @@ def test_mixture_matches_dense(transform, mode):
 
         return nll
 
-    sources = [latents, prior_logits, kernel, bias] + params
-    out, grads = loss_and_grads(make(True), sources, weights, mode)
-    ref, ref_grads = loss_and_grads(make(False), sources, weights)
-    assert_close(out, ref, RTOL, "mixture nll")
+    sources = [np.asarray(s, dtype) for s in
+               [latents, prior_logits, kernel, bias] + params]
+    with float64_enabled() if dtype == "float64" else contextlib.nullcontext():
+        out = make(True)(*[ops.convert_to_tensor(s) for s in sources])
+        loss = weighted(make(True), weights, dtype)
+        value, grads, _ = value_and_grad(jit(loss) if mode == "jit" else loss, sources)
+        ref_value, ref_grads, _ = value_and_grad(weighted(make(False), weights, dtype), sources)
+    ref = numpy_mixture_nll(*[np.asarray(s, "float64") for s in sources[:4]],
+                            targets, transform, [np.asarray(p, "float64") for p in sources[4:]])
+    assert_close(out, ref, rtol, "mixture nll")
+    assert abs(value - ref_value) <= rtol * max(1.0, abs(ref_value))
     names = ["latents", "prior_logits", "kernel", "bias", "slopes"]
     for name, g, r in zip(names, grads, ref_grads):
-        assert_close(g, r, RTOL, f"gradient of {name}")
+        assert_close(g, r, rtol, f"gradient of {name}")
 
 
 def test_mixture_tied_layout_and_leading_dims():
     latents, prior_logits, kernel, bias, targets, _ = mixture_problem(n=12)
-    log_priors = tf.nn.log_softmax(prior_logits)
+    f32 = lambda x: np.asarray(x, "float32")  # noqa: E731
+    log_priors = ops.log_softmax(f32(prior_logits), axis=-1)
     out = chunked_mixture_nll(
-        tf.reshape(latents, [3, 4, 3, 5]), tf.reshape(log_priors, [3, 4, 3]),
-        tf.transpose(kernel), None, tf.reshape(targets, [3, 4]), chunk_size=5,
+        f32(latents).reshape(3, 4, 3, 5), ops.reshape(log_priors, (3, 4, 3)),
+        f32(kernel.T), None, targets.reshape(3, 4), chunk_size=5,
         kernel_transposed=True,
     )
     assert tuple(out.shape) == (3, 4)
-    ref = dense_mixture_nll(latents, log_priors, kernel, 0.0, targets, None, [])
-    assert_close(tf.reshape(out, [-1]), ref, RTOL, "mixture nll")
+    ref = numpy_mixture_nll(latents, prior_logits, kernel, 0.0, targets, "identity", [])
+    assert_close(to_numpy(out).reshape(-1), ref, RTOL, "mixture nll")
 
 
 def test_mixture_of_softmaxes_head_inputs():
     """Fed with `MixtureOfSoftmaxes`' own priors / latents, the chunked mixture
     equals the head's exact log-likelihood (all three component variants)."""
-    mixture = pytest.importorskip("keras_softmax_heads.heads.mixture_of_softmaxes")
+    from keras_softmax_heads.heads.mixture_of_softmaxes import MixtureOfSoftmaxes
+
     rng = np.random.default_rng(0)
     h = rng.normal(size=(2, 5, 6)).astype("float32")
     y = rng.integers(0, 17, size=(2, 5))
-    variants = [{}, {"component": "sigsoftmax"}, {"num_knots": 6, "knot_bound": 2.0}]
+    variants = [{}, {"component": "sigsoftmax"}]
+    if _library_plif_runs():
+        variants.append({"num_knots": 6, "knot_bound": 2.0})
     for kwargs in variants:
-        head = mixture.MixtureOfSoftmaxes(17, num_components=3, **kwargs)
+        head = MixtureOfSoftmaxes(17, num_components=3, **kwargs)
         head(h)
         for w in head.weights:
-            w.assign(w.numpy() + 0.3 * rng.normal(size=w.shape).astype("float32"))
-        try:
-            log_priors, latents = head._priors_and_latents(h, False)
-        except AttributeError:
-            pytest.skip("MixtureOfSoftmaxes internals changed")
+            value = to_numpy(w)
+            w.assign(value + 0.3 * rng.normal(size=w.shape).astype("float32"))
+        log_priors, latents = head._priors_and_latents(h, False)
         fn, params = None, []
         if head.raw_slopes is not None:
             fn = lambda z, s: functional.plif(z, s, head.knot_bound)  # noqa: E731
@@ -476,7 +710,7 @@ def test_mixture_of_softmaxes_head_inputs():
             latents, log_priors, head.kernel, head.bias, y, fn, params,
             chunk_size=5,
         )
-        ref = -np.asarray(head.log_likelihood(h, y))
+        ref = -to_numpy(head.log_likelihood(h, y))
         assert_close(nll, ref, RTOL, f"MixtureOfSoftmaxes {kwargs}")
 
 
@@ -499,23 +733,27 @@ def _twin_heads(make, h, seed=0):
     chunked(h)
     rng = np.random.default_rng(seed)
     for w in dense.weights:
-        w.assign((w.numpy() + 0.3 * rng.normal(size=w.shape)).astype(w.dtype))
+        value = to_numpy(w)
+        w.assign((value + 0.3 * rng.normal(size=w.shape)).astype(value.dtype))
     chunked.set_weights(dense.get_weights())
     return dense, chunked
 
 
 def _head_loss_and_grads(head, h, y, weights, variables=None):
-    with tf.GradientTape() as tape:
-        tape.watch(h)
-        loss = head.training_loss(h, y)
-        total = tf.reduce_sum(loss * weights)
     variables = head.trainable_weights if variables is None else variables
-    return loss, tape.gradient(total, [h] + list(variables))
+
+    def total(h):
+        loss = head.training_loss(h, y)
+        return ops.sum(loss * ops.convert_to_tensor(weights))
+
+    loss = to_numpy(head.training_loss(h, y))
+    _, g_h, g_vars = value_and_grad(total, [h], variables)
+    return loss, g_h + g_vars
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
 def test_full_softmax_head_matches_dense(use_bias):
-    h = tf.constant(np.random.default_rng(1).normal(size=(3, 4, 6)), tf.float32)
+    h = np.random.default_rng(1).normal(size=(3, 4, 6)).astype("float32")
     y = np.random.default_rng(2).integers(0, 13, size=(3, 4))
     weights = np.random.default_rng(3).normal(size=(3, 4)).astype("float32")
     dense, chunked = _twin_heads(
@@ -523,9 +761,9 @@ def test_full_softmax_head_matches_dense(use_bias):
     )
     loss, grads = _head_loss_and_grads(chunked, h, y, weights)
     ref, ref_grads = _head_loss_and_grads(dense, h, y, weights)
-    assert tuple(loss.shape) == (3, 4)
+    assert loss.shape == (3, 4)
     assert_close(loss, ref, RTOL, "loss")
-    assert_close(-chunked.log_likelihood(h, y), ref, RTOL, "log_likelihood")
+    assert_close(-to_numpy(chunked.log_likelihood(h, y)), ref, RTOL, "log_likelihood")
     for g, r in zip(grads, ref_grads):
         assert_close(g, r, RTOL, "gradient")
     # `call` still returns the full distribution.
@@ -535,7 +773,7 @@ def test_full_softmax_head_matches_dense(use_bias):
 def test_tied_head_matches_dense():
     emb = keras.layers.Embedding(13, 6, embeddings_initializer="normal")
     emb.build((None,))
-    h = tf.constant(np.random.default_rng(1).normal(size=(7, 6)), tf.float32)
+    h = np.random.default_rng(1).normal(size=(7, 6)).astype("float32")
     y = np.random.default_rng(2).integers(0, 13, size=(7,))
     weights = np.ones((7,), "float32")
     dense = ksh.FullSoftmax(token_embedding=emb, use_bias=False)
@@ -547,7 +785,10 @@ def test_tied_head_matches_dense():
         assert_close(g, r, RTOL, "gradient")
 
 
+@TF_ONLY
 def test_head_invalid_targets():
+    import tensorflow as tf
+
     head = ksh.FullSoftmax(13, chunk_size=5)
     h = np.zeros((2, 6), "float32")
     with pytest.raises(tf.errors.InvalidArgumentError, match="vocab_size"):
@@ -592,16 +833,7 @@ class _PLIFTestHead(PointwiseSoftmaxHead):
         )
 
     def score_transform(self, z):
-        return functional.plif(z, self.raw_slopes, KNOT_BOUND)
-
-
-def _head_ll_and_grads(head, h, y, weights):
-    with tf.GradientTape() as tape:
-        tape.watch(h)
-        ll = head.log_likelihood(h, y)
-        total = tf.reduce_sum(ll * tf.cast(weights, ll.dtype))
-    grads = tape.gradient(total, [h] + list(head.trainable_weights))
-    return [ll] + [tf.convert_to_tensor(g) if g is not None else None for g in grads]
+        return plif_ops(z, self.raw_slopes)
 
 
 def _make_head(cls, chunk_size):
@@ -615,23 +847,24 @@ def _head_results(cls, values, chunk_size, dtype, mode="eager"):
     """`[log_likelihood, d/dh, d/dweights...]` of a fresh head in `dtype`."""
     keras.config.set_dtype_policy(dtype)
     rng = np.random.default_rng(1)
-    h = tf.constant(rng.normal(size=(9, 6)), dtype)
+    h = rng.normal(size=(9, 6)).astype(dtype)
     y = rng.integers(0, 13, size=(9,))
     weights = rng.normal(size=(9,))
     head = _make_head(cls, chunk_size)
     head(h)
     for w, x in zip(head.weights, values):
         w.assign(np.asarray(x).astype(w.dtype))
-    if mode == "xla":
-        fn = tf.function(
-            lambda h: _head_ll_and_grads(head, h, y, weights), jit_compile=True
-        )
-        out = fn(h)
-    else:
-        out = _head_ll_and_grads(head, h, y, weights)
+
+    def total(h):
+        ll = head.log_likelihood(h, y)
+        return ops.sum(ll * ops.cast(weights, ll.dtype))
+
+    ll = to_numpy(head.log_likelihood(h, y))
+    fn = jit(total) if mode == "xla" else total
+    _, g_h, g_vars = value_and_grad(fn, [h], head.trainable_weights)
     names = ["log_likelihood", "h"] + [w.path for w in head.trainable_weights]
-    as_numpy = [None if x is None else np.asarray(tf.cast(x, tf.float64)) for x in out]
-    return names, as_numpy
+    out = [ll] + g_h + g_vars
+    return names, [None if x is None else np.asarray(x, "float64") for x in out]
 
 
 def _xla_in_default_run(cls):
@@ -672,18 +905,37 @@ def test_pointwise_heads_chunked_matches_dense(cls, modes):
         probe = _make_head(cls, None)
     except (TypeError, ValueError) as err:
         pytest.skip(f"{cls.__name__}(13, chunk_size=...) failed: {err}")
-    probe(np.zeros((1, 6), "float32"))
+    try:
+        probe(np.zeros((1, 6), "float32"))
+    except Exception as err:  # noqa: BLE001
+        if BACKEND == "tensorflow":
+            raise
+        pytest.skip(f"{cls.__name__} does not run on {BACKEND} yet: {err}")
     rng = np.random.default_rng(0)
     values = [
-        w.numpy() if not w.trainable or "int" in str(w.dtype)
-        else w.numpy() + 0.3 * rng.normal(size=w.shape)
+        to_numpy(w) if not w.trainable or "int" in str(w.dtype)
+        else to_numpy(w) + 0.3 * rng.normal(size=w.shape)
         for w in probe.weights
     ]
-    names, ref = _head_results(cls, values, None, "float64")
-    _, chunk64 = _head_results(cls, values, 5, "float64")
+    with float64_enabled():
+        try:
+            names, ref = _head_results(cls, values, None, "float64")
+        except Exception as err:  # noqa: BLE001
+            if BACKEND == "tensorflow":
+                raise
+            pytest.skip(f"{cls.__name__}'s dense path fails on {BACKEND}: {err}")
+        _, chunk64 = _head_results(cls, values, 5, "float64")
+    if BACKEND != "tensorflow":
+        # A compiled `head.log_likelihood` needs `head_utils.check_targets`
+        # to trace on JAX; the compiled chunked loss itself is covered by
+        # `test_compiled_equals_eager`.
+        modes = [m for m in modes if m != "xla"]
+    # Keras' PyTorch `matmul` rounds float64 products to float32: there the
+    # dense head (the reference) is only float32-accurate.
+    rtol64 = 1e-6 if BACKEND == "torch" else 1e-9
     for name, a, r in zip(names, chunk64, ref):
         assert a is not None, f"no gradient for {name}"
-        assert_close(a, r, 1e-9, f"{name} (float64)")
+        assert_close(a, r, rtol64, f"{name} (float64)")
     _, dense32 = _head_results(cls, values, None, "float32")
     for mode in modes:
         _, chunk32 = _head_results(cls, values, 5, "float32", mode)
@@ -706,8 +958,8 @@ def _fit_weights(chunk_size, strategy=None):
     """Trains a tiny `HeadModel` for 2 epochs: (weights, loss history, eval)."""
     keras.utils.set_random_seed(0)
     vocab, dim = 13, 6
-    strategy = strategy or tf.distribute.get_strategy()
-    with strategy.scope():
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    with scope:
         backbone = keras.Sequential([keras.layers.Embedding(vocab, dim)])
         head = ksh.FullSoftmax(vocab, chunk_size=chunk_size)
         model = ksh.HeadModel(backbone, head)
@@ -720,6 +972,9 @@ def _fit_weights(chunk_size, strategy=None):
     return model.get_weights(), history.history["loss"], logs["loss"]
 
 
+@pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="HeadModel is not ported to this backend yet"
+)
 def test_head_model_fit_same_as_dense():
     """`fit` / `evaluate` through `HeadModel` give the same losses and weights
     (the battery above covers `jit_compile=True` fitting)."""
@@ -753,6 +1008,7 @@ MIRRORED_SCRIPT = textwrap.dedent(
 )
 
 
+@TF_ONLY
 def test_mirrored_strategy_two_cpus():
     """`fit` under MirroredStrategy over 2 logical CPUs (a fresh process: the
     logical devices must be set before TF initialises) equals the

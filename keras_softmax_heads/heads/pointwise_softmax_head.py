@@ -77,16 +77,37 @@ class PointwiseSoftmaxHead(SoftmaxHead):
             return self.output_embeddings(), True
         return self.kernel, False
 
+    def score_transform_variables(self):
+        """The variables `score_transform` may read, for the chunked loss.
+
+        Every floating-point weight of the head except the output projection
+        and bias (the PLIF slopes, the monotonic MLP's weights, ...). The
+        chunked loss passes their values into its custom gradient explicitly
+        and returns their gradients. A subclass whose `score_transform`
+        reads other variables overrides this method.
+        """
+        projection = {id(self.kernel), id(self.bias)}
+        if self.token_embedding is not None:
+            projection.add(id(self.token_embedding.embeddings))
+        return [
+            w
+            for w in self.weights
+            if id(w) not in projection
+            and "float" in keras.backend.standardize_dtype(w.dtype)
+        ]
+
     def _chunked_nll(self, inputs, targets):
         """`-log p(targets)` by `chunked_pointwise_nll`, shape `targets.shape`."""
         inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
         kernel, transposed = self.chunked_projection()
-        if type(self).score_transform is PointwiseSoftmaxHead.score_transform:
-            transform = None  # identity: no vector-Jacobian product needed
-        else:
-            # The transform may read the head's own weights (PLIF slopes, an
-            # MLP); `chunked_pointwise_nll` returns their gradients.
-            def transform(z):
+        transform, variables = None, []  # identity: no vector-Jacobian product
+        if type(self).score_transform is not PointwiseSoftmaxHead.score_transform:
+            variables = self.score_transform_variables()
+
+            def transform(z, *values):
+                # `chunked_pointwise_nll` makes `variables` read as `values`
+                # while this runs, and returns their gradients.
+                del values
                 return self.score_transform(z)
 
         return chunked_pointwise_nll(
@@ -95,6 +116,7 @@ class PointwiseSoftmaxHead(SoftmaxHead):
             self.bias,
             targets,
             transform_fn=transform,
+            transform_params=variables,
             chunk_size=self.chunk_size,
             kernel_transposed=transposed,
         )
