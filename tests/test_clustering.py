@@ -18,6 +18,9 @@ from keras_softmax_heads.clustering import (
     random_clusters,
 )
 
+# NumPy / SciPy only: the same on every Keras backend.
+pytestmark = pytest.mark.multibackend
+
 NUM_TOPICS = 6
 WORDS_PER_TOPIC = 10
 VOCAB = NUM_TOPICS * WORDS_PER_TOPIC

@@ -4,15 +4,36 @@ import tempfile
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from backends import BACKEND
+from backends import is_target_error
+from backends import jit
+from backends import to_numpy
+from backends import value_and_grad
 from battery import HeadBattery
+from keras import ops
+from multibackend import RTOL64
+from multibackend import float64  # noqa: F401 (fixture)
 from references import numpy_log_softmax
 
 import keras_softmax_heads as ksh
 from keras_softmax_heads import clustering
 from keras_softmax_heads.heads.hierarchical_softmax import HierarchicalSoftmax
+from keras_softmax_heads.heads.hierarchical_softmax import ops_dynamic_within_cluster
 from keras_softmax_heads.heads.hierarchical_softmax import size_class_widths
 from keras_softmax_heads.heads.hierarchical_softmax import split_large_clusters
+from keras_softmax_heads.heads.hierarchical_softmax import tf_dynamic_within_cluster
+
+pytestmark = pytest.mark.multibackend
+
+# `static_shapes=False` has data-dependent shapes: TensorFlow graphs and
+# PyTorch run it; JAX refuses it at construction.
+needs_dynamic_shapes = pytest.mark.skipif(
+    BACKEND == "jax", reason="static_shapes=False raises on JAX (data-dependent shapes)"
+)
+tensorflow_only = pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="TensorFlow graphs / fast path"
+)
+
 
 V, D = 13, 6
 COUNTS = np.array([90, 50, 30, 20, 12, 9, 7, 5, 4, 3, 2, 1, 1])
@@ -42,8 +63,9 @@ class TestHierarchicalBattery(HeadBattery):
     }
 
 
+@needs_dynamic_shapes
 class TestHierarchicalDynamicBattery(HeadBattery):
-    """`static_shapes=False`: data-dependent tiles (graph mode only)."""
+    """`static_shapes=False`: data-dependent tiles (not XLA; not JAX)."""
     avoids_full_scores_in_training = True
 
     jit_compatible = False
@@ -66,7 +88,7 @@ class TestHierarchicalDynamicBattery(HeadBattery):
 def numpy_reference(head, h):
     """log p(w|h) = log_softmax(h U + a)[c(w)] + log_softmax over c(w)'s words."""
     h = h.astype("float64")
-    words = head.kernel.numpy().astype("float64")  # [V, d]
+    words = to_numpy(head.kernel).astype("float64")  # [V, d]
     z = h @ words.T + head.bias.numpy()
     zc = h @ head.cluster_kernel.numpy() + head.cluster_bias.numpy()
     class_lp = numpy_log_softmax(zc)
@@ -100,13 +122,40 @@ def test_numpy_reference(kwargs):
     h = rng.normal(size=(4, 5, D)).astype("float32")
     head = randomised(HierarchicalSoftmax(V, **kwargs), h)
     expected = numpy_reference(head, h)
-    np.testing.assert_allclose(np.asarray(head(h)), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(head(h)), expected, atol=1e-5)
     t = rng.integers(0, V, size=(4, 5))
+    want = np.take_along_axis(expected, t[..., None], -1)[..., 0]
+    np.testing.assert_allclose(to_numpy(head.log_likelihood(h, t)), want, atol=1e-5)
     np.testing.assert_allclose(
-        np.asarray(head.log_likelihood(h, t)),
-        np.take_along_axis(expected, t[..., None], -1)[..., 0],
-        atol=1e-5,
+        to_numpy(jit(head.log_likelihood)(h, t)), want, atol=1e-5
     )
+
+
+def test_gradients_match_dense_autodiff_float64(float64):
+    """The cheap tiled `log_likelihood`'s gradients (context, both kernels,
+    both biases) equal those of the dense `log_probs` path, in float64,
+    eagerly and compiled."""
+    rng = np.random.default_rng(3)
+    h = rng.normal(size=(9, D))
+    t = np.where(rng.random(9) < 0.4, 0, rng.integers(0, V, size=9))
+    head = randomised(HierarchicalSoftmax(V, counts=COUNTS, tile_size=2), h)
+    weights = ops.convert_to_tensor(rng.normal(size=9))
+
+    def cheap(x):
+        return ops.sum(head.log_likelihood(x, t) * weights)
+
+    def dense(x):
+        log_p = head.log_probs(x)
+        picked = ops.take_along_axis(log_p, ops.convert_to_tensor(t[:, None]), axis=-1)
+        return ops.sum(picked[:, 0] * weights)
+
+    variables = head.trainable_weights
+    want_value, want_h, want_vars = value_and_grad(dense, [h], variables)
+    for fn in (cheap, jit(cheap)):
+        value, got_h, got_vars = value_and_grad(fn, [h], variables)
+        np.testing.assert_allclose(value, want_value, rtol=RTOL64)
+        for got, want, w in zip(got_h + got_vars, want_h + want_vars, ["h"] + variables):
+            np.testing.assert_allclose(got, want, rtol=RTOL64, atol=RTOL64, err_msg=str(w))
 
 
 @pytest.mark.parametrize("tile_size", [1, 5, 64])
@@ -118,33 +167,69 @@ def test_probabilities_sum_to_one_and_cheap_likelihood_matches(tile_size):
     head = HierarchicalSoftmax(vocab, counts=counts, tile_size=tile_size)
     h = (3 * rng.normal(size=(37, 8))).astype("float32")
     head = randomised(head, h, seed=tile_size)
-    log_p = np.asarray(head(h))
+    log_p = to_numpy(head(h))
     np.testing.assert_allclose(np.exp(log_p.astype("float64")).sum(-1), 1.0, atol=1e-5)
-    jitted_log_p = tf.function(head.log_probs, jit_compile=True)(h)
-    np.testing.assert_allclose(np.asarray(jitted_log_p), log_p, atol=1e-5)
+    jitted_log_p = jit(head.log_probs)(h)
+    np.testing.assert_allclose(to_numpy(jitted_log_p), log_p, atol=1e-5)
     t = np.where(rng.random(37) < 0.5, 0, rng.integers(0, vocab, size=37))
-    ll = np.asarray(head.log_likelihood(h, t))
+    ll = to_numpy(head.log_likelihood(h, t))
     np.testing.assert_allclose(ll, log_p[np.arange(37), t], atol=1e-5)
-    jitted = tf.function(head.log_likelihood, jit_compile=True)
-    np.testing.assert_allclose(np.asarray(jitted(h, t)), ll, atol=1e-5)
-    # Unknown batch size at trace time (graph mode).
+    np.testing.assert_allclose(to_numpy(jit(head.log_likelihood)(h, t)), ll, atol=1e-5)
+
+
+@tensorflow_only
+def test_unknown_batch_size_in_a_graph():
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    head = randomised(HierarchicalSoftmax(57, counts=rng.integers(1, 1000, size=57)),
+                      np.zeros((1, 8), "float32"))
+    h = rng.normal(size=(37, 8)).astype("float32")
+    t = rng.integers(0, 57, size=37).astype("int32")
     spec = [tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None], tf.int32)]
     dynamic = tf.function(head.log_likelihood, input_signature=spec)
-    np.testing.assert_allclose(np.asarray(dynamic(h, t)), ll, atol=1e-5)
+    np.testing.assert_allclose(
+        to_numpy(dynamic(h, t)), to_numpy(head.log_likelihood(h, t)), atol=1e-5
+    )
 
 
+def intermediate_sizes(fn, *args):
+    """Element counts of every intermediate of the traced `fn(*args)` (a
+    TensorFlow graph or a JAX jaxpr, nested jaxprs included)."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        graph = tf.function(fn).get_concrete_function(*args).graph
+        return [
+            int(np.prod(op.outputs[0].shape))
+            for op in graph.get_operations()
+            if op.outputs and op.outputs[0].shape.is_fully_defined()
+        ]
+    import jax
+
+    sizes = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            sizes.extend(int(np.prod(v.aval.shape)) for v in eqn.outvars)
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (list, tuple)) else [param]:
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return sizes
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="no traced graph to inspect")
 def test_log_likelihood_never_scores_all_words():
     """The cheap path gathers at most `K` cluster blocks, never `[N, V]`."""
     head = HierarchicalSoftmax(400, clustering="random", num_clusters=20, tile_size=8)
     h = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
-    t = np.random.default_rng(1).integers(0, 400, size=64)
+    t = np.random.default_rng(1).integers(0, 400, size=64).astype("int32")
     head(h)
-    graph = tf.function(head.log_likelihood).get_concrete_function(h, t).graph
-    sizes = [
-        int(np.prod(op.outputs[0].shape))
-        for op in graph.get_operations()
-        if op.outputs and op.outputs[0].shape.is_fully_defined()
-    ]
+    sizes = intermediate_sizes(head.log_likelihood, h, t)
     # K = min(64, (64 + 7 * 20) // 8) = 25 tiles of 8 tokens and 20 words:
     # scores [25, 8, 20]; gathered blocks [25, 20, d=4]; kernel [400, 4].
     assert max(sizes) == 25 * 8 * 20 < 64 * 400
@@ -221,7 +306,7 @@ def test_kmeans_layout_built_outside():
     )
     head = HierarchicalSoftmax(4, clusters=layout)
     h = np.ones((2, 3), "float32")
-    np.testing.assert_allclose(np.exp(np.asarray(head(h))).sum(-1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(np.exp(to_numpy(head(h))).sum(-1), 1.0, atol=1e-6)
     with pytest.raises(ValueError, match="make_clusters"):
         HierarchicalSoftmax(4, counts=[4, 3, 2, 1], clustering="kmeans")
 
@@ -250,8 +335,8 @@ def test_keras_round_trip_keeps_layout():
     np.testing.assert_array_equal(loaded.predict(h, verbose=0), model.predict(h, verbose=0))
     t = rng.integers(0, V, size=7)
     np.testing.assert_allclose(
-        np.asarray(loaded_head.log_likelihood(h, t)),
-        np.asarray(head.log_likelihood(h, t)),
+        to_numpy(loaded_head.log_likelihood(h, t)),
+        to_numpy(head.log_likelihood(h, t)),
         atol=1e-6,
     )
 
@@ -274,7 +359,7 @@ def test_head_model_training_lowers_exact_eval_loss():
     after = model.evaluate(x, y, verbose=0, return_dict=True)
     assert after["loss"] < 0.3 * before["loss"], (before, after)
     # The evaluation loss is the exact NLL of the full distribution.
-    log_p = np.asarray(model.predict(x, verbose=0))
+    log_p = to_numpy(model.predict(x, verbose=0))
     nll = -np.take_along_axis(log_p, y[..., None], -1).mean()
     np.testing.assert_allclose(after["loss"], nll, rtol=1e-4)
 
@@ -287,7 +372,7 @@ def test_tied_embedding_gathers_embedding_rows():
     head(h)
     assert head.kernel is None
     assert emb.embeddings.path in [w.path for w in head.trainable_weights]
-    z = np.asarray(head.logits(h))
+    z = to_numpy(head.logits(h))
     np.testing.assert_allclose(z, h @ emb.embeddings.numpy().T, atol=1e-5)
 
 
@@ -335,27 +420,47 @@ def test_bad_assignment():
 def test_bad_targets():
     head = HierarchicalSoftmax(V, counts=COUNTS)
     h = np.zeros((2, D), "float32")
-    with pytest.raises(tf.errors.InvalidArgumentError,
+    with pytest.raises(ValueError,
                        match=r"vocab_size=13\)\. Received: targets\[1\]=13 \(1 of 2"):
         head.log_likelihood(h, np.array([0, 13]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"targets\[0\]=-1"):
-        head.log_likelihood(h, np.array([-1, 0]))
+    with pytest.raises(ValueError, match=r"targets\[0\]=-1"):
+        head.training_loss(h, np.array([-1, 0]))
+    if BACKEND != "torch":  # values unknown under XLA: NaN, not a number
+        out = to_numpy(jit(head.log_likelihood)(h, np.array([0, 13], "int32")))
+        assert np.isfinite(out[0]) and np.isnan(out[1])
+
+
+@tensorflow_only
+def test_bad_targets_in_a_tensorflow_graph():
+    import tensorflow as tf
+
+    head = HierarchicalSoftmax(V, counts=COUNTS)
+    h = np.zeros((2, D), "float32")
+    with pytest.raises(Exception, match=r"vocab_size=13\)\. Received: targets at index") as info:
+        tf.function(head.log_likelihood)(h, np.array([0, 13], "int32"))
+    assert is_target_error(info.value)
 
 
 # ------------------------------------------------------ static_shapes=False
-def _nll_and_grads(head, h, t, weights, jit=False):
-    def run(h):
-        with tf.GradientTape() as tape:
-            tape.watch(h)
-            ll = head.log_likelihood(h, t)
-            loss = -tf.reduce_sum(ll * weights)
-        grads = tape.gradient(loss, [h] + head.trainable_weights)
-        return ll, [tf.convert_to_tensor(g) for g in grads]
+def _nll_and_grads(head, h, t, weights, compile=False):
+    """`log_likelihood` and the gradients of its weighted sum (`h` first, then
+    the trainable weights), eagerly, compiled with XLA, or (`"graph"`) in a
+    TensorFlow graph without XLA."""
 
-    return tf.function(run, jit_compile=jit)(tf.convert_to_tensor(h))
+    def loss(x):
+        return -ops.sum(head.log_likelihood(x, t) * ops.convert_to_tensor(weights))
+
+    if compile == "graph":
+        import tensorflow as tf
+
+        fn = tf.function(loss)
+    else:
+        fn = jit(loss) if compile else loss
+    _, (grad_h,), grad_vars = value_and_grad(fn, [h], head.trainable_weights)
+    return to_numpy(head.log_likelihood(h, t)), [grad_h] + grad_vars
 
 
-@pytest.mark.parametrize(
+DYNAMIC_LAYOUTS = pytest.mark.parametrize(
     "kwargs",
     [
         dict(counts=np.random.default_rng(1).integers(1, 1000, size=57)),
@@ -365,10 +470,15 @@ def _nll_and_grads(head, h, t, weights, jit=False):
     ],
     ids=["frequency", "interleaved_no_bias", "random_padded", "unequal"],
 )
+
+
+@needs_dynamic_shapes
+@DYNAMIC_LAYOUTS
 def test_dynamic_tiles_equal_static_tiles(kwargs):
     """Same log-likelihood and gradients (h, both kernels, both biases) as the
-    static path (itself checked against NumPy), eagerly and in a graph with an
-    unknown batch size; skewed targets fill many tiles of one cluster."""
+    static path (itself checked against NumPy, and compiled here), eagerly
+    and (TensorFlow) in a graph, also with an unknown batch size; skewed
+    targets fill many tiles of one cluster."""
     rng = np.random.default_rng(0)
     vocab, n = 57, 45
     h = (2 * rng.normal(size=(n, 8))).astype("float32")
@@ -379,26 +489,72 @@ def test_dynamic_tiles_equal_static_tiles(kwargs):
     for a, b in zip(static.weights, dynamic.weights):
         b.assign(a.numpy())
     weights = np.linspace(0.5, 2.0, n).astype("float32")
-    ll, grads = _nll_and_grads(static, h, t, weights, jit=True)
-    log_p = np.asarray(static(h))
+    ll, grads = _nll_and_grads(static, h, t, weights, compile=True)
+    log_p = to_numpy(static(h))
     np.testing.assert_allclose(ll, log_p[np.arange(n), t], atol=1e-5)
-    got_ll, got_grads = _nll_and_grads(dynamic, h, t, weights)
-    np.testing.assert_allclose(got_ll, ll, atol=1e-5)
-    for got, want, w in zip(got_grads, grads, ["h"] + static.trainable_weights):
-        np.testing.assert_allclose(got, want, atol=2e-5, err_msg=str(w))
-    spec = [tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None], tf.int32)]
-    unknown = tf.function(dynamic.log_likelihood, input_signature=spec)
-    np.testing.assert_allclose(np.asarray(unknown(h, t)), ll, atol=1e-5)
+    modes = [False] + (["graph"] if BACKEND == "tensorflow" else [])
+    for mode in modes:
+        got_ll, got_grads = _nll_and_grads(dynamic, h, t, weights, compile=mode)
+        np.testing.assert_allclose(got_ll, ll, atol=1e-5)
+        for got, want, w in zip(got_grads, grads, ["h"] + static.trainable_weights):
+            np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"{mode} {w}")
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        spec = [tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None], tf.int32)]
+        unknown = tf.function(dynamic.log_likelihood, input_signature=spec)
+        np.testing.assert_allclose(to_numpy(unknown(h, t)), ll, atol=1e-5)
     # One token, and every token in the same cluster.
     np.testing.assert_allclose(
-        np.asarray(dynamic.log_likelihood(h[:1], t[:1])), ll[:1], atol=1e-5
+        to_numpy(dynamic.log_likelihood(h[:1], t[:1])), ll[:1], atol=1e-5
     )
     same = np.zeros(n, "int32")
     np.testing.assert_allclose(
-        np.asarray(dynamic.log_likelihood(h, same)), log_p[:, 0], atol=1e-5
+        to_numpy(dynamic.log_likelihood(h, same)), log_p[:, 0], atol=1e-5
     )
 
 
+@tensorflow_only
+@DYNAMIC_LAYOUTS
+def test_tensorflow_dynamic_fast_path_matches_keras_ops_reference(kwargs, float64):
+    """The custom-gradient TensorFlow path (one `IndexedSlices` gradient for
+    the word embeddings and bias) equals the `keras.ops` autodiff reference
+    in float64: values and gradients of the context, embeddings and bias."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(2)
+    vocab, n = 57, 45
+    h = rng.normal(size=(n, 8))
+    t = np.where(rng.random(n) < 0.5, 0, rng.integers(0, vocab, size=n)).astype("int32")
+    head = randomised(HierarchicalSoftmax(vocab, static_shapes=False, **kwargs), h)
+    layout = head.cluster_assignment
+    plan = head._dynamic_plan(
+        ops.convert_to_tensor(layout.cluster_of_word[t]),
+        ops.convert_to_tensor(layout.position_in_cluster[t]),
+    )
+    weights = ops.convert_to_tensor(rng.normal(size=n))
+    variables = [v for v in (head.kernel, head.bias) if v is not None]
+
+    def objective(fn):
+        def run(x):
+            bias = None if head.bias is None else ops.convert_to_tensor(head.bias)
+            ll = fn(x, ops.convert_to_tensor(head.kernel), bias, plan, "float64")
+            return ops.sum(ll * weights)
+
+        return run
+
+    want = value_and_grad(objective(ops_dynamic_within_cluster), [h], variables)
+    got = value_and_grad(objective(tf_dynamic_within_cluster), [h], variables)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    for a, b in zip(got[1] + got[2], want[1] + want[2]):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    with tf.GradientTape() as tape:
+        loss = objective(tf_dynamic_within_cluster)(tf.constant(h))
+    grads = tape.gradient(loss, variables)
+    assert all(isinstance(g, tf.IndexedSlices) for g in grads)
+
+
+@needs_dynamic_shapes
 def test_dynamic_tiles_gather_only_the_clusters_hit():
     """Data-dependent tiles: the gathered rows follow the clusters the batch
     hits (size classes M, M/2, ...), not the static worst case."""
@@ -408,18 +564,29 @@ def test_dynamic_tiles_gather_only_the_clusters_hit():
     h = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
     head(h)
     layout = head.cluster_assignment
-    t = np.full(64, vocab - 1, "int32")  # one (large) cluster
-    plan = head._dynamic_plan(
-        tf.gather(layout.cluster_of_word, t), tf.gather(layout.position_in_cluster, t)
-    )
-    rows = sum(int(np.prod(words.shape)) for _, _, words, _ in plan)
+
+    def plan_for(t):
+        return head._dynamic_plan(
+            ops.convert_to_tensor(layout.cluster_of_word[t].astype("int32")),
+            ops.convert_to_tensor(layout.position_in_cluster[t].astype("int32")),
+        )
+
+    t = np.full(64, vocab - 1)  # one (large) cluster
+    rows = sum(int(np.prod(words.shape)) for _, _, words, _ in plan_for(t))
     assert rows == -(-64 // max(1, 4096 // layout.max_cluster_size)) * layout.max_cluster_size
     assert rows < head.likelihood_cost(64)["gathered_rows"] / 4
     t = np.zeros(64, "int32")  # the most frequent word: a one-word cluster
-    plan = head._dynamic_plan(
-        tf.gather(layout.cluster_of_word, t), tf.gather(layout.position_in_cluster, t)
-    )
-    assert sum(int(np.prod(words.shape)) for _, _, words, _ in plan) == 1
+    assert sum(int(np.prod(words.shape)) for _, _, words, _ in plan_for(t)) == 1
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the JAX refusal")
+def test_dynamic_shapes_refused_on_jax():
+    with pytest.raises(ValueError, match=r"JAX.*static_shapes=True.*TensorFlow or PyTorch"):
+        HierarchicalSoftmax(V, counts=COUNTS, static_shapes=False)
+    config = HierarchicalSoftmax(V, counts=COUNTS).get_config()
+    config["static_shapes"] = False
+    with pytest.raises(ValueError, match="KERAS_BACKEND='jax'"):
+        HierarchicalSoftmax.from_config(config)
 
 
 def test_size_class_widths():
@@ -439,6 +606,7 @@ def test_size_class_widths():
                 assert a <= 1.2 * b + 1
 
 
+@needs_dynamic_shapes
 def test_static_shapes_config_and_jit_fallback():
     head = HierarchicalSoftmax(V, counts=COUNTS, static_shapes=False)
     assert head.get_config()["static_shapes"] is False

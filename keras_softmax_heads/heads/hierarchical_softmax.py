@@ -14,7 +14,9 @@ measurements behind them are in `docs/hierarchical.md`):
   layout of an embedding, so weight tying with a `token_embedding` is the
   same code path). A token's cluster block is then a row gather, `[M, d]`,
   contiguous in memory (cheaper than gathering columns of a `[d, V]`
-  matrix), and its gradient is sparse (`IndexedSlices`). No parameter is
+  matrix), and its gradient is that of a row gather (`IndexedSlices` on
+  TensorFlow; on JAX / PyTorch a scatter-add into `[V, d]`, as for
+  `keras.layers.Embedding`). No parameter is
   wasted on padding: only the integer table `cluster_words` `[C, M]` is
   padded.
 * Tokens are sorted by cluster and packed into tiles of `tile_size` tokens
@@ -45,15 +47,17 @@ measurements behind them are in `docs/hierarchical.md`):
   (the `[pairs, d]` gathers and segment sums dominate). Reaching the floor
   needs a fused kernel (one pass per hit cluster, multi-threaded), which
   public TensorFlow / XLA ops do not give.
-* `static_shapes=False` (kept; graph mode on CPU / GPU, not XLA / TPU)
-  drops the static worst case instead: only the tiles a batch uses are
+* `static_shapes=False` (kept; TensorFlow graph mode and PyTorch on CPU /
+  GPU, not XLA / TPU / JAX) drops the static worst case instead: only the tiles a batch uses are
   built (data-dependent shapes), and clusters are grouped in size classes
   (`size_class_widths`: `M, ceil(M/1.2), ...` down to `ceil(M/2)`, then
   halving down to 1), each with its own tiles (about `DYNAMIC_TILE_SCORES`
   word scores per token row, at most `DYNAMIC_MAX_TILE` tokens), so a tile
   pads its cluster by less than 1.2x in the wide classes, which hold most
   rows (the rare words, split to the cap `M`), and less than 2x below; the
-  rows gathered are then close to the rows hit. A custom gradient
+  rows gathered are then close to the rows hit. The `keras.ops` version
+  (`ops_dynamic_within_cluster`, autodiff) runs on PyTorch; on TensorFlow
+  a custom gradient (`tf_dynamic_within_cluster`, measured faster)
   recomputes nothing: it returns one `IndexedSlices` for the word
   embeddings and bias, and `d ll / d s = onehot - softmax` per tile, and
   the per-slot results go back to the tokens with one gather
@@ -77,7 +81,6 @@ import math
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import ops
 
 from keras_softmax_heads import clustering
@@ -85,6 +88,7 @@ from keras_softmax_heads.clustering import CLUSTERING_STRATEGIES
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.head_utils import add_constant_weight
 from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.heads.head_utils import is_concrete
 from keras_softmax_heads.heads.head_utils import nan_if_invalid
 from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.validation import check_int
@@ -165,6 +169,8 @@ def pack_tiles(cluster, tile, num_tiles, num_clusters):
     first_tile = ops.cumsum(tiles_per_cluster) - tiles_per_cluster
     if num_tiles is None:
         num_tiles = ops.sum(tiles_per_cluster)
+        if is_concrete(num_tiles):  # eager: a Python int (PyTorch needs one)
+            num_tiles = int(ops.convert_to_numpy(num_tiles))
     rank = ops.arange(n, dtype="int32") - ops.take(first_token, sorted_cluster)
     slot_sorted = (ops.take(first_tile, sorted_cluster) + rank // tile) * tile + (
         rank % tile
@@ -221,10 +227,76 @@ TOP_CLASS_RATIO = 1.2
 
 
 def dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
-    """`log p(t | c(t), h)` over data-dependent tiles, with a custom gradient.
+    """`log p(t | c(t), h)` over data-dependent tiles (`static_shapes=False`).
 
-    TensorFlow only (`tf.custom_gradient`; the tile counts are data-dependent,
-    so this does not compile with XLA).
+    The backend dispatch of the dynamic path: TensorFlow runs
+    `tf_dynamic_within_cluster` (a custom gradient returning one
+    `tf.IndexedSlices`, measured faster in graph mode); other backends run
+    `ops_dynamic_within_cluster` (`keras.ops`, autodiff), the reference.
+    Neither compiles with XLA (data-dependent shapes).
+
+    Args:
+        h: `[N, d]` context vectors (compute dtype).
+        words_matrix: `[V, d]` word embeddings (compute dtype).
+        bias: `[V]` float32 word bias or None.
+        plan: list of `(tokens, positions, words, valid)` per size class:
+            int32 `[K, T]` the token of every slot (-1 empty), int32
+            `[K, T]` its target's position in the cluster, int32 `[K, w]`
+            the words of every tile's cluster (padded), bool `[K, w]`.
+        accumulation_dtype: dtype of the scores.
+
+    Returns:
+        `[N]` log-probabilities in `accumulation_dtype`.
+    """
+    if keras.backend.backend() == "tensorflow":
+        return tf_dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype)
+    return ops_dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype)
+
+
+def slots_of_tokens(plan, num_tokens):
+    """int32 `[N]`: the slot of every token in the plan's tiles, flattened
+    and concatenated over the size classes (every token has exactly one)."""
+    flat_tokens = ops.concatenate(
+        [ops.reshape(tokens, (-1,)) for tokens, _, _, _ in plan], axis=0
+    )
+    filled = ops.cast(ops.nonzero(flat_tokens >= 0)[0], "int32")
+    return ops.scatter(
+        ops.expand_dims(ops.take(flat_tokens, filled), -1), filled, (num_tokens,)
+    )
+
+
+def ops_dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
+    """`dynamic_within_cluster` in `keras.ops` with autodiff (any backend,
+    eager or a graph with data-dependent shapes).
+
+    Per size class of width `w`: gathers the tiles' contexts `[K, T, d]` and
+    cluster blocks `[K, w, d]`, scores them, masks the padding to `-inf` and
+    picks the target's log-softmax; `O(K T w d)`. The gradient of the word
+    embeddings is that of `ops.take` (sparse on TensorFlow, a scatter-add
+    into `[V, d]` on JAX / PyTorch, as for `keras.layers.Embedding`).
+    """
+    acc = accumulation_dtype
+    ll = []
+    for tokens, positions, words, valid in plan:
+        h_tiles = ops.take(h, ops.maximum(tokens, 0), axis=0)  # [K, T, d]
+        blocks = ops.take(words_matrix, words, axis=0)  # [K, w, d]
+        s = ops.cast(ops.einsum("ktd,kwd->ktw", h_tiles, blocks), acc)
+        if bias is not None:
+            s = s + ops.expand_dims(ops.take(ops.cast(bias, acc), words), 1)
+        s = ops.where(ops.expand_dims(valid, 1), s, ops.full_like(s, float("-inf")))
+        log_p = s - ops.logsumexp(s, axis=-1, keepdims=True)  # [K, T, w]
+        picked = ops.take_along_axis(log_p, ops.expand_dims(positions, -1), axis=-1)
+        ll.append(ops.reshape(picked, (-1,)))
+    slot_of_token = slots_of_tokens(plan, ops.shape(h)[0])
+    return ops.take(ops.concatenate(ll, axis=0), slot_of_token)
+
+
+def tf_dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
+    """TensorFlow fast path of `dynamic_within_cluster`: a custom gradient.
+
+    TensorFlow only (`tf.custom_gradient`, `tf.IndexedSlices`); the tile
+    counts are data-dependent, so this does not compile with XLA. Same
+    arguments and result as `dynamic_within_cluster`.
 
     Args:
         h: `[N, d]` context vectors (compute dtype).
@@ -241,6 +313,8 @@ def dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
         `words_matrix` (and `bias`) is one `tf.IndexedSlices` with a row per
         tile and word.
     """
+    import tensorflow as tf
+
     n, d = tf.shape(h)[0], tf.shape(h)[-1]
     acc = accumulation_dtype
 
@@ -303,6 +377,8 @@ def dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
         return ll, grad
 
     args = (h, words_matrix) + ((bias,) if bias is not None else ())
+    # Tensors, not variables: the custom gradient is with respect to values.
+    args = tuple(tf.convert_to_tensor(a) for a in args)
     return tf.custom_gradient(forward)(*args)
 
 
@@ -398,13 +474,15 @@ class HierarchicalSoftmax(SoftmaxHead):
             data-dependent shapes, grouping clusters in size classes
             (`size_class_widths(M)`: `M, ceil(M/1.2), ..., ceil(M/2)`,
             then halving down to 1; tiles of
-            `clip(4096 // width, 1, 64)` tokens), and a custom gradient that
-            returns one `IndexedSlices` for the word embeddings. It gathers
-            about the rows of the clusters hit instead of the static worst
-            case (at V = 793k, N = 2048: 296k rows instead of 1.45M), for
-            graph mode on CPU / GPU; it does not compile with XLA (TPU), so
-            the layer sets `supports_jit = False` and Keras runs a model
-            containing it without XLA.
+            `clip(4096 // width, 1, 64)` tokens) (on TensorFlow with a
+            custom gradient that returns one `IndexedSlices` for the word
+            embeddings). It gathers about the rows of the clusters hit
+            instead of the static worst case (at V = 793k, N = 2048: 296k
+            rows instead of 1.45M), for TensorFlow graph mode or PyTorch on
+            CPU / GPU; it does not compile with XLA (TPU), so the layer sets
+            `supports_jit = False` and Keras runs a model containing it
+            without XLA. On the JAX backend (always traced with static
+            shapes) the constructor raises a `ValueError`.
         seed: int, seed of the `"random"` clustering.
         token_embedding: optional `keras.layers.Embedding` `[V, d]` tied to
             the word embeddings `W`.
@@ -496,6 +574,15 @@ class HierarchicalSoftmax(SoftmaxHead):
                 f"Received: static_shapes={static_shapes!r}"
             )
         self.static_shapes = bool(static_shapes)
+        if not self.static_shapes and keras.backend.backend() == "jax":
+            raise ValueError(
+                "static_shapes=False builds tiles of data-dependent shapes, "
+                "which the JAX backend cannot trace (`jax.jit` needs static "
+                "shapes). Use static_shapes=True (the default, exact and "
+                "XLA-compatible) on JAX, or the TensorFlow or PyTorch backend "
+                "for static_shapes=False. Received: static_shapes=False with "
+                "KERAS_BACKEND='jax'"
+            )
         # Keras turns `jit_compile="auto"` (and `True`, with a warning) off
         # for a model with this layer when the shapes are data-dependent.
         self.supports_jit = self.static_shapes
@@ -657,8 +744,10 @@ class HierarchicalSoftmax(SoftmaxHead):
             targets: int word ids `[...]` in `[0, V)`.
 
         Returns:
-            float32 tensor of shape `targets.shape` (NaN for out-of-range ids
-            under XLA; an `InvalidArgumentError` otherwise).
+            float32 tensor of shape `targets.shape`. Out-of-range ids raise
+            a `ValueError` eagerly (`InvalidArgumentError` from a TensorFlow
+            graph) and give NaN under XLA / `jax.jit` / `torch.compile`
+            (`head_utils.check_targets`).
         """
         inputs = self._check_inputs(inputs)
         targets = check_targets(targets, self.vocab_size)
@@ -741,7 +830,7 @@ class HierarchicalSoftmax(SoftmaxHead):
         plan = []
         for j, width in enumerate(widths):
             tile = max(1, min(DYNAMIC_MAX_TILE, DYNAMIC_TILE_SCORES // width))
-            members = tf.cast(tf.where(token_class == j)[:, 0], "int32")  # data-dependent
+            members = ops.cast(ops.nonzero(token_class == j)[0], "int32")  # data-dependent
             member_cluster = ops.take(cluster, members)
             slot_token, _ = pack_tiles(member_cluster, tile, None, self.num_clusters)
             slots = ops.reshape(slot_token, (-1, tile))  # [K, T], -1 empty

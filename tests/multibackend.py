@@ -1,0 +1,70 @@
+"""Helpers of the multi-backend head tests (on top of `backends`).
+
+* `jit_with_state(layer, fn)`: compile a function that advances a layer's
+  random state;
+* the `float64` fixture and `RTOL64`, for float64 checks on every backend.
+
+`backends.jit` compiles a pure function. A head that samples (sampled
+softmax, NCE, self-normalisation) draws with `keras.random` and its
+`SeedGenerator`, whose state is a variable of the layer that every draw
+advances. TensorFlow's `tf.function` and eager PyTorch update it in place;
+under `jax.jit` an assignment would leak a tracer, so on JAX the layer's
+variables are passed in and out through a `keras.StatelessScope` (what
+Keras' own JAX trainer does) and written back after the call.
+"""
+
+import keras
+import pytest
+from backends import BACKEND
+from backends import jit
+
+# Keras' type promotion maps float64 to float32 except on TensorFlow, so on
+# JAX and PyTorch some `keras.ops` (`matmul` on PyTorch, `tanh`, ...) return
+# float32 for float64 inputs: float64 comparisons there hold to float32
+# rounding only, and finite differences need a float32-sized step.
+RTOL64 = 1e-10 if BACKEND == "tensorflow" else 1e-5
+# `assert_directional_gradients` keywords for float64 objectives.
+FD64 = (
+    dict(eps=1e-6, rtol=1e-6, atol=1e-7)
+    if BACKEND == "tensorflow"
+    else dict(eps=1e-3, rtol=2e-2, atol=2e-2)
+)
+
+
+@pytest.fixture
+def float64():
+    """float64 layers on every backend (JAX: 64-bit types enabled)."""
+    keras.config.set_dtype_policy("float64")
+    if BACKEND == "jax":
+        import jax
+
+        with jax.enable_x64(True):
+            yield
+    else:
+        yield
+
+
+def jit_with_state(layer, fn):
+    """`fn(*args)` compiled with XLA (TF, JAX; PyTorch: as is); the state
+    `fn` assigns to `layer`'s variables (seed states) is kept."""
+    if BACKEND != "jax":
+        return jit(fn)
+    import jax
+
+    variables = list(layer.variables)
+
+    def pure(values, *args):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            out = fn(*args)
+            new = [scope.get_current_value(v) for v in variables]
+        return out, [old if n is None else n for old, n in zip(values, new)]
+
+    compiled = jax.jit(pure)
+
+    def run(*args):
+        out, new = compiled([v.value for v in variables], *args)
+        for variable, value in zip(variables, new):
+            variable.assign(value)
+        return out
+
+    return run
