@@ -72,6 +72,7 @@ import subprocess
 import sys
 import time
 
+import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
 import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
 import select_backend  # benchmarks/select_backend.py
 
@@ -234,8 +235,7 @@ def run_child(kind, heads, n, v, d, mode, args, backend):
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": f"rc={proc.returncode}: " + " | ".join(tail)}
+    return {"error": fresh_process.error_text(proc.stderr + proc.stdout, proc.returncode)}
 
 
 def compare_backends(records, tolerance):

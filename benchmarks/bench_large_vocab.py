@@ -72,6 +72,7 @@ import subprocess
 import sys
 import time
 
+import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
 import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
 import select_backend  # benchmarks/select_backend.py
 
@@ -389,10 +390,7 @@ def run_child(row, v, n, mode, phase, args):
         reason = _xla_reason(text)
         if reason:
             return {"error": reason}
-    if proc.returncode < 0:
-        return {"error": f"killed by signal {-proc.returncode} (out of memory?)"}
-    tail = [l for l in text.strip().splitlines() if l.strip()][-2:]
-    return {"error": f"rc={proc.returncode}: " + " | ".join(tail)[-300:]}
+    return {"error": fresh_process.error_text(text, proc.returncode)}
 
 
 OPTIONAL_MODULES = {

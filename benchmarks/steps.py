@@ -245,6 +245,30 @@ def tensor(array):
     return keras.ops.convert_to_tensor(array)
 
 
+def host_tensor(array):
+    """A tensor sharing the memory of the NumPy `array` where possible.
+
+    DLPack on TensorFlow and JAX (no copy for an aligned buffer), a shared
+    buffer on PyTorch; a copy where the backend refuses.
+    """
+    try:
+        if BACKEND == "tensorflow":
+            import tensorflow as tf
+
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        if BACKEND == "jax":
+            import jax
+
+            return jax.dlpack.from_dlpack(array)
+        if BACKEND == "torch":
+            import torch
+
+            return torch.from_numpy(array)
+    except (TypeError, ValueError, RuntimeError):
+        pass
+    return keras.ops.convert_to_tensor(array)
+
+
 # ----------------------------------------------------------------- memory
 class PeakMemory:
     """Peak memory of the steps run between `start()` and `peak_mib()`.
@@ -254,10 +278,11 @@ class PeakMemory:
     JAX and PyTorch: the process' peak resident size minus its resident size
     at `start()` (the peak counter is reset there; if the kernel refuses,
     the peak resident size before the steps is the baseline). `source`
-    names the reading.
+    names the reading; `allocator` is True for an allocator's statistics.
     """
 
     def __init__(self):
+        self.allocator = BACKEND == "tensorflow"
         self.source = (
             "TensorFlow CPU allocator peak"
             if BACKEND == "tensorflow"
