@@ -1,13 +1,17 @@
 """Dense vs chunked exact softmax loss: peak memory and step time.
 
 A "step" is the forward and backward pass of `sum_i -log softmax(h W + b)[t_i]`
-with respect to `h` `[N, d]`, `W` `[d, V]` and `b` `[V]`:
+with respect to `h` `[N, d]`, `W` `[d, V]` and `b` `[V]`, on the Keras
+backend(s) of `--backend` (`tensorflow`, `jax`, `torch`; a comma list runs
+each in its own processes) in the backend's modes (`--modes`; TensorFlow:
+`graph`, `xla`; JAX: `xla`; PyTorch: `eager`, by default; see `steps.py`):
 
 * `dense`: the head's dense path, `log_softmax(h W + b)` then a gather of the
   targets (what `PointwiseSoftmaxHead.log_likelihood` does without
-  `chunk_size`);
-* `xent`: TensorFlow's fused `sparse_softmax_cross_entropy_with_logits` on
-  the dense logits (the strongest dense baseline TF has; optional);
+  `chunk_size`; `steps.dense_nll`);
+* `xent`: the backend's fused sparse softmax cross-entropy on the dense
+  logits (TensorFlow's `sparse_softmax_cross_entropy_with_logits`, the
+  strongest dense baseline TF has; optional);
 * `chunked`: `keras_softmax_heads.chunked.chunked_pointwise_nll`.
 
 Every configuration runs in a fresh subprocess. The child builds the inputs,
@@ -17,6 +21,9 @@ runs the timed steps and reports `VmHWM - baseline` as the step's peak extra
 memory (if the counter cannot be reset, the baseline is the `VmHWM` after
 building the inputs and the first call is included). Time is the best of the
 timed steps (wall clock, 2 shared cores: the best is the least disturbed).
+`allocator_peak_mb` (TensorFlow only) is the peak of TensorFlow's CPU
+allocator over the same steps. Every JSON row carries its `backend`; a
+configuration that fails is printed and stored with its error.
 
 Dense configurations whose estimated peak exceeds the memory budget are
 skipped (estimate: `DENSE_COPIES` float32 `[N, V]` tensors, measured on the
@@ -27,6 +34,7 @@ Usage:
     python benchmarks/bench_chunked.py --quick    # smoke test, seconds
     python benchmarks/bench_chunked.py --n 2048 --v 33000 --modes graph \
         --chunk-sizes 2048,4096,8192               # tile-size sweep
+    python benchmarks/bench_chunked.py --backend tensorflow,jax --modes xla
 """
 
 import argparse
@@ -36,7 +44,9 @@ import subprocess
 import sys
 import time
 
+import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
 import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
+import select_backend  # benchmarks/select_backend.py
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -49,24 +59,25 @@ D = 512
 # --------------------------------------------------------------------- child
 def child(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
     import numpy as np
-    import tensorflow as tf
+    import steps
 
     from keras_softmax_heads.chunked import chunked_pointwise_nll
 
     n, v, d = args.n, args.v, args.d
 
     def host_tensor(shape, dtype, fill):
-        # A 128-byte aligned NumPy buffer handed to TF without a copy
-        # (DLPack): building the inputs leaves nothing in TF's memory pool,
-        # which would otherwise hide part of the step's peak.
+        # A 128-byte aligned NumPy buffer handed to the backend without a
+        # copy (steps.host_tensor): building the inputs leaves nothing in
+        # TF's memory pool, which would otherwise hide part of the step's peak.
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         raw = np.empty(nbytes + 128, np.uint8)
         offset = (-raw.ctypes.data) % 128
         array = raw[offset : offset + nbytes].view(dtype).reshape(shape)
         fill(array)
-        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        return steps.host_tensor(array)
 
     def inputs(n, v, d):
         rng = np.random.default_rng(0)
@@ -90,59 +101,47 @@ def child(args):
 
     def loss_fn(h, kernel, bias, targets):
         if args.method == "dense":
-            log_p = tf.nn.log_softmax(tf.matmul(h, kernel) + bias)
-            return -tf.gather(log_p, targets, batch_dims=1)
-        if args.method == "xent":
-            return tf.nn.sparse_softmax_cross_entropy_with_logits(
-                targets, tf.matmul(h, kernel) + bias
+            loss = steps.dense_nll(h, kernel, bias, targets)
+        elif args.method == "xent":
+            loss = steps.fused_xent(h, kernel, bias, targets)
+        else:
+            loss = chunked_pointwise_nll(
+                h, kernel, bias, targets, chunk_size=args.chunk_size
             )
-        return chunked_pointwise_nll(
-            h, kernel, bias, targets, chunk_size=args.chunk_size
-        )
+        return keras.ops.sum(loss)
 
-    @tf.function(jit_compile=args.mode == "xla")
-    def step(h, kernel, bias, targets):
-        with tf.GradientTape() as tape:
-            tape.watch([h, kernel, bias])
-            loss = tf.reduce_sum(loss_fn(h, kernel, bias, targets))
-        return loss, tape.gradient(loss, [h, kernel, bias])
+    step = steps.grad_step(loss_fn, [], args.mode, wrt=(0, 1, 2))
 
     # A tiny step of the same kind first: loads the oneDNN / XLA code whose
     # pages would otherwise count as the step's memory.
-    float(step(*inputs(8, 2 * args.chunk_size + 3, d))[0])
+    step(*inputs(8, 2 * args.chunk_size + 3, d))
     data = inputs(n, v, d)
     # TF's CPU allocator (oneDNN build) pools large blocks and never returns
     # them, so the step's peak is measured from its first call on.
     reset = proc_memory.reset_peak()
     baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
-    try:
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        pool_base = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    except (ValueError, RuntimeError):
-        pool_base = None
+    pool = steps.PeakMemory()
+    if pool.allocator:
+        pool.start()
     t0 = time.perf_counter()
-    loss = float(step(*data)[0])
+    loss = step(*data)
     first = time.perf_counter() - t0
     times, cpu_times = [], []
     budget_end = time.perf_counter() + args.time_budget
     for _ in range(args.repeats):
         t0, c0 = time.perf_counter(), time.process_time()
-        out = step(*data)
-        loss = float(out[0])
+        loss = step(*data)
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
-        del out
         if time.perf_counter() > budget_end:
             break
     peak = proc_memory.status()["VmHWM"] - baseline
-    pool_peak = None
-    if pool_base is not None:
-        info = tf.config.experimental.get_memory_info("CPU:0")
-        pool_peak = (info["peak"] - pool_base) / 2**20
+    pool_peak = pool.peak_mib() if pool.allocator else None
     print(
         "RESULT "
         + json.dumps(
             {
+                "backend": steps.BACKEND,
                 "n": n,
                 "v": v,
                 "d": d,
@@ -164,11 +163,12 @@ def child(args):
 
 
 # -------------------------------------------------------------------- parent
-def run_child(n, v, mode, method, chunk_size, args):
+def run_child(n, v, mode, method, chunk_size, args, backend):
     cmd = [
         sys.executable,
         os.path.abspath(__file__),
         "--child",
+        "--backend", backend,
         "--n", str(n),
         "--v", str(v),
         "--d", str(args.d),
@@ -178,12 +178,12 @@ def run_child(n, v, mode, method, chunk_size, args):
         "--repeats", str(args.repeats),
         "--time-budget", str(args.time_budget),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ, KERAS_BACKEND=backend)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": f"rc={proc.returncode}: " + " | ".join(tail)}
+    return {"error": fresh_process.error_text(proc.stderr + proc.stdout, proc.returncode)}
 
 
 def best(old, new):
@@ -205,7 +205,11 @@ def main():
     parser.add_argument("--n", type=str, default=None, help="comma-separated N")
     parser.add_argument("--v", type=str, default=None, help="comma-separated V")
     parser.add_argument("--d", type=int, default=D)
-    parser.add_argument("--modes", type=str, default="graph,xla")
+    select_backend.add_flag(parser, multiple=True)
+    parser.add_argument(
+        "--modes", type=str, default="",
+        help="comma-separated modes (default: each backend's defaults)",
+    )
     parser.add_argument("--method", type=str, default="chunked")
     parser.add_argument(
         "--baselines", type=str, default="dense", help="dense[,xent]"
@@ -228,11 +232,14 @@ def main():
     )
     parser.add_argument("--json", type=str, default=None, help="write results here")
     args = parser.parse_args()
+    backends = select_backend.parse(args.backend, parser, multiple=True)
+    modes = {b: select_backend.modes(args.modes, b, parser) for b in backends}
+    select_backend.use(backends[0])
 
     from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 
     if args.child:
-        args.n, args.v, args.mode = int(args.n), int(args.v), args.modes
+        args.n, args.v, args.mode = int(args.n), int(args.v), modes[backends[0]][0]
         args.chunk_size = args.chunk_size or DEFAULT_CHUNK_SIZE
         return child(args)
 
@@ -247,7 +254,6 @@ def main():
             if args.chunk_sizes
             else [DEFAULT_CHUNK_SIZE]
         )
-    modes = args.modes.split(",")
     baselines = [b for b in args.baselines.split(",") if b]
     budget = (
         args.memory_budget_gb * 2**30
@@ -256,14 +262,17 @@ def main():
     )
     results = []
     header = (
-        f"{'mode':5} {'N':>5} {'V':>7} {'method':>13} {'wall s':>8} {'cpu s':>8} "
+        f"{'backend':10} {'mode':5} {'N':>5} {'V':>7} {'method':>13} {'wall s':>8} {'cpu s':>8} "
         f"{'peak MB':>9} {'wall/dense':>10} {'cpu/dense':>9} {'mem/dense':>9}"
     )
     print(f"d={args.d}, memory budget {budget / 2**30:.1f} GiB, "
-          f"chunk sizes {chunk_sizes}")
+          f"chunk sizes {chunk_sizes}, backends "
+          f"{', '.join(f'{b} ({chr(44).join(modes[b])})' for b in backends)}; peak MB: "
+          "process peak resident size (VmHWM)")
     print(header)
     print("-" * len(header), flush=True)
-    for mode in modes:
+    configs = [(b, mode) for b in backends for mode in modes[b]]
+    for backend, mode in configs:
         for n in ns:
             for v in vs:
                 dense_est = DENSE_COPIES * n * v * 4 + 2 * 4 * args.d * v
@@ -277,14 +286,15 @@ def main():
                                 "skipped": f"estimated {dense_est / 2**30:.1f} GiB"
                             }
                             continue
-                        r = run_child(n, v, mode, method, 0, args)
+                        r = run_child(n, v, mode, method, 0, args, backend)
                         rows[method] = best(rows.get(method), r)
                     for c in chunk_sizes:
-                        r = run_child(n, v, mode, "chunked", c, args)
+                        r = run_child(n, v, mode, "chunked", c, args, backend)
                         rows[f"chunked-{c}"] = best(rows.get(f"chunked-{c}"), r)
                 ref = rows.get("dense", {})
                 for name, r in rows.items():
-                    r.update({"name": name, "n": n, "v": v, "mode": mode})
+                    r.update({"backend": backend, "name": name, "n": n, "v": v,
+                              "mode": mode})
                     results.append(r)
                     if "step_s" in r:
                         rel_t = rel_c = rel_m = ""
@@ -293,14 +303,14 @@ def main():
                             rel_c = f"{r['cpu_s'] / ref['cpu_s']:.2f}"
                             rel_m = f"{r['peak_mb'] / max(ref['peak_mb'], 1e-9):.3f}"
                         print(
-                            f"{mode:5} {n:5d} {v:7d} {name:>13} "
+                            f"{backend:10} {mode:5} {n:5d} {v:7d} {name:>13} "
                             f"{r['step_s']:8.3f} {r['cpu_s']:8.3f} "
                             f"{r['peak_mb']:9.0f} {rel_t:>10} {rel_c:>9} {rel_m:>9}",
                             flush=True,
                         )
                     else:
                         why = r.get("skipped") or r.get("error")
-                        print(f"{mode:5} {n:5d} {v:7d} {name:>13}  -- {why}",
+                        print(f"{backend:10} {mode:5} {n:5d} {v:7d} {name:>13}  -- {why}",
                               flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -2,14 +2,18 @@
 
 Every head of the library is a *row* of the table (`ROWS` below; rows whose
 module is missing, e.g. `HierarchicalSoftmax` before it lands, are listed as
-such). For each vocabulary size `V`, context size `d`, `N` tokens and each
-mode (`graph`: `tf.function`; `xla`: `tf.function(jit_compile=True)`):
+such). The steps run on the Keras backend of `--backend` (`tensorflow`,
+`jax` or `torch`; `steps.py` builds them). For each vocabulary size `V`,
+context size `d`, `N` tokens and each mode of the backend (`--modes`;
+TensorFlow: `graph` = `tf.function`, `xla` = `tf.function(jit_compile=True)`,
+both by default; JAX: `xla` = `jax.jit` (default), `eager`; PyTorch: `eager`
+(default), `compile` = `torch.compile`):
 
 * train: one forward + backward pass of `sum(head.training_loss(h, t))`
   with respect to `h` `[N, d]` and every trainable weight of the head
-  (kernel, bias, ...). Sparse gradients (`tf.IndexedSlices`, from row
-  gathers) are returned as such, not densified: an optimizer applies them
-  sparsely;
+  (kernel, bias, ...). On TensorFlow, sparse gradients (`tf.IndexedSlices`,
+  from row gathers) are returned as such, not densified: an optimizer
+  applies them sparsely (JAX and PyTorch return dense gradients);
 * eval: the exact `sum(head.log_likelihood(h, t))` (forward only).
 
 Baselines: `FullSoftmax` (dense `log_softmax`; when its `[N, V]` tensors do
@@ -18,7 +22,8 @@ not fit in memory, `FullSoftmax (chunked)`, the exact loss of
 `tf.nn.sampled_softmax_loss` / `tf.nn.nce_loss` with `num_sampled` samples
 (their default log-uniform sampler, `unique=True`; weights `[V, d]` as our
 sampled heads). TF's samplers do not compile with XLA: their `xla` rows
-report the failure.
+report the failure. They exist on TensorFlow only; other backends list them
+as skipped.
 
 Targets are drawn from a Zipfian unigram distribution (`counts[r] ∝ 1 / (r +
 1)`, ids sorted by frequency), the `counts` given to the heads that take
@@ -38,7 +43,10 @@ of the least CPU-hungry call, less sensitive to other processes competing
 for the cores. `t/tf`, `cpu/tf`: our sampled heads against the TensorFlow op
 with the same number of samples, in the same mode, or (suffix `g`) against
 TF's graph mode when TF's op does not compile with XLA. Ratios are to the `FullSoftmax` row of the
-same `V`, mode and phase.
+same `V`, mode and phase. Peak memory is the process' resident size on
+every backend. Every JSON row carries its `backend`; a row that fails
+(e.g. a head not yet written for a backend) is printed and stored with its
+error, and the other rows still run.
 
 Configurations whose estimated peak exceeds the memory budget are skipped
 (estimate: a few float32 `[N, V]` tensors for full-softmax steps, see
@@ -52,6 +60,7 @@ Usage:
     python benchmarks/bench_large_vocab.py --v 100000 --modes graph \\
         --rows SampledSoftmax,tf.nn.sampled_softmax_loss
     python benchmarks/bench_large_vocab.py --skip-full      # no full-softmax rows
+    python benchmarks/bench_large_vocab.py --backend jax    # the same on JAX (jax.jit)
 """
 
 import argparse
@@ -63,7 +72,9 @@ import subprocess
 import sys
 import time
 
+import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
 import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
+import select_backend  # benchmarks/select_backend.py
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -234,8 +245,9 @@ def zipf_counts(v, total=8e8):
 # ------------------------------------------------------------------ child
 def measure(args, track_memory=True):
     """Builds one (row, V, N, mode, phase) step, times it, returns a dict."""
+    import keras
     import numpy as np
-    import tensorflow as tf
+    import steps
 
     row = next(r for r in ROWS if r.name == args.row)
     rng = np.random.default_rng(0)
@@ -247,14 +259,17 @@ def measure(args, track_memory=True):
         h *= 0.5
         p = zipf_counts(v)
         targets = rng.choice(v, size=n, p=p / p.sum()).astype(np.int32)
-        return tf.constant(h), tf.constant(targets)
+        return steps.tensor(h), steps.tensor(targets)
 
     def make_step(v):
-        """Builds (step_fn, variables) for a vocabulary of size v."""
+        """Builds the timed step (`steps.py`) for a vocabulary of size v."""
         sub = argparse.Namespace(**vars(args))
         sub.v = v
         sub.counts = zipf_counts(v)
+        state = []
         if row.kind == "tf":
+            import tensorflow as tf
+
             w = tf.Variable(
                 rng.standard_normal((v, args.d), dtype=np.float32) / args.d**0.5
             )
@@ -267,8 +282,9 @@ def measure(args, track_memory=True):
                           num_sampled=args.num_sampled, num_classes=v)
         else:
             head = row.make(sub)
-            head(tf.zeros((1, args.d)))
-            variables = list(head.trainable_weights)
+            head(keras.ops.zeros((1, args.d)))
+            variables = list(head.trainable_variables)
+            state = list(head.variables)
             if row.kind == "chunked":
                 from keras_softmax_heads.chunked import chunked_pointwise_nll
 
@@ -284,40 +300,31 @@ def measure(args, track_memory=True):
                 def ll_fn(h, t):
                     return head.log_likelihood(h, t)
 
-        @tf.function(jit_compile=args.modes == "xla")
-        def train(h, t):
-            with tf.GradientTape() as tape:
-                tape.watch(h)
-                loss = tf.reduce_sum(loss_fn(h, t))
-            return loss, tape.gradient(loss, [h] + variables)
-
-        @tf.function(jit_compile=args.modes == "xla")
-        def evaluate(h, t):
-            return tf.reduce_sum(ll_fn(h, t)), []
-
-        return (train if args.phase == "train" else evaluate), variables
+        if args.phase == "train":
+            return steps.grad_step(lambda h, t: keras.ops.sum(loss_fn(h, t)), variables,
+                                   args.modes, wrt=(0,), state=state)
+        return steps.value_step(lambda h, t: keras.ops.sum(ll_fn(h, t)), args.modes,
+                                state=state)
 
     # Warm-up on a tiny problem of the same kind (code pages, XLA runtime).
     small_v = max(2 * args.num_sampled + 3, 64)
-    warm, _ = make_step(small_v)
-    float(warm(*inputs(16, small_v))[0])
+    warm = make_step(small_v)
+    warm(*inputs(16, small_v))
 
-    step, variables = make_step(args.v)
+    step = make_step(args.v)
     data = inputs(args.n, args.v)
     reset = track_memory and proc_memory.reset_peak()
     baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
     t0 = time.perf_counter()
-    loss = float(step(*data)[0])
+    loss = step(*data)
     first = time.perf_counter() - t0
     times, cpu_times = [], []
     budget_end = time.perf_counter() + args.time_budget
     for _ in range(args.repeats):
         t0, c0 = time.perf_counter(), time.process_time()
-        out = step(*data)
-        loss = float(out[0])
+        loss = step(*data)
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
-        del out
         if time.perf_counter() > budget_end:
             break
     peak = proc_memory.status()["VmHWM"] - baseline
@@ -333,6 +340,7 @@ def measure(args, track_memory=True):
 
 
 def child(args):
+    select_backend.use(args.backend)
     print("RESULT " + json.dumps(measure(args)), flush=True)
 
 
@@ -340,6 +348,7 @@ def run_in_process(row, v, n, mode, phase, args):
     """Quick mode: no subprocess (fast; peak memory is not measured)."""
     sub = argparse.Namespace(**vars(args))
     sub.row, sub.v, sub.n, sub.modes, sub.phase = row.name, v, n, mode, phase
+    select_backend.use(args.backend)
     try:
         return measure(sub, track_memory=False)
     except Exception as err:  # report, as a subprocess failure would be
@@ -366,12 +375,13 @@ def _xla_reason(text):
 def run_child(row, v, n, mode, phase, args):
     cmd = [
         sys.executable, os.path.abspath(__file__), "--child",
-        "--row", row.name, "--v", str(v), "--n", str(n), "--d", str(args.d),
+        "--backend", args.backend, "--row", row.name, "--v", str(v), "--n", str(n), "--d", str(args.d),
         "--num-sampled", str(args.num_sampled), "--modes", mode,
         "--phase", phase, "--repeats", str(args.repeats),
         "--time-budget", str(args.time_budget),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ, KERAS_BACKEND=args.backend)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -380,10 +390,7 @@ def run_child(row, v, n, mode, phase, args):
         reason = _xla_reason(text)
         if reason:
             return {"error": reason}
-    if proc.returncode < 0:
-        return {"error": f"killed by signal {-proc.returncode} (out of memory?)"}
-    tail = [l for l in text.strip().splitlines() if l.strip()][-2:]
-    return {"error": f"rc={proc.returncode}: " + " | ".join(tail)[-300:]}
+    return {"error": fresh_process.error_text(text, proc.returncode)}
 
 
 OPTIONAL_MODULES = {
@@ -392,10 +399,17 @@ OPTIONAL_MODULES = {
 }
 
 
-def _available_rows(rows):
-    """`{row name: reason}` for rows whose head module does not import."""
+def _available_rows(rows, backend):
+    """`{row name: reason}` for rows that cannot run on `backend`.
+
+    TensorFlow's ops run on TensorFlow only; heads whose module does not
+    import are missing. Imports the heads only when some row needs the check.
+    """
     status = {}
     for row in rows:
+        if row.kind == "tf" and backend != "tensorflow":
+            status[row.name] = f"a TensorFlow op: not run on {backend}"
+            continue
         module = OPTIONAL_MODULES.get(row.name)
         if module is None:
             continue
@@ -416,7 +430,11 @@ def main():
     parser.add_argument("--n", type=int, default=N, help="tokens per step")
     parser.add_argument("--d", type=int, default=D, help="context size")
     parser.add_argument("--num-sampled", type=int, default=NUM_SAMPLED)
-    parser.add_argument("--modes", type=str, default="graph,xla")
+    select_backend.add_flag(parser)
+    parser.add_argument(
+        "--modes", type=str, default="",
+        help="comma-separated modes (default: the backend's defaults)",
+    )
     parser.add_argument("--phases", type=str, default="train,eval")
     parser.add_argument(
         "--rows", type=str, default=None,
@@ -446,6 +464,8 @@ def main():
     )
     parser.add_argument("--json", type=str, default=None, help="write results here")
     args = parser.parse_args()
+    args.backend = select_backend.parse(args.backend, parser)
+    select_backend.use(args.backend)
 
     if args.child:
         args.v = int(args.v)
@@ -456,7 +476,7 @@ def main():
         args.in_process = True
     else:
         vs = tuple(int(x) for x in args.v.split(",")) if args.v else FULL_V
-    modes = args.modes.split(",")
+    modes = select_backend.modes(args.modes, args.backend, parser)
     phases = args.phases.split(",")
     rows = ROWS
     if args.rows:
@@ -464,14 +484,15 @@ def main():
         rows = [r for r in rows if r.full or any(w in r.name for w in wanted)]
     if args.skip_full:
         rows = [r for r in rows if not r.full]
-    unavailable = _available_rows(rows)
+    unavailable = _available_rows(rows, args.backend)
     budget = (
         args.memory_budget_gb * 2**30
         if args.memory_budget_gb
         else 0.8 * proc_memory.available_bytes()
     )
-    print(f"d={args.d}, N={args.n}, num_sampled={args.num_sampled}, "
-          f"memory budget {budget / 2**30:.1f} GiB, modes {modes}", flush=True)
+    print(f"backend {args.backend}, d={args.d}, N={args.n}, num_sampled={args.num_sampled}, "
+          f"memory budget {budget / 2**30:.1f} GiB, modes {modes}; peak MB: process "
+          "peak resident size (VmHWM)", flush=True)
     header = (
         f"{'V':>7} {'mode':5} {'phase':5} {'N':>5} {'row':34} {'time s':>9} "
         f"{'cpu s':>8} {'peak MB':>9} {'t/full':>8} {'mem/full':>8} "
@@ -517,7 +538,8 @@ def main():
                          if x.full and "step_s" in measured.get(x.name, {})),
                         {},
                     )
-                    r = dict(r, row=row.name, v=v, mode=mode, phase=phase, n=n)
+                    r = dict(r, backend=args.backend, row=row.name, v=v, mode=mode,
+                             phase=phase, n=n)
                     results.append(r)
                     if "step_s" in r:
                         rel_t = rel_m = ""

@@ -13,7 +13,9 @@ Sequential step (compiled with `HeadLoss(head)`) must be within 1.5x of the
 * `sequential_hsm`: `Sequential([..., HierarchicalSoftmax])` + `HeadLoss`.
 
 Each row runs in a fresh process (`--row`); the parent prints the ratios of
-one run and writes them as JSON.
+one run and writes them as JSON. `--backend` picks the Keras backend
+(TensorFlow by default, or `$KERAS_BACKEND`); `--jit_compile` defaults to
+False on TensorFlow (the measured setting) and to Keras' `"auto"` elsewhere.
 
     python benchmarks/bench_sequential.py --out docs/results/bench_sequential.json
 """
@@ -24,6 +26,7 @@ import sys
 import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
+import select_backend  # benchmarks/select_backend.py
 from absl import app
 from absl import flags
 
@@ -32,7 +35,10 @@ flags.DEFINE_integer("dim", 512, "d.")
 flags.DEFINE_integer("tokens", 2048, "N, tokens per step.")
 flags.DEFINE_integer("num_sampled", 1024, "Samples of SampledSoftmax.")
 flags.DEFINE_integer("steps", 10, "Timed steps (after 3 warm-up steps).")
-flags.DEFINE_bool("jit_compile", False, "XLA.")
+flags.DEFINE_enum("backend", select_backend.default_backend(), select_backend.BACKENDS,
+                  "Keras backend.")
+flags.DEFINE_bool("jit_compile", None, "XLA (default: False on TensorFlow, Keras' "
+                  "'auto' elsewhere).")
 flags.DEFINE_string("row", None, "Internal: run one row and print its JSON.")
 flags.DEFINE_list("rows", ["sequential_sampled", "head_model_sampled",
                            "sequential_full_scce", "sequential_hsm"], "Rows.")
@@ -47,6 +53,9 @@ def run_row(name):
     import keras_softmax_heads as ksh
 
     V, d, N = FLAGS.vocab_size, FLAGS.dim, FLAGS.tokens
+    jit_compile = FLAGS.jit_compile
+    if jit_compile is None:
+        jit_compile = False if FLAGS.backend == "tensorflow" else "auto"
     rng = np.random.default_rng(0)
     counts = 1.0 / np.arange(1, V + 1)  # Zipf
     x = rng.normal(size=(N, d)).astype("float32")
@@ -58,19 +67,19 @@ def run_row(name):
     if name == "sequential_sampled":
         head = ksh.SampledSoftmax(V, num_sampled=FLAGS.num_sampled, sampler="unigram", counts=counts)
         model = keras.Sequential(backbone() + [head])
-        model.compile("adam", loss=ksh.HeadLoss(head), jit_compile=FLAGS.jit_compile)
+        model.compile("adam", loss=ksh.HeadLoss(head), jit_compile=jit_compile)
     elif name == "head_model_sampled":
         head = ksh.SampledSoftmax(V, num_sampled=FLAGS.num_sampled, sampler="unigram", counts=counts)
         model = ksh.HeadModel(keras.Sequential(backbone()), head)
-        model.compile("adam", jit_compile=FLAGS.jit_compile)
+        model.compile("adam", jit_compile=jit_compile)
     elif name == "sequential_full_scce":
         model = keras.Sequential(backbone() + [ksh.FullSoftmax(V)])
         model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      jit_compile=FLAGS.jit_compile)
+                      jit_compile=jit_compile)
     elif name == "sequential_hsm":
         head = ksh.HierarchicalSoftmax(V, counts=counts)
         model = keras.Sequential(backbone() + [head])
-        model.compile("adam", loss=ksh.HeadLoss(head), jit_compile=FLAGS.jit_compile)
+        model.compile("adam", loss=ksh.HeadLoss(head), jit_compile=jit_compile)
     else:
         raise ValueError(f"Unknown row {name!r}")
     for _ in range(3):
@@ -86,6 +95,7 @@ def run_row(name):
 
 def main(argv):
     del argv
+    select_backend.use(FLAGS.backend)
     if FLAGS.row:
         fresh_process.report(run_row(FLAGS.row))
         return
@@ -93,8 +103,10 @@ def main(argv):
     for row in FLAGS.rows:
         args = [sys.executable, __file__, f"--row={row}"] + [
             f"--{k}={getattr(FLAGS, k)}" for k in ("vocab_size", "dim", "tokens", "num_sampled", "steps")
-        ] + [f"--jit_compile={FLAGS.jit_compile}"]
+        ] + [f"--backend={FLAGS.backend}"] + (
+            [] if FLAGS.jit_compile is None else [f"--jit_compile={FLAGS.jit_compile}"])
         result = fresh_process.run_row(args[1], args[2:])
+        result["backend"] = FLAGS.backend
         results.append(result)
         print(f"{row:24s} {result['median_s'] * 1e3:9.1f} ms/step (min {result['min_s'] * 1e3:.1f})", flush=True)
     by = {r["row"]: r["median_s"] for r in results}
@@ -110,8 +122,8 @@ def main(argv):
     report = {
         "command": "python benchmarks/bench_sequential.py " + " ".join(sys.argv[1:]),
         "machine": f"{os.cpu_count()} CPU cores",
-        "settings": {k: getattr(FLAGS, k) for k in ("vocab_size", "dim", "tokens", "num_sampled",
-                                                    "steps", "jit_compile")},
+        "settings": {k: getattr(FLAGS, k) for k in ("backend", "vocab_size", "dim", "tokens",
+                                                    "num_sampled", "steps", "jit_compile")},
         "rows": results, "ratios": ratios,
     }
     if FLAGS.out:

@@ -15,7 +15,8 @@ Both rows build the model with `training.build_model` from the same config
 The step time is `(t_last - t_first) / (S - 1)` over the step end times
 (the first step, which compiles, is left out), as `results.json`'s
 `steps_per_second` measures it. Falls back to the synthetic corpus when
-no PTB directory is given.
+no PTB directory is given. `--backend` picks the Keras backend (TensorFlow
+by default, or `$KERAS_BACKEND`).
 
     python benchmarks/bench_train_loop.py --data_dir=../shared/data/ptb \
         --out docs/results/bench_train_loop.json
@@ -28,6 +29,7 @@ import tempfile
 import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
+import select_backend  # benchmarks/select_backend.py
 from absl import app
 from absl import flags
 
@@ -37,6 +39,8 @@ flags.DEFINE_string("preset", "zaremba_small", "Training preset.")
 flags.DEFINE_string("head", "full_softmax", "Head of the `bare` and `train_lm` rows.")
 flags.DEFINE_string("compare_head", None, "Also time `train_lm` with this head (row "
                     "`train_lm_<head>`) and report its ratio to `train_lm`.")
+flags.DEFINE_enum("backend", select_backend.default_backend(), select_backend.BACKENDS,
+                  "Keras backend.")
 flags.DEFINE_integer("steps", 400, "Training steps per row.")
 flags.DEFINE_list("rows", ["bare", "train_lm"], "Rows.")
 flags.DEFINE_string("row", None, "Internal: run one row and print its JSON.")
@@ -83,6 +87,7 @@ def run_row(name):
 
 def main(argv):
     del argv
+    select_backend.use(FLAGS.backend)
     if FLAGS.row:
         fresh_process.report(run_row(FLAGS.row))
         return
@@ -92,13 +97,14 @@ def main(argv):
         rows.append(("train_lm", FLAGS.compare_head))
     for row, head in rows:
         args = [sys.executable, __file__, f"--row={row}", f"--preset={FLAGS.preset}",
-                f"--head={head}", f"--steps={FLAGS.steps}"]
+                f"--head={head}", f"--steps={FLAGS.steps}", f"--backend={FLAGS.backend}"]
         if FLAGS.data_dir:
             args.append(f"--data_dir={FLAGS.data_dir}")
         result = fresh_process.run_row(args[1], args[2:])
         if head != FLAGS.head:
             result["row"] = f"train_lm_{head}"
         result["head"] = head
+        result["backend"] = FLAGS.backend
         results.append(result)
         print(f"{result['row']:18s} {result['step_s'] * 1e3:8.1f} ms/step", flush=True)
     by = {r["row"]: r["step_s"] for r in results}
@@ -114,7 +120,7 @@ def main(argv):
             json.dump({
                 "command": "python benchmarks/bench_train_loop.py " + " ".join(sys.argv[1:]),
                 "machine": f"{os.cpu_count()} CPU cores",
-                "settings": {"preset": FLAGS.preset, "head": FLAGS.head, "steps": FLAGS.steps,
+                "settings": {"backend": FLAGS.backend, "preset": FLAGS.preset, "head": FLAGS.head, "steps": FLAGS.steps,
                              "dataset": "ptb" if FLAGS.data_dir else "synthetic"},
                 "rows": results, "train_lm_over_bare": ratio,
                 "compare_head_over_head": head_ratio,

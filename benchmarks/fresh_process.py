@@ -7,6 +7,7 @@ one row's memory, compiled functions and thread pools out of the next.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -24,3 +25,14 @@ def run_row(script, args):
     out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                          env=env, check=True).stdout
     return json.loads(out.split(_PREFIX, 1)[1].splitlines()[0])
+
+
+def error_text(output, returncode):
+    """One line for a failed child: its last `SomeError: message`, else its tail."""
+    lines = [x.strip() for x in (output or "").splitlines() if x.strip()]
+    errors = [x for x in lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b.*:", x)]
+    if errors:
+        return f"rc={returncode}: {errors[-1][:300]}"
+    if returncode is not None and returncode < 0:
+        return f"killed by signal {-returncode} (out of memory?)"
+    return f"rc={returncode}: " + " | ".join(lines[-2:])[-300:]

@@ -23,40 +23,50 @@ default is the chunked full softmax at V = 793k in
 `docs/results/bench_large_vocab.json`) turns the times into speed-ups.
 Results: `docs/results/hsm_floor.json`, discussed in `docs/hierarchical.md`.
 
+The steps are `steps.py`'s, on the Keras backend of `--backend`
+(`tensorflow`, `jax` or `torch`), in its modes (`--modes`; TensorFlow:
+`graph` and `xla`; JAX: `xla`; PyTorch: `eager`, by default). The
+`static_shapes=False` step runs in the modes without XLA (`graph`,
+`eager`). The JSON names the `backend`.
+
 `--measure-full` times the other side instead, and only that: the fastest
 exact full-softmax train step we could fit at these shapes. It stores one
 `[N, V]` float32 logits tensor (6.5 GB at V = 793k, N = 2048)
 and does the three `N x d x V` products of a dense step (the chunked loss of
 the library recomputes the logits: four), with no bias (one pass fewer, so
 a conservative reference). The library's dense `FullSoftmax` does not fit at
-V = 793k: autodiff keeps several `[N, V]` tensors.
+V = 793k: autodiff keeps several `[N, V]` tensors. This reference is written
+with `tf.custom_gradient`: TensorFlow only.
 
 Usage:
     python benchmarks/hsm_floor.py                       # V = 793k, graph and XLA
     python benchmarks/hsm_floor.py --measure-full        # the full-softmax side
     python benchmarks/hsm_floor.py --v 100000 --modes graph --full-seconds 3.3
+    python benchmarks/hsm_floor.py --backend jax         # the same parts on JAX
 """
 
 import argparse
 import json
 import os
+import sys
 import time
+
+import numpy as np
+import select_backend  # benchmarks/select_backend.py (the script's own folder)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-from keras_softmax_heads.heads.hierarchical_softmax import HierarchicalSoftmax  # noqa: E402
+def best_time(fn, repeats, *inputs):
+    """Best wall time of `repeats` calls after one warm-up (trace/compile).
 
-
-def best_time(fn, repeats):
-    """Best wall time of `repeats` calls after one warm-up (trace/compile)."""
-    tf.nest.map_structure(np.asarray, fn(), expand_composites=True)
+    `fn(*inputs)` is a `steps.py` step: it returns once its outputs exist.
+    """
+    fn(*inputs)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        tf.nest.map_structure(np.asarray, fn(), expand_composites=True)
+        fn(*inputs)
         times.append(time.perf_counter() - start)
     return min(times)
 
@@ -66,8 +76,11 @@ def full_softmax_step(h, kernel, targets):
 
     `h` `[N, d]`, `kernel` `[V, d]` (a variable), `targets` int32 `[N]`. The
     log-sum-exp is taken over blocks of rows, so that no second `[N, V]`
-    tensor is alive in the forward pass.
+    tensor is alive in the forward pass. TensorFlow only; the step returns
+    the loss and the gradients of `h` and `kernel`.
     """
+    import tensorflow as tf
+
     n, rows = h.shape[0], 128
 
     @tf.custom_gradient
@@ -130,7 +143,9 @@ def main():
     parser.add_argument("--v", type=int, default=793_471)
     parser.add_argument("--d", type=int, default=512)
     parser.add_argument("--n", type=int, default=2048)
-    parser.add_argument("--modes", default="graph,xla")
+    select_backend.add_flag(parser)
+    parser.add_argument("--modes", default="",
+                        help="comma-separated modes (default: the backend's defaults)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--full-seconds", type=float, default=34.3,
                         help="full-softmax train step at the same shapes")
@@ -140,18 +155,35 @@ def main():
         help="only time the fastest exact full-softmax step that fits (graph mode)",
     )
     args = parser.parse_args()
+    args.backend = select_backend.parse(args.backend, parser)
+    modes = select_backend.modes(args.modes, args.backend, parser)
+    if args.measure_full and args.backend != "tensorflow":
+        parser.error("--measure-full is written with tf.custom_gradient: "
+                     "use --backend=tensorflow")
+    select_backend.use(args.backend)
+    import keras
+    import steps
+
+    from keras_softmax_heads.heads.hierarchical_softmax import HierarchicalSoftmax
 
     rng = np.random.default_rng(0)
     counts = 1.0 / (np.arange(args.v) + 1.0)
     targets_np = rng.choice(args.v, size=args.n, p=counts / counts.sum())
-    h = tf.constant(rng.normal(0.0, 0.5, (args.n, args.d)).astype("float32"))
-    targets = tf.constant(targets_np.astype("int32"))
-    results = {"v": args.v, "d": args.d, "n": args.n}
+    h = steps.tensor(rng.normal(0.0, 0.5, (args.n, args.d)).astype("float32"))
+    targets = steps.tensor(targets_np.astype("int32"))
+    results = {"backend": args.backend, "v": args.v, "d": args.d, "n": args.n}
     if args.measure_full:
+        import tensorflow as tf
+
         kernel = tf.Variable(
             rng.standard_normal((args.v, args.d), dtype=np.float32) / args.d**0.5
         )
-        full_s = best_time(full_softmax_step(h, kernel, targets), args.repeats)
+        full_step = full_softmax_step(h, kernel, targets)
+
+        def run_full():
+            return float(full_step()[0])
+
+        full_s = best_time(run_full, args.repeats)
         results["full_softmax_step_s"] = round(full_s, 4)
         print(json.dumps(results))
         write_json(results, args.json)
@@ -168,58 +200,50 @@ def main():
         [layout.cluster_words[c, : layout.cluster_sizes[c]] for c in hit]
     )
 
-    rows = tf.constant(np.sort(rows_np).astype("int32"))
-    cluster_targets = tf.constant(layout.cluster_of_word[targets_np].astype("int32"))
+    rows = steps.tensor(np.sort(rows_np).astype("int32"))
+    cluster_targets = steps.tensor(layout.cluster_of_word[targets_np].astype("int32"))
     kernel, cluster_kernel = head.kernel, head.cluster_kernel
     cluster_bias = head.cluster_bias
 
+    def cluster_loss(h, cluster_targets):
+        return keras.ops.sum(steps.dense_nll(h, cluster_kernel, cluster_bias, cluster_targets))
+
+    def read_rows(rows):
+        return keras.ops.sum(keras.ops.take(kernel, rows, axis=0))
+
     results.update(stats, modes={})
     print(json.dumps(stats))
-    for mode in args.modes.split(","):
-        jit = mode == "xla"
-
-        @tf.function(jit_compile=jit)
-        def cluster_step():
-            with tf.GradientTape() as tape:
-                tape.watch(h)
-                log_p = tf.nn.log_softmax(h @ cluster_kernel + cluster_bias)
-                loss = -tf.reduce_sum(tf.gather(log_p, cluster_targets, batch_dims=1))
-            return tape.gradient(loss, [h, cluster_kernel, cluster_bias])
-
-        @tf.function(jit_compile=jit)
-        def read_rows():
-            return tf.reduce_sum(tf.gather(kernel, rows))
-
-        def hsm_step(layer):
-            @tf.function(jit_compile=jit)
-            def step():
-                with tf.GradientTape() as tape:
-                    tape.watch(h)
-                    loss = tf.reduce_sum(layer.training_loss(h, targets))
-                return tape.gradient(loss, [h] + layer.trainable_weights)
-
-            return step
-
-        cluster_s = best_time(cluster_step, args.repeats)
-        read_s = best_time(read_rows, args.repeats)
-        step_s = best_time(hsm_step(head), args.repeats)
-        floor_s = cluster_s + 2 * read_s
-        row = {
-            "cluster_s": round(cluster_s, 4),
-            "read_rows_s": round(read_s, 4),
-            "floor_s": round(floor_s, 4),
-            "hsm_step_s": round(step_s, 4),
-            "floor_speedup": round(args.full_seconds / floor_s, 1),
-            "hsm_speedup": round(args.full_seconds / step_s, 1),
-        }
-        if not jit:  # data-dependent shapes: graph mode only
-            dynamic_s = best_time(hsm_step(dynamic), args.repeats)
-            row["hsm_dynamic_step_s"] = round(dynamic_s, 4)
-            row["hsm_dynamic_speedup"] = round(args.full_seconds / dynamic_s, 1)
+    for mode in modes:
+        row = {}
+        try:
+            cluster_step = steps.grad_step(cluster_loss, [cluster_kernel, cluster_bias], mode)
+            cluster_s = best_time(cluster_step, args.repeats, h, cluster_targets)
+            read_s = best_time(steps.value_step(read_rows, mode, state=[kernel]),
+                               args.repeats, rows)
+            floor_s = cluster_s + 2 * read_s
+            row.update({
+                "cluster_s": round(cluster_s, 4),
+                "read_rows_s": round(read_s, 4),
+                "floor_s": round(floor_s, 4),
+                "floor_speedup": round(args.full_seconds / floor_s, 1),
+            })
+            step_s = best_time(steps.train_step(head, mode, reduction="sum"), args.repeats,
+                               h, targets)
+            row["hsm_step_s"] = round(step_s, 4)
+            row["hsm_speedup"] = round(args.full_seconds / step_s, 1)
+            if mode in ("graph", "eager"):  # data-dependent shapes: not under XLA
+                dynamic_s = best_time(steps.train_step(dynamic, mode, reduction="sum"),
+                                      args.repeats, h, targets)
+                row["hsm_dynamic_step_s"] = round(dynamic_s, 4)
+                row["hsm_dynamic_speedup"] = round(args.full_seconds / dynamic_s, 1)
+        except Exception as err:  # reported in the mode's row; the other modes run
+            lines = f"{type(err).__name__}: {err}".strip().splitlines()
+            row["error"] = lines[0][:300]
         results["modes"][mode] = row
         print(mode, json.dumps(row), flush=True)
     write_json(results, args.json)
+    return 1 if any("error" in row for row in results["modes"].values()) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,7 +2,9 @@
 
 Each script runs end to end at tiny sizes in a fresh process. The floor
 script is fast and runs by default; the three table benchmarks take one to
-two minutes each with `--quick` and are marked slow.
+two minutes each with `--quick` and are marked slow. The scripts' `--backend`
+runs are smoke-tested on JAX and PyTorch with the heads that run there
+(`FullSoftmax`, `SigSoftmax`, the sampled heads), at tiny sizes.
 """
 
 import json
@@ -16,7 +18,9 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(script, *args, timeout=600):
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+    # One intra-op thread: PyTorch's OpenMP pool stalls on a busy machine.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3",
+               OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, os.path.join(BENCH, script), *args],
         capture_output=True, text=True, env=env, timeout=timeout,
@@ -102,3 +106,75 @@ def test_sequential_benchmark(tmp_path):
     result = json.loads(out.read_text())
     assert len(result["rows"]) == 4 and all(r["median_s"] > 0 for r in result["rows"])
     assert result["ratios"]["full_over_sequential_sampled"] > 0
+
+
+def _installed(module):
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+BACKENDS = [
+    pytest.param(b, marks=pytest.mark.skipif(not _installed(m), reason=f"{m} not installed"))
+    for b, m in (("jax", "jax"), ("torch", "torch"))
+]
+# The backends' default modes (JAX: `xla`, PyTorch: `eager`), except that the
+# heads' target checks do not trace under `jax.jit` until the heads are ported
+# to `keras.ops`: JAX runs op by op here until then.
+MODES = {"jax": "eager", "torch": "eager"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exact_heads_backend(backend, tmp_path):
+    out = tmp_path / "exact.json"
+    stdout = _run("bench_exact_heads.py", "--quick", f"--backend={backend}",
+                  "--modes", MODES[backend], "--heads", "full,sigsoftmax", "--json", str(out))
+    rows = json.loads(out.read_text())
+    assert {r["head"] for r in rows} == {"full", "sigsoftmax"}, stdout
+    for r in rows:
+        assert r["backend"] == backend and "error" not in r, r
+        assert r["wall_ms"] > 0 and len(r["wall_ratios"]) == 3  # --quick: 3 rounds
+        assert r["memory_source"] == "process peak RSS (VmHWM)"
+    assert "peak MiB on " + backend in stdout
+
+
+def test_exact_heads_two_backends_compared(tmp_path):
+    """`--backend tensorflow,jax` sets JAX's ratios next to TensorFlow's."""
+    if not _installed("jax"):
+        pytest.skip("jax not installed")
+    out = tmp_path / "exact.json"
+    stdout = _run("bench_exact_heads.py", "--quick", "--backend=tensorflow,jax", "--modes",
+                  f"graph,{MODES['jax']}", "--heads", "full,sigsoftmax", "--rounds", "2",
+                  "--no-memory", "--json", str(out))
+    rows = json.loads(out.read_text())
+    assert {(r["backend"], r["head"]) for r in rows} == {
+        (b, h) for b in ("tensorflow", "jax") for h in ("full", "sigsoftmax")}
+    assert f"| sigsoftmax | jax {MODES['jax']} |" in stdout, stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_large_vocab_backend(backend, tmp_path):
+    out = tmp_path / "large.json"
+    stdout = _run("bench_large_vocab.py", "--quick", f"--backend={backend}",
+                  "--modes", MODES[backend], "--rows", "SampledSoftmax unigram,NCE,tf.nn",
+                  "--json", str(out))
+    rows = json.loads(out.read_text())
+    assert all(r["backend"] == backend for r in rows)
+    timed = {(r["row"], r["phase"]) for r in rows if "step_s" in r}
+    assert {("FullSoftmax", "train"), ("SampledSoftmax unigram", "train"),
+            ("NCE unigram", "train"), ("FullSoftmax", "eval")} <= timed, stdout
+    tf_rows = [r for r in rows if r["row"].startswith("tf.nn.")]
+    assert tf_rows and all("TensorFlow op" in r["skipped"] for r in tf_rows)
+
+
+def test_failed_head_is_a_row(tmp_path):
+    """A head that fails is reported with its error; the others are measured."""
+    out = tmp_path / "exact.json"
+    _run("bench_exact_heads.py", "--n", "64", "--v", "500", "--d", "32", "--modes", "graph",
+         "--heads", "full,mos", "--mixture-components", "0", "--rounds", "1", "--warmup", "1",
+         "--no-memory", "--json", str(out))
+    rows = {r["head"]: r for r in json.loads(out.read_text())}
+    assert rows["full"]["wall_ms"] > 0
+    assert "num_components" in rows["mos"]["error"]
