@@ -120,10 +120,8 @@ BACKENDS = [
     pytest.param(b, marks=pytest.mark.skipif(not _installed(m), reason=f"{m} not installed"))
     for b, m in (("jax", "jax"), ("torch", "torch"))
 ]
-# The backends' default modes (JAX: `xla`, PyTorch: `eager`), except that the
-# heads' target checks do not trace under `jax.jit` until the heads are ported
-# to `keras.ops`: JAX runs op by op here until then.
-MODES = {"jax": "eager", "torch": "eager"}
+# The backends' default modes (JAX: `xla`, PyTorch: `eager`).
+MODES = {"jax": "xla", "torch": "eager"}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
