@@ -27,6 +27,18 @@ def shared_data_dir():
     return path
 
 
+def pytest_configure(config):
+    import keras
+
+    if keras.backend.backend() == "torch":
+        import torch
+
+        # One intra-op thread per test process: with two xdist workers on
+        # two cores, torch's own pool oversubscribes the CPU and its
+        # spin-waits stall small kernels by orders of magnitude.
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _reset_keras_state():
     import keras
@@ -43,6 +55,7 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("case", sorted(getattr(metafunc.cls, "cases", {})))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """On JAX and PyTorch, runs only the tests marked `multibackend`.
 
@@ -51,6 +64,10 @@ def pytest_collection_modifyitems(config, items):
     `pytestmark = pytest.mark.multibackend`; under `KERAS_BACKEND=jax` or
     `torch` the other tests (tf.data pipelines, tf.distribute, the training
     script's TensorFlow-only parts) are deselected, not skipped one by one.
+    There, each battery class runs its first case by default and its other
+    cases are marked `slow` (`-m "slow or not slow"` runs them all), so that
+    the three backends fit the default run's time budget. Runs first, so
+    that `-m` sees the added marks.
     """
     import keras
 
@@ -62,3 +79,8 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    for item in items:
+        cases = getattr(getattr(item, "cls", None), "cases", None)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if cases and "case" in params and params["case"] != sorted(cases)[0]:
+            item.add_marker(pytest.mark.slow)

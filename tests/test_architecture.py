@@ -208,3 +208,22 @@ def test_public_framework_apis_only():
         text = path.read_text()
         bad += [f"{path.relative_to(ROOT)}: {api}" for api in PRIVATE_FRAMEWORK_APIS if api in text]
     assert not bad, "\n".join(bad)
+
+
+def test_importing_the_package_on_jax_does_not_import_tensorflow():
+    """On another backend the heads, losses, metrics and HeadModel load
+    without TensorFlow (data/ and training/ import it when used)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("jax")
+    code = (
+        "import sys, keras_softmax_heads as ksh; ksh.FullSoftmax(5); "
+        "print('tensorflow' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert out.stdout.strip().splitlines()[-1] == "False"

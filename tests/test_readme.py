@@ -25,3 +25,15 @@ def test_first_screen_example_trains_the_heads_objective():
     assert np.isfinite(history.history["loss"][0])
     logs = model.evaluate(x, y, verbose=0, return_dict=True)
     assert np.isclose(logs["perplexity"], np.exp(logs["loss"]), rtol=1e-5)
+
+
+def test_ci_runs_the_readme_test_command_on_every_backend():
+    """`.ci/run` runs exactly the README's second set-up command, and that
+    command exercises TensorFlow, JAX and PyTorch."""
+    bash = re.search(r"```bash\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    command = [l for l in bash.splitlines() if "pytest" in l][0].strip()
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    assert command in [l.strip() for l in ci]
+    for backend in ("jax", "torch"):
+        assert f"KERAS_BACKEND={backend} python -m pytest" in command
+    assert ".[test,jax,torch]" in command
