@@ -25,6 +25,10 @@ Class attributes a subclass may set:
     grad_rtol: tolerance of the float64 finite-difference check.
     fit_epochs: epochs of the "loss goes down" test.
     extreme_scale: |logit| scale reached by the extreme-input test.
+    torch_compile_by_default: on PyTorch, where `jit_compile=True` means
+        `torch.compile` (tens of seconds per model), the default run fits
+        with it only for batteries that set this (conftest marks the others
+        `slow`).
     jit_compatible: the head compiles with XLA. False for a head with
         data-dependent shapes by design (`supports_jit = False`): Keras must
         then fall back from `jit_compile=True` to graph mode.
@@ -58,6 +62,7 @@ class HeadBattery:
     fit_epochs = 30
     extreme_scale = 1e4
     jit_compatible = True
+    torch_compile_by_default = False
 
     # ------------------------------------------------------------ utilities
     def make(self, case, **overrides):

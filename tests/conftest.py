@@ -65,8 +65,10 @@ def pytest_collection_modifyitems(config, items):
     `torch` the other tests (tf.data pipelines, tf.distribute, the training
     script's TensorFlow-only parts) are deselected, not skipped one by one.
     There, each battery class runs its first case by default and its other
-    cases are marked `slow` (`-m "slow or not slow"` runs them all), so that
-    the three backends fit the default run's time budget. Runs first, so
+    cases are marked `slow` (`-m "slow or not slow"` runs them all), as is,
+    on PyTorch, the `torch.compile` fit step of batteries that do not set
+    `torch_compile_by_default`, so that the three backends fit the default
+    run's time budget. Runs first, so
     that `-m` sees the added marks.
     """
     import keras
@@ -79,8 +81,15 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    torch = keras.backend.backend() == "torch"
     for item in items:
-        cases = getattr(getattr(item, "cls", None), "cases", None)
+        cls = getattr(item, "cls", None)
+        cases = getattr(cls, "cases", None)
         params = getattr(getattr(item, "callspec", None), "params", {})
         if cases and "case" in params and params["case"] != sorted(cases)[0]:
+            item.add_marker(pytest.mark.slow)
+        # `jit_compile=True` is torch.compile on PyTorch (tens of seconds a
+        # model): by default only the batteries that ask for it.
+        if (torch and item.name.startswith("test_jit_compile_fit_step")
+                and not getattr(cls, "torch_compile_by_default", False)):
             item.add_marker(pytest.mark.slow)

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.multibackend
 
 
 class TestFullSoftmaxBattery(HeadBattery):
+    torch_compile_by_default = True
     cases = {
         "bias": lambda v, d, **kw: ksh.FullSoftmax(v, **kw),
         "no_bias": lambda v, d, **kw: ksh.FullSoftmax(v, use_bias=False, **kw),

@@ -60,6 +60,7 @@ def numpy_plif_grads(z, raw, knot_bound, w):
     return w * slopes[idx], d_slopes / (1.0 + np.exp(-raw))
 
 class TestPLIFBattery(HeadBattery):
+    torch_compile_by_default = True
     cases = {"k64": lambda v, d, **kw: PLIFSoftmax(v, num_knots=64, knot_bound=5.0, **kw)}
 
 
