@@ -44,7 +44,9 @@ def _reset_keras_state():
     import keras
 
     keras.config.set_dtype_policy("float32")
-    keras.utils.clear_session()
+    # No gc.collect() per test (Keras' default): it costs most of a
+    # small test, and names are what isolation needs.
+    keras.utils.clear_session(free_memory=False)
     yield
     keras.config.set_dtype_policy("float32")
 
@@ -55,18 +57,38 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("case", sorted(getattr(metafunc.cls, "cases", {})))
 
 
+#: Battery tests that train models: on TensorFlow the default run takes them
+#: on each battery's first case (every other battery test runs every case).
+HEAVY_BATTERY_TESTS = (
+    "test_fit_reduces_loss", "test_sequential_head_loss",
+    "test_mixed_precision", "test_jit_compile_fit_step",
+)
+
+
+def _first_case_only(items, names):
+    for item in items:
+        cases = getattr(getattr(item, "cls", None), "cases", None)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if (cases and item.originalname in names and "case" in params
+                and params["case"] != sorted(cases)[0]):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """On JAX and PyTorch, runs only the tests marked `multibackend`.
 
-    The suite runs in full on TensorFlow (the default backend). A test module
+    The suite runs on TensorFlow (the default backend), the battery's
+    training tests (`HEAVY_BATTERY_TESTS`) on each battery's first case (the
+    other cases under `-m slow`). A test module
     whose tests hold on every backend sets
     `pytestmark = pytest.mark.multibackend`; under `KERAS_BACKEND=jax` or
     `torch` the other tests (tf.data pipelines, tf.distribute, the training
     script's TensorFlow-only parts) are deselected, not skipped one by one.
-    There, each battery class runs its first case by default and its other
-    cases are marked `slow` (`-m "slow or not slow"` runs them all), as is,
-    on PyTorch, the `torch.compile` fit step of batteries that do not set
+    There, a parametrised test runs its first parametrisation by default (a
+    battery its first case) and the others are marked `slow`
+    (`-m "slow or not slow"` runs them all), as is, on PyTorch, the
+    `torch.compile` fit step of batteries that do not set
     `torch_compile_by_default`, so that the three backends fit the default
     run's time budget. Runs first, so
     that `-m` sees the added marks.
@@ -74,6 +96,7 @@ def pytest_collection_modifyitems(config, items):
     import keras
 
     if keras.backend.backend() == "tensorflow":
+        _first_case_only(items, HEAVY_BATTERY_TESTS)
         return
     keep, drop = [], []
     for item in items:
@@ -82,14 +105,16 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
     torch = keras.backend.backend() == "torch"
+    seen = set()
     for item in items:
         cls = getattr(item, "cls", None)
-        cases = getattr(cls, "cases", None)
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if cases and "case" in params and params["case"] != sorted(cases)[0]:
-            item.add_marker(pytest.mark.slow)
+        function = (item.module.__name__, getattr(cls, "__name__", None), item.originalname)
+        if hasattr(item, "callspec"):
+            if function in seen:
+                item.add_marker(pytest.mark.slow)
+            seen.add(function)
         # `jit_compile=True` is torch.compile on PyTorch (tens of seconds a
         # model): by default only the batteries that ask for it.
-        if (torch and item.name.startswith("test_jit_compile_fit_step")
+        if (torch and item.originalname == "test_jit_compile_fit_step"
                 and not getattr(cls, "torch_compile_by_default", False)):
             item.add_marker(pytest.mark.slow)

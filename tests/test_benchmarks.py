@@ -46,6 +46,7 @@ def test_hsm_floor(tmp_path):
     assert "hsm_dynamic_step_s" not in result["modes"]["xla"]
 
 
+@pytest.mark.slow
 def test_hsm_floor_full_reference(tmp_path):
     out = tmp_path / "full.json"
     _run("hsm_floor.py", "--measure-full", "--v", "300", "--d", "8", "--n", "200",
@@ -124,6 +125,7 @@ BACKENDS = [
 MODES = {"jax": "xla", "torch": "eager"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_exact_heads_backend(backend, tmp_path):
     out = tmp_path / "exact.json"
@@ -152,6 +154,7 @@ def test_exact_heads_two_backends_compared(tmp_path):
     assert f"| sigsoftmax | jax {MODES['jax']} |" in stdout, stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_large_vocab_backend(backend, tmp_path):
     out = tmp_path / "large.json"
