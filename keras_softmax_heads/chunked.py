@@ -53,6 +53,31 @@ def check_chunk_size(chunk_size, default=DEFAULT_CHUNK_SIZE):
     return int(chunk_size)
 
 
+def kernel_geometry(h, kernel, kernel_transposed):
+    """`(d, V)` of a `[d, V]` (or, transposed, `[V, d]`) kernel of static
+    shape, checked against the last dimension of `h`."""
+    if len(kernel.shape) != 2:
+        raise ValueError(
+            f"The kernel must be a matrix. Received: kernel.shape={kernel.shape}"
+        )
+    if kernel_transposed:
+        vocab, d = kernel.shape
+    else:
+        d, vocab = kernel.shape
+    if d is None or vocab is None:
+        raise ValueError(
+            "chunked losses need a kernel of static shape. "
+            f"Received: kernel with shape {kernel.shape}"
+        )
+    if h.shape[-1] is not None and h.shape[-1] != d:
+        raise ValueError(
+            f"`h` has last dimension {h.shape[-1]} but the kernel has d={d} "
+            f"(kernel_transposed={kernel_transposed}). Received: h.shape={h.shape}, "
+            f"kernel.shape={kernel.shape}"
+        )
+    return d, vocab
+
+
 def tile_width(vocab_size, chunk_size):
     """The tile width used for `vocab_size` words and `chunk_size`.
 
@@ -192,25 +217,7 @@ def _pointwise_nll(
     """
     acc = _accumulation_dtype(h, kernel)
     matmul = _matmul_fn(acc)
-    if len(kernel.shape) != 2:
-        raise ValueError(
-            f"The kernel must be a matrix. Received: kernel.shape={kernel.shape}"
-        )
-    if kernel_transposed:
-        vocab, d = kernel.shape
-    else:
-        d, vocab = kernel.shape
-    if d is None or vocab is None:
-        raise ValueError(
-            "chunked losses need a kernel of static shape. "
-            f"Received: kernel with shape {kernel.shape}"
-        )
-    if h.shape[-1] is not None and h.shape[-1] != d:
-        raise ValueError(
-            f"`h` has last dimension {h.shape[-1]} but the kernel has d={d} "
-            f"(kernel_transposed={kernel_transposed}). Received: h.shape={h.shape}, "
-            f"kernel.shape={kernel.shape}"
-        )
+    d, vocab = kernel_geometry(h, kernel, kernel_transposed)
     size = tile_width(vocab, chunk_size)
     num_tiles = -(-vocab // size)
     overlap = num_tiles * size - vocab
@@ -427,19 +434,7 @@ def _tensorflow_pointwise_nll(
 
     acc = tf.as_dtype(_accumulation_dtype(h, kernel))
     mapped = [j for j, v in enumerate(variables) if v is not None]
-    d = kernel.shape[1] if kernel_transposed else kernel.shape[0]
-    vocab = kernel.shape[0] if kernel_transposed else kernel.shape[1]
-    if d is None or vocab is None:
-        raise ValueError(
-            "chunked losses need a kernel of static shape. "
-            f"Received: kernel with shape {kernel.shape}"
-        )
-    if h.shape[-1] is not None and h.shape[-1] != d:
-        raise ValueError(
-            f"`h` has last dimension {h.shape[-1]} but the kernel has d={d} "
-            f"(kernel_transposed={kernel_transposed}). Received: h.shape={h.shape}, "
-            f"kernel.shape={kernel.shape}"
-        )
+    d, vocab = kernel_geometry(h, kernel, kernel_transposed)
     size = tile_width(vocab, chunk_size)
     num_tiles = -(-vocab // size)
     padded = num_tiles * size

@@ -296,17 +296,7 @@ def tf_dynamic_within_cluster(h, words_matrix, bias, plan, accumulation_dtype):
 
     TensorFlow only (`tf.custom_gradient`, `tf.IndexedSlices`); the tile
     counts are data-dependent, so this does not compile with XLA. Same
-    arguments and result as `dynamic_within_cluster`.
-
-    Args:
-        h: `[N, d]` context vectors (compute dtype).
-        words_matrix: `[V, d]` word embeddings (compute dtype).
-        bias: `[V]` float32 word bias or None.
-        plan: list of `(tokens, positions, words, valid)` per size class:
-            int32 `[K, T]` the token of every slot (-1 empty), int32
-            `[K, T]` its target's position in the cluster, int32 `[K, w]`
-            the words of every tile's cluster (padded), bool `[K, w]`.
-        accumulation_dtype: dtype of the scores.
+    arguments (see there) and result.
 
     Returns:
         `[N]` log-probabilities in `accumulation_dtype`. The gradient of
