@@ -13,6 +13,8 @@ variables are passed in and out through a `keras.StatelessScope` (what
 Keras' own JAX trainer does) and written back after the call.
 """
 
+import contextlib
+
 import keras
 import pytest
 from backends import BACKEND
@@ -31,16 +33,23 @@ FD64 = (
 )
 
 
-@pytest.fixture
-def float64():
-    """float64 layers on every backend (JAX: 64-bit types enabled)."""
-    keras.config.set_dtype_policy("float64")
+@contextlib.contextmanager
+def float64_enabled():
+    """float64 arrays on JAX (off by default there); a no-op elsewhere."""
     if BACKEND == "jax":
         import jax
 
         with jax.enable_x64(True):
             yield
     else:
+        yield
+
+
+@pytest.fixture
+def float64():
+    """float64 layers on every backend (JAX: 64-bit types enabled)."""
+    keras.config.set_dtype_policy("float64")
+    with float64_enabled():
         yield
 
 

@@ -27,6 +27,7 @@ from backends import BACKEND
 from backends import jit
 from backends import to_numpy
 from backends import value_and_grad
+from multibackend import float64_enabled
 from battery import HeadBattery
 from keras import ops
 from references import numpy_log_sigmoid
@@ -61,18 +62,6 @@ def assert_close(actual, expected, rtol=RTOL, name=""):
     np.testing.assert_allclose(
         actual, expected, rtol=rtol, atol=rtol * scale, err_msg=name
     )
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """float64 arrays on JAX (off by default there); a no-op elsewhere."""
-    if BACKEND == "jax":
-        import jax
-
-        with jax.enable_x64(True):
-            yield
-    else:
-        yield
 
 
 def matmul(a, b):
