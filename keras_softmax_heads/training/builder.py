@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_softmax_heads import clustering
 from keras_softmax_heads.head_model import HeadModel
 from keras_softmax_heads import models
 from keras_softmax_heads.heads import registry as head_registry
@@ -62,7 +63,12 @@ def build_inference_model(config, corpus, model):
     """
     head_name = head_registry.canonical_head_name(config.head)
     tie = _tie_embeddings(config, head_name)
-    inference, input_shape = _head_model(config, corpus, head_name, tie, None)
+    # Data-derived head structure (e.g. k-means clusters) comes from the
+    # trained head, not recomputed.
+    structure = {}
+    if head_name == "hierarchical":
+        structure["clusters"] = model.head.get_config()["clusters"]
+    inference, input_shape = _head_model(config, corpus, head_name, tie, None, **structure)
     inference.build(input_shape)
     inference.set_weights(model.get_weights())
     return inference
@@ -182,10 +188,11 @@ def optimizer_learning_rate(config, epoch):
     return lr
 
 
-def _head_model(config, corpus, head_name, tie, batch_size):
+def _head_model(config, corpus, head_name, tie, batch_size, **structure):
     """`(HeadModel(backbone, head), input_shape)`: a stateful LSTM of
     per-replica `batch_size` (training), or a stateless one of any batch
-    size when `batch_size` is None (inference)."""
+    size when `batch_size` is None (inference). `structure`: head options
+    that override the config's (the trained head's clusters)."""
     if config.model == "lstm":
         stateful = batch_size is not None
         backbone = _lstm_backbone(config, corpus.vocab_size, batch_size, tie, stateful=stateful)
@@ -193,13 +200,31 @@ def _head_model(config, corpus, head_name, tie, batch_size):
     else:
         backbone = _ngram_backbone(config, corpus.vocab_size, tie)
         input_shape = (batch_size, config.ngram_order - 1)
+    options = parse_options(config.head_options)
+    counts = np.asarray(corpus.vocab.counts)
+    options.update(structure or _corpus_structure(head_name, options, corpus, counts))
     head = head_registry.make_head(
         head_name,
         corpus.vocab_size,
-        counts=np.asarray(corpus.vocab.counts),
+        counts=counts,
         token_embedding=backbone.token_embedding if tie else None,
         chunk_size=config.chunk_size,
         init_scale=config.init_scale,
-        **parse_options(config.head_options),
+        **options,
     )
     return HeadModel(backbone, head), input_shape
+
+
+def _corpus_structure(head_name, options, corpus, counts):
+    """Head options computed from the training split: the k-means clusters
+    of a hierarchical softmax with `clustering="kmeans"` or
+    `"weighted_kmeans"` (they need co-occurrence statistics, which only the
+    token stream has). Empty for every other head."""
+    strategy = options.get("clustering")
+    if head_name != "hierarchical" or options.get("clusters") is not None \
+            or strategy not in ("kmeans", "weighted_kmeans"):
+        return {}
+    layout = clustering.make_clusters(
+        strategy, ids=np.asarray(corpus.train), counts=counts,
+        num_clusters=options.get("num_clusters"), seed=options.get("seed", 0))
+    return {"clusters": layout}

@@ -119,7 +119,13 @@ class TrainConfig:
     bptt: int = _field(32, "Truncated-BPTT window length.")
     epochs: int = _field(4, "Epochs.", resumable=True)
     steps_per_epoch: int | None = _field(
-        None, "Cap on the training steps per epoch (smoke runs).")
+        None, "Cap on the training steps per epoch (smoke runs; with `train_seconds`, the "
+        "interval between validations: each capped epoch is a fresh shuffle of the n-grams).")
+    train_seconds: float | None = _field(
+        None, "Wall-clock training budget (Chen et al. 2016's protocol: every head gets the "
+        "same time): training stops at the end of the first epoch after which the epochs' "
+        "summed training seconds (validation excluded) reach it, or after `epochs`. "
+        "0 or none: no budget.", zero_is_none=True, resumable=True)
     eval_batch_size: int | None = _field(
         None, "Streams used for evaluation (none: batch_size; 1: the whole split as one "
         "stream, Zaremba's test).", resumable=True)
@@ -228,7 +234,23 @@ PRESETS = {
         loss_reduction="sum_over_time", batch_size=20, bptt=35, epochs=55,
         eval_batch_size=1, eval_bptt=50, eval_warmup=0,
     ),
+    # Chen, Grangier and Auli (2016), section 3, at the scale of a 2-core CPU:
+    # the PTB 6-gram feed-forward NNLM, every head trained for the same
+    # wall-clock budget (the paper: 24 h on a K40; here 300 s on one core),
+    # validated every 1500 steps (each "epoch" a fresh shuffle of 1500 x 128
+    # n-grams). Adam instead of the paper's tuned SGD: there is no budget for
+    # a per-head search. `examples/paper_comparisons.py --study=chen_ptb`.
+    "chen_ptb_ngram": dict(
+        model="ngram", ngram_order=6, embedding_dim=128, hidden_size=512, num_layers=1,
+        dropout=0.0, tie_embeddings=False, optimizer="adam", learning_rate=1e-3,
+        clip_norm=1.0, loss_reduction="mean", batch_size=128, steps_per_epoch=1500,
+        epochs=1000, train_seconds=300.0, eval_batch_size=1024,
+    ),
 }
+# The bottleneck heads (Yang 2018, Kanai 2018, Ganea 2019) on Zaremba small
+# for one epoch (lr 1, no decay): what fits a session on 2 CPU cores.
+# `examples/paper_comparisons.py --study=bottleneck_ptb`.
+PRESETS["bottleneck_ptb_small"] = dict(PRESETS["zaremba_small"], epochs=1)
 
 
 def get_config(preset=None, **overrides):
@@ -286,6 +308,11 @@ def validate_config(config):
         )
     if config.mixed_precision not in MIXED_PRECISION_POLICIES:
         raise ValueError(f"`mixed_precision` must be None, 'mixed_float16' or 'mixed_bfloat16'. Received: {config.mixed_precision!r}")
+    if config.train_seconds is not None and (
+            isinstance(config.train_seconds, bool)
+            or not isinstance(config.train_seconds, (int, float))
+            or not config.train_seconds > 0):
+        raise ValueError(f"`train_seconds` must be > 0 or None. Received: {config.train_seconds!r}")
     if not (config.learning_rate > 0):
         raise ValueError(f"`learning_rate` must be > 0. Received: {config.learning_rate!r}")
     if config.clip_norm is not None and not config.clip_norm > 0:

@@ -281,6 +281,12 @@ def _check_previous_results(workdir, checkpoints):
             results["config"], os.path.join(workdir, "results.json"))
 
 
+def _budget_spent(config, history):
+    """Whether the epochs in `history` used up `config.train_seconds`."""
+    return bool(config.train_seconds) and bool(history) and \
+        sum(e["seconds"] for e in history) >= config.train_seconds
+
+
 class _Trainer:
     """The epochs of one run: `fit` (or the multi-worker loop) per epoch,
     checkpoint at each epoch end, exact validation, TensorBoard."""
@@ -316,23 +322,32 @@ class _Trainer:
         step_times = []
         final_valid = None
         train_start = time.time()
-        for epoch in range(start_epoch, config.epochs):
-            skip = start_step if epoch == start_epoch else 0
-            entry, times = self._train_epoch(epoch, skip, history)
-            if len(times) > 1:
-                step_times.append((len(times) - 1, times[-1] - times[0]))
-            if config.validate_every_epoch:
-                valid = self._validate(epoch, entry)
-                final_valid = valid if epoch == config.epochs - 1 else None
-            history.append(entry)
-            self.checkpoints.save(epoch + 1, 0, history)
-            if signals is not None and signals.signum is not None:
-                raise TrainingInterrupted(signals.signum, (epoch + 1) * self.steps_per_epoch)
+        epochs_run = len(history)
+        if not _budget_spent(config, history):  # (a run resumed after it: no epoch)
+            for epoch in range(start_epoch, config.epochs):
+                skip = start_step if epoch == start_epoch else 0
+                entry, times = self._train_epoch(epoch, skip, history)
+                if len(times) > 1:
+                    step_times.append((len(times) - 1, times[-1] - times[0]))
+                valid = self._validate(epoch, entry) if config.validate_every_epoch else None
+                history.append(entry)
+                epochs_run = epoch + 1
+                spent = _budget_spent(config, history)
+                final_valid = valid if (epoch == config.epochs - 1 or spent) else None
+                self.checkpoints.save(epoch + 1, 0, history)
+                if signals is not None and signals.signum is not None:
+                    raise TrainingInterrupted(signals.signum, (epoch + 1) * self.steps_per_epoch)
+                if spent:
+                    _log(config, f"Training budget of {config.train_seconds:g} s spent after "
+                                 f"epoch {epoch + 1}: stopping.")
+                    break
         steps_done = sum(n for n, _ in step_times)
         seconds_done = sum(s for _, s in step_times)
         timing = {
-            "epochs": config.epochs, "steps_per_epoch": self.steps_per_epoch,
-            "global_steps": config.epochs * self.steps_per_epoch,
+            "epochs": epochs_run, "steps_per_epoch": self.steps_per_epoch,
+            "global_steps": epochs_run * self.steps_per_epoch,
+            "train_seconds": float(sum(e["seconds"] for e in history)),
+            "stopped_by_budget": bool(config.train_seconds) and epochs_run < config.epochs,
             "seconds_this_process": time.time() - train_start,
             "steps_per_second": (steps_done / seconds_done) if seconds_done > 0 else None,
         }

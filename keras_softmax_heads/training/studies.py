@@ -1,0 +1,205 @@
+"""The papers' head comparisons as named studies of `train_and_evaluate` runs.
+
+A study is a preset (`config.PRESETS`: the backbone, data and protocol every
+row shares) and rows (a head and its options). `run_study` trains the rows
+one after the other, each in its own work directory (so an interrupted study
+resumes row by row, and a finished row is not trained again), and rewrites a
+JSON summary after every row, so finished rows are kept as they land.
+Each row records the `examples/train_lm.py` command that reruns it alone.
+
+Studies:
+
+* `chen_ptb`: Chen, Grangier and Auli (2016), Table 2 / Figure 2: the PTB
+  6-gram NNLM, every head trained for the same wall-clock budget; the
+  hierarchical softmax once per clustering strategy.
+* `bottleneck_ptb`: the softmax-bottleneck heads (Yang et al. 2018, Kanai et
+  al. 2018, Ganea et al. 2019) on the Zaremba-small LSTM, equal epochs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+
+from keras_softmax_heads.training.config import get_config
+from keras_softmax_heads.training.loop import train_and_evaluate
+
+#: Study name -> {"preset", "paper", "rows": {row name: (head, head options)}}.
+STUDIES = {
+    "chen_ptb": {
+        "preset": "chen_ptb_ngram",
+        "paper": "Chen, Grangier, Auli (2016), Table 2 and Figure 2 (PTB)",
+        "rows": {
+            "softmax": ("full_softmax", {}),
+            "d_softmax": ("differentiated", {}),
+            "sampling": ("sampled_softmax", {"num_sampled": 1024}),
+            "hsm_random": ("hierarchical", {"clustering": "random"}),
+            "hsm_frequency": ("hierarchical", {"clustering": "frequency"}),
+            "hsm_kmeans": ("hierarchical", {"clustering": "kmeans"}),
+            "hsm_weighted_kmeans": ("hierarchical", {"clustering": "weighted_kmeans"}),
+            "nce": ("nce", {"num_sampled": 1024}),
+            "weaknorm": ("self_normalized", {"variant": "weaknorm"}),
+            "weaknorm_sq": ("self_normalized", {"variant": "weaknorm_sq"}),
+        },
+    },
+    "bottleneck_ptb": {
+        "preset": "bottleneck_ptb_small",
+        "paper": "Yang et al. (2018), Kanai et al. (2018), Ganea et al. (2019) (PTB)",
+        "rows": {
+            "softmax": ("full_softmax", {}),
+            "sigsoftmax": ("sigsoftmax", {}),
+            "plif": ("plif", {}),
+            "monotonic": ("monotonic", {}),
+            "mos": ("mixture_of_softmaxes", {}),
+            "moss": ("mixture_of_softmaxes", {"component": "sigsoftmax"}),
+            "mos_plif": ("mixture_of_softmaxes", {"num_knots": 100000}),
+            "moc": ("mixture_of_contexts", {}),
+        },
+    },
+}
+
+
+def study_config(study, row, **overrides):
+    """The `TrainConfig` of `row` of `study` (`overrides` last)."""
+    spec = _study(study)
+    if row not in spec["rows"]:
+        raise ValueError(
+            f"Unknown row of study {study!r}. Expected one of {sorted(spec['rows'])}. "
+            f"Received: row={row!r}"
+        )
+    head, options = spec["rows"][row]
+    return get_config(spec["preset"], head=head, head_options=dict(options), **overrides)
+
+
+def row_command(study, row, data_dir, model_dir):
+    """The `examples/train_lm.py` command line that trains `row` alone."""
+    spec = _study(study)
+    head, options = spec["rows"][row]
+    args = ["python", "examples/train_lm.py", f"--preset={spec['preset']}",
+            "--dataset=ptb", f"--data_dir={data_dir}", f"--head={head}"]
+    if options:
+        args.append("--head_options=" + ",".join(f"{k}={v}" for k, v in options.items()))
+    args.append(f"--model_dir={model_dir}")
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", **overrides):
+    """Trains the `rows` of `study` (all by default) and writes `out`.
+
+    Args:
+        study: a key of `STUDIES`.
+        data_dir: the corpus directory (`load_dataset(dataset, data_dir)`).
+        runs_dir: each row runs in `runs_dir/<row>` (resumed if unfinished,
+            skipped if finished with the same settings).
+        out: the JSON summary, rewritten after every row; rows already in it
+            that are not rerun are kept.
+        rows: row names (default: all, in the study's order).
+        dataset: the corpus name (tests use `"synthetic"`).
+        **overrides: `TrainConfig` fields applied to every row (smoke runs).
+
+    Returns:
+        The summary dict written to `out`.
+    """
+    spec = _study(study)
+    rows = list(spec["rows"]) if rows is None else list(rows)
+    for row in rows:
+        study_config(study, row)  # unknown rows fail before any training
+    summary = _read(out) or {}
+    summary.update({
+        "study": study, "paper": spec["paper"], "preset": spec["preset"],
+        "machine": machine_description(), "dataset": dataset,
+    })
+    summary.setdefault("rows", [])
+    for row in rows:
+        config = study_config(study, row, dataset=dataset, data_dir=data_dir, **overrides)
+        workdir = os.path.join(runs_dir, row)
+        results = train_and_evaluate(config, workdir)
+        entry = summarise(row, results)
+        entry["command"] = row_command(study, row, data_dir, workdir)
+        if overrides:
+            entry["overrides"] = dict(overrides)
+        summary["rows"] = [r for r in summary["rows"] if r["row"] != row] + [entry]
+        summary["rows"].sort(key=lambda r: list(spec["rows"]).index(r["row"])
+                             if r["row"] in spec["rows"] else len(spec["rows"]))
+        _write(out, summary)
+    return summary
+
+
+def summarise(row, results):
+    """The summary row of one run's `results.json` contents."""
+    history = results.get("history", [])
+    elapsed, curve = 0.0, []
+    for entry in history:
+        elapsed += entry["seconds"]
+        if "valid_perplexity" in entry:
+            curve.append({"epoch": entry["epoch"], "train_seconds": elapsed,
+                          "valid_perplexity": entry["valid_perplexity"]})
+    training = results.get("training", {})
+    diagnostics = results.get("diagnostics", {})
+    config = results["config"]
+    return {
+        "row": row,
+        "head": config["head"],
+        "head_options": config["head_options"],
+        "test_perplexity": results["test"]["perplexity"],
+        "valid_perplexity": results["valid"]["perplexity"],
+        "num_parameters": results["model"]["num_parameters"],
+        "epochs": training.get("epochs"),
+        "global_steps": training.get("global_steps"),
+        "train_seconds": float(sum(e["seconds"] for e in history)),
+        "seconds_per_epoch": (float(sum(e["seconds"] for e in history)) / len(history)
+                              if history else None),
+        "steps_per_second": training.get("steps_per_second"),
+        "examples_per_second": (training["steps_per_second"] * config["batch_size"]
+                                if training.get("steps_per_second") else None),
+        "valid_curve": curve,
+        "empirical_rank": diagnostics.get("empirical_rank"),
+        "entropy_per_frequency_band": diagnostics.get("entropy_per_frequency_band"),
+        "backend": results["model"].get("backend"),
+        "workdir": results.get("workdir"),
+    }
+
+
+def machine_description():
+    """A one-line description of this machine (CPU model, cores, OS)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = os.environ.get("TF_NUM_INTRAOP_THREADS")
+    return (f"{cpu}; {cores} core(s) available to the process"
+            + (f"; TF_NUM_INTRAOP_THREADS={threads}" if threads else "")
+            + f"; {platform.system()} {platform.release()}; "
+            + datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
+
+
+def _study(study):
+    if study not in STUDIES:
+        raise ValueError(f"Unknown study. Expected one of {sorted(STUDIES)}. Received: study={study!r}")
+    return STUDIES[study]
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _write(path, summary):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
