@@ -23,9 +23,12 @@ memory for the true distributions, plus the heads' activations):
     python examples/synthetic_bottleneck.py --paper --workdir=runs/synth_paper
 """
 
+import datetime
 import functools
 import json
 import os
+import platform
+import shlex
 
 from absl import app
 from absl import flags
@@ -78,6 +81,12 @@ _PAPER = flags.DEFINE_bool(
     "--batch_size=10000 where memory is short.",
 )
 
+_OWN_FLAGS = frozenset({
+    "workdir", "models", "dims", "vocab_sizes", "alpha", "num_contexts", "epochs",
+    "batch_size", "learning_rate", "mos_components", "lms_units", "plif_knots",
+    "plif_bound", "no_bias", "jit_compile", "seed", "paper",
+})
+
 _PAPER_SETTINGS = {
     "num_contexts": 100_000,
     "epochs": 1000,
@@ -111,6 +120,26 @@ def _config_from_flags():
     return synthetic.SyntheticBottleneckConfig(**values)
 
 
+def _flag_args():
+    """The flags given on the command line, as `--name=value` strings."""
+    return [f"--{name}={shlex.quote(flags.FLAGS[name].serialize().split('=', 1)[1])}"
+            for name in sorted(flags.FLAGS) if flags.FLAGS[name].present
+            and name in _OWN_FLAGS]
+
+
+def _machine():
+    cpu = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cpu}; {cores} core(s); {platform.system()} {platform.release()}; " + \
+        datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -118,6 +147,11 @@ def main(argv):
     os.makedirs(_WORKDIR.value, exist_ok=True)
     with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
         json.dump(config.to_dict(), f, indent=2)
+    # What produced the results (docs/results.md cites it).
+    with open(os.path.join(_WORKDIR.value, "run.json"), "w") as f:
+        json.dump({"command": " ".join(["python", "examples/synthetic_bottleneck.py"]
+                                       + _flag_args()),
+                   "machine": _machine()}, f, indent=2)
     log = functools.partial(print, flush=True)
     rows = synthetic.run_synthetic_bottleneck(config, _WORKDIR.value, log=log)
     log(synthetic.format_table(rows))

@@ -108,15 +108,21 @@ class StepCallback(keras.callbacks.Callback):
             global steps it gets `loss`, the running mean of the training
             loss since the start of the epoch (Keras' `loss` log).
         summary_every: see `summary_writer`.
+        deadline: optional `time.time()` value (the training budget,
+            `config.train_seconds`): the first step that ends after it stops
+            training (`budget_stopped_at` is then its step in the epoch).
 
     Attributes:
         times: `time.perf_counter()` at the end of every step.
         interrupted_at: global step at which a signal stopped training, or
             `None`.
+        last_step: the step in the epoch of the last step run.
+        budget_stopped_at: step in the epoch at which the deadline stopped
+            training, or `None`.
     """
 
     def __init__(self, checkpoints, config, epoch, offset, steps_per_epoch, history,
-                 signals=None, summary_writer=None, summary_every=0):
+                 signals=None, summary_writer=None, summary_every=0, deadline=None):
         super().__init__()
         self.checkpoints = checkpoints
         self.config = config
@@ -127,8 +133,11 @@ class StepCallback(keras.callbacks.Callback):
         self.signals = signals
         self.summary_writer = summary_writer
         self.summary_every = summary_every
+        self.deadline = deadline
         self.times = []
         self.interrupted_at = None
+        self.last_step = offset
+        self.budget_stopped_at = None
 
     def on_epoch_begin(self, epoch, logs=None):
         # Resuming mid-epoch: continue the running mean of the training loss.
@@ -147,6 +156,7 @@ class StepCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.times.append(time.perf_counter())
         step_in_epoch = self.offset + batch + 1
+        self.last_step = step_in_epoch
         global_step = self.epoch * self.steps_per_epoch + step_in_epoch
         every = self.config.checkpoint_every
         mid_epoch = step_in_epoch < self.steps_per_epoch
@@ -163,4 +173,7 @@ class StepCallback(keras.callbacks.Callback):
             if self.checkpoints.last_saved_step != global_step:
                 self._save(step_in_epoch)
             self.interrupted_at = global_step
+            self.model.stop_training = True
+        elif self.deadline is not None and mid_epoch and time.time() >= self.deadline:
+            self.budget_stopped_at = step_in_epoch
             self.model.stop_training = True

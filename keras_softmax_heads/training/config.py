@@ -123,9 +123,10 @@ class TrainConfig:
         "interval between validations: each capped epoch is a fresh shuffle of the n-grams).")
     train_seconds: float | None = _field(
         None, "Wall-clock training budget (Chen et al. 2016's protocol: every head gets the "
-        "same time): training stops at the end of the first epoch after which the epochs' "
-        "summed training seconds (validation excluded) reach it, or after `epochs`. "
-        "0 or none: no budget.", zero_is_none=True, resumable=True)
+        "same time): training stops after the first step that ends when the epochs' summed "
+        "training seconds (validation excluded) reach it, mid-epoch if need be (that epoch "
+        "is then validated and is the last), or after `epochs`. 0 or none: no budget.",
+        zero_is_none=True, resumable=True)
     eval_batch_size: int | None = _field(
         None, "Streams used for evaluation (none: batch_size; 1: the whole split as one "
         "stream, Zaremba's test).", resumable=True)

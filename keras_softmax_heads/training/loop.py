@@ -345,7 +345,7 @@ class _Trainer:
         seconds_done = sum(s for _, s in step_times)
         timing = {
             "epochs": epochs_run, "steps_per_epoch": self.steps_per_epoch,
-            "global_steps": epochs_run * self.steps_per_epoch,
+            "global_steps": sum(e.get("steps", self.steps_per_epoch) for e in history),
             "train_seconds": float(sum(e["seconds"] for e in history)),
             "stopped_by_budget": bool(config.train_seconds) and epochs_run < config.epochs,
             "seconds_this_process": time.time() - train_start,
@@ -365,10 +365,14 @@ class _Trainer:
                      + (f", resuming at step {skip}/{self.steps_per_epoch}" if skip else ""))
         dataset = distribute_dataset(self.strategy, lambda: train_dataset(
             config, self.corpus, epoch, self.steps_per_epoch, skip))
+        epoch_start = time.time()
+        deadline = None
+        if config.train_seconds:
+            # The budget may end mid-epoch (every head gets the same time).
+            deadline = epoch_start + config.train_seconds - sum(e["seconds"] for e in history)
         step_cb = StepCallback(self.checkpoints, config, epoch, skip, self.steps_per_epoch,
                                history, signals=self.signals, summary_writer=self.step_writer,
-                               summary_every=self.summary_every)
-        epoch_start = time.time()
+                               summary_every=self.summary_every, deadline=deadline)
         steps = self.steps_per_epoch - skip
         if self.multi_worker is not None:
             train_loss = self.multi_worker.run_epoch(dataset, steps, step_cb, epoch)
@@ -388,6 +392,7 @@ class _Trainer:
             "learning_rate": lr,
             "train_loss": train_loss,
             "seconds": time.time() - epoch_start,
+            "steps": step_cb.last_step,
         }
         return entry, step_cb.times
 

@@ -1,0 +1,112 @@
+"""The training budget (`train_seconds`), the study presets, `training.studies`
+and `examples/paper_comparisons.py`."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from keras_softmax_heads import clustering
+from keras_softmax_heads import training
+from keras_softmax_heads.training import studies
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TINY = dict(
+    dataset_options=dict(vocab_size=40, num_train_tokens=3000, num_valid_tokens=400,
+                         num_test_tokens=401),
+    embedding_dim=8, hidden_size=8, num_layers=1, batch_size=4, bptt=6,
+    steps_per_epoch=3, verbose=0, num_diagnostic_contexts=50, tensorboard=False,
+)
+
+
+def test_budget_stops_after_the_epoch_that_spends_it(tmp_path):
+    # A budget a little above nothing: the first epoch spends it.
+    config = training.get_config(**TINY, epochs=50, train_seconds=1e-3)
+    results = training.train_and_evaluate(config, str(tmp_path))
+    assert results["training"]["epochs"] == 1 and results["training"]["stopped_by_budget"]
+    # It ends mid-epoch: the first step after the deadline.
+    assert results["training"]["global_steps"] == 1 == results["history"][0]["steps"]
+    assert len(results["history"]) == 1
+    # The last epoch's validation is the final one (not recomputed).
+    assert results["valid"]["perplexity"] == pytest.approx(
+        results["history"][0]["valid_perplexity"])
+    assert results["training"]["train_seconds"] == pytest.approx(
+        results["history"][0]["seconds"])
+    # A bigger budget resumes the run (train_seconds is resumable) and trains on.
+    more = training.train_and_evaluate(config.replace(train_seconds=1e9, epochs=2),
+                                       str(tmp_path))
+    assert [h["epoch"] for h in more["history"]] == [1, 2]
+    assert more["history"][1]["steps"] == 3 and more["training"]["global_steps"] == 4
+    assert not more["training"]["stopped_by_budget"]
+
+
+def test_budget_validation():
+    for bad in (0.0, -1.0, True, "10"):
+        with pytest.raises(ValueError, match="train_seconds"):
+            training.validate_config(training.get_config(train_seconds=bad))
+    assert training.validate_config(training.get_config(train_seconds=None))
+
+
+def test_study_presets():
+    chen = training.get_config("chen_ptb_ngram")
+    assert (chen.model, chen.ngram_order, chen.train_seconds) == ("ngram", 6, 300.0)
+    small = training.get_config("zaremba_small").to_dict()
+    bottleneck = training.get_config("bottleneck_ptb_small").to_dict()
+    assert {k for k in small if small[k] != bottleneck[k]} == {"epochs"}
+    for study, spec in studies.STUDIES.items():
+        for row in spec["rows"]:
+            training.validate_config(studies.study_config(study, row))
+    with pytest.raises(ValueError, match="Unknown study"):
+        studies.study_config("nope", "softmax")
+    with pytest.raises(ValueError, match="Unknown row"):
+        studies.study_config("chen_ptb", "nope")
+    # Chen's table: HSM with each clustering strategy.
+    chen_rows = studies.STUDIES["chen_ptb"]["rows"]
+    assert {opts["clustering"] for head, opts in chen_rows.values()
+            if head == "hierarchical"} == set(clustering.CLUSTERING_STRATEGIES)
+
+
+def test_kmeans_hsm_gets_clusters_from_the_training_split(tmp_path):
+    config = training.get_config(
+        **dict(TINY, dataset_options=dict(vocab_size=40, num_train_tokens=3000,
+                                          num_valid_tokens=400, num_test_tokens=401)),
+        model="ngram", ngram_order=3, epochs=1, head="hierarchical",
+        head_options=dict(clustering="weighted_kmeans", num_clusters=8))
+    results = training.train_and_evaluate(config, str(tmp_path))
+    import keras
+    trained = keras.saving.load_model(results["files"]["training_model"])
+    inference = keras.saving.load_model(results["files"]["inference_model"])
+    a = trained.head.get_config()["clusters"]
+    b = inference.head.get_config()["clusters"]
+    assert json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+    assert trained.head.num_clusters == 8
+    assert np.isfinite(results["test"]["perplexity"])
+
+
+def test_paper_comparisons_script_smoke(tmp_path):
+    """The study script, two rows of each study, a few steps: never stale."""
+    out = tmp_path / "study.json"
+    overrides = ("steps_per_epoch=2,epochs=2,eval_steps=2,num_diagnostic_contexts=20,"
+                 "verbose=0,tensorboard=False,embedding_dim=8,hidden_size=8,batch_size=4,bptt=5,"
+                 "eval_batch_size=4,dataset_options={'vocab_size':40,'num_train_tokens':3000,"
+                 "'num_valid_tokens':400,'num_test_tokens':401}")
+    for study, rows in (("chen_ptb", "softmax,hsm_kmeans"), ("bottleneck_ptb", "sigsoftmax")):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "paper_comparisons.py"),
+             f"--study={study}", f"--rows={rows}", "--dataset=synthetic",
+             f"--runs_dir={tmp_path / study}", f"--out={out}", f"--overrides={overrides}"],
+            capture_output=True, text=True, env=env, timeout=300, cwd=str(REPO))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        summary = json.loads(out.read_text())
+        assert summary["study"] == study
+        assert [r["row"] for r in summary["rows"]] == rows.split(",")
+        for row in summary["rows"]:
+            assert np.isfinite(row["test_perplexity"]) and row["train_seconds"] > 0
+            assert row["valid_curve"] and row["command"].startswith("python examples/train_lm.py")
+            assert row["empirical_rank"]["rank"] >= 1
+        out.unlink()
