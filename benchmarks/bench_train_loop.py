@@ -42,6 +42,9 @@ flags.DEFINE_string("compare_head", None, "Also time `train_lm` with this head (
 flags.DEFINE_enum("backend", select_backend.default_backend(), select_backend.BACKENDS,
                   "Keras backend.")
 flags.DEFINE_integer("steps", 400, "Training steps per row.")
+flags.DEFINE_enum("jit_compile", "auto", ["auto", "true", "false"],
+                  "XLA compilation of every row's step ('auto': Keras' choice, which on "
+                  "TensorFlow without a GPU is no XLA).")
 flags.DEFINE_list("rows", ["bare", "train_lm"], "Rows.")
 flags.DEFINE_string("row", None, "Internal: run one row and print its JSON.")
 flags.DEFINE_string("out", None, "Write the results to this JSON file.")
@@ -52,8 +55,9 @@ def _config():
     from keras_softmax_heads import training
 
     dataset = {"dataset": "ptb", "data_dir": FLAGS.data_dir} if FLAGS.data_dir else {}
+    jit = {"auto": "auto", "true": True, "false": False}[FLAGS.jit_compile]
     return training.get_config(
-        FLAGS.preset, head=FLAGS.head, epochs=1, steps_per_epoch=FLAGS.steps,
+        FLAGS.preset, head=FLAGS.head, epochs=1, steps_per_epoch=FLAGS.steps, jit_compile=jit,
         validate_every_epoch=False, eval_steps=2, num_diagnostic_contexts=20, verbose=0,
         **dataset,
     )
@@ -97,7 +101,8 @@ def main(argv):
         rows.append(("train_lm", FLAGS.compare_head))
     for row, head in rows:
         args = [sys.executable, __file__, f"--row={row}", f"--preset={FLAGS.preset}",
-                f"--head={head}", f"--steps={FLAGS.steps}", f"--backend={FLAGS.backend}"]
+                f"--head={head}", f"--steps={FLAGS.steps}", f"--backend={FLAGS.backend}",
+                f"--jit_compile={FLAGS.jit_compile}"]
         if FLAGS.data_dir:
             args.append(f"--data_dir={FLAGS.data_dir}")
         result = fresh_process.run_row(args[1], args[2:])
@@ -121,6 +126,7 @@ def main(argv):
                 "command": "python benchmarks/bench_train_loop.py " + " ".join(sys.argv[1:]),
                 "machine": f"{os.cpu_count()} CPU cores",
                 "settings": {"backend": FLAGS.backend, "preset": FLAGS.preset, "head": FLAGS.head, "steps": FLAGS.steps,
+                             "jit_compile": FLAGS.jit_compile,
                              "dataset": "ptb" if FLAGS.data_dir else "synthetic"},
                 "rows": results, "train_lm_over_bare": ratio,
                 "compare_head_over_head": head_ratio,

@@ -179,3 +179,43 @@ def test_failed_head_is_a_row(tmp_path):
     rows = {r["head"]: r for r in json.loads(out.read_text())}
     assert rows["full"]["wall_ms"] > 0
     assert "num_components" in rows["mos"]["error"]
+
+
+@pytest.mark.slow
+def test_peers_benchmark(tmp_path):
+    """Our heads (TensorFlow XLA) and the PyTorch peers, same run, with ratios."""
+    if not _installed("torch"):
+        pytest.skip("torch not installed")
+    out = tmp_path / "peers.json"
+    stdout = _run("bench_peers.py", "--quick", "--threads", "1", "--out", str(out),
+                  timeout=300)
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("python ") and result["machine"]["cores"] >= 1
+    rows = result["rows"]
+    sides = {r["side"] for r in rows}
+    assert sides == {"keras_softmax_heads (tensorflow xla)", "pytorch eager"}, stdout
+    for r in rows:
+        assert "error" not in r and "skipped" not in r, r
+        assert r["step_s"] > 0 and 0 < r["best_s"] <= r["step_s"], r
+    timed = {(r["side"], r["row"], r["phase"]) for r in rows}
+    assert ("pytorch eager", "AdaptiveLogSoftmaxWithLoss", "eval") in timed
+    assert ("keras_softmax_heads (tensorflow xla)", "matmul", "forward") in timed
+    # Same weights on the PyTorch side: PLIF at its identity initialisation
+    # is the full softmax; both sides' bare products sum the same matrix.
+    value = {(r["side"], r["row"], r["phase"]): r["value"] for r in rows}
+    torch_side = "pytorch eager"
+    assert value[(torch_side, "PLIF gather-on-cumsum", "eval")] == pytest.approx(
+        value[(torch_side, "full softmax", "eval")], rel=1e-5)
+    assert value[(torch_side, "matmul", "forward")] == pytest.approx(
+        value[("keras_softmax_heads (tensorflow xla)", "matmul", "forward")], abs=1e-3)
+    ratios = result["ratios"]
+    assert len(ratios) == len([r for r in rows if r["key"] != "matmul"])
+    assert all(e["over_side_full"] > 0 and e["over_ours_full"] > 0 for e in ratios)
+    assert {e["side"] for e in result["efficiency"]} == sides
+
+
+def test_results_page_is_generated_from_the_committed_results():
+    """docs/results.md is what benchmarks/results_page.py makes of docs/results/."""
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "results_page.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

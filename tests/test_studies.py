@@ -56,7 +56,8 @@ def test_study_presets():
     assert (chen.model, chen.ngram_order, chen.train_seconds) == ("ngram", 6, 300.0)
     small = training.get_config("zaremba_small").to_dict()
     bottleneck = training.get_config("bottleneck_ptb_small").to_dict()
-    assert {k for k in small if small[k] != bottleneck[k]} == {"epochs"}
+    assert {k for k in small if small[k] != bottleneck[k]} == {
+        "epochs", "eval_batch_size", "eval_warmup"}
     for study, spec in studies.STUDIES.items():
         for row in spec["rows"]:
             training.validate_config(studies.study_config(study, row))
