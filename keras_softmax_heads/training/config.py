@@ -252,10 +252,12 @@ PRESETS = {
 # for one epoch (lr 1, no decay): what fits a session on 2 CPU cores. The
 # evaluation reads 20 streams, each warmed up over the 200 tokens before it
 # (every target still scored once), not one stream: the slow heads' exact
-# evaluation would otherwise cost minutes of a one-stream pass.
+# evaluation would otherwise cost minutes of a one-stream pass. XLA on: on a
+# CPU, Keras' "auto" means no XLA, and the pointwise heads' passes over the
+# [N, V] scores then run unfused.
 # `examples/paper_comparisons.py --study=bottleneck_ptb`.
 PRESETS["bottleneck_ptb_small"] = dict(PRESETS["zaremba_small"], epochs=1, eval_batch_size=20,
-                                       eval_bptt=50, eval_warmup=200)
+                                       eval_bptt=50, eval_warmup=200, jit_compile=True)
 
 
 def get_config(preset=None, **overrides):
