@@ -122,7 +122,7 @@ def _config_from_flags():
 
 def _flag_args():
     """The flags given on the command line, as `--name=value` strings."""
-    return [f"--{name}={shlex.quote(flags.FLAGS[name].serialize().split('=', 1)[1])}"
+    return [shlex.quote(flags.FLAGS[name].serialize())
             for name in sorted(flags.FLAGS) if flags.FLAGS[name].present
             and name in _OWN_FLAGS]
 

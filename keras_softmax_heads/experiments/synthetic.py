@@ -351,10 +351,18 @@ def fit_and_score(name, probs, dim, config, seed=0):
         loss=keras.losses.CategoricalCrossentropy(from_logits=True),
         jit_compile=config.jit_compile,
     )
-    dataset, steps_per_epoch = _dataset(probs, config.batch_size, seed)
-    total_steps = steps_per_epoch * config.epochs
     start = time.perf_counter()
-    model.fit(dataset, epochs=1, steps_per_epoch=total_steps, shuffle=False, verbose=0)
+    if keras.backend.backend() == "tensorflow":
+        # tf.data: one `fit` epoch of all the steps (no per-epoch overhead).
+        dataset, steps_per_epoch = _dataset(probs, config.batch_size, seed)
+        total_steps = steps_per_epoch * config.epochs
+        model.fit(dataset, epochs=1, steps_per_epoch=total_steps, shuffle=False, verbose=0)
+    else:
+        # JAX / PyTorch (TensorFlow need not be installed): NumPy arrays.
+        batch_size = min(config.batch_size or num_contexts, num_contexts)
+        model.fit(np.arange(num_contexts, dtype=np.int32), probs.astype(np.float32),
+                  batch_size=batch_size, epochs=config.epochs,
+                  shuffle=batch_size < num_contexts, verbose=0)
     seconds = time.perf_counter() - start
     # Scored in slices: never hold [N, M] float64 log-probabilities at once.
     kl_sum = mode_sum = 0.0
