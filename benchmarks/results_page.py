@@ -1,0 +1,600 @@
+"""Generates `docs/results.md` and its figures from the raw results in `docs/results/`.
+
+Every number on the page comes from a committed raw file (JSON / CSV) of
+`docs/results/`, produced by the command recorded with it (in the file, or
+in `SOURCES` below for files that predate recording it). The page's prose
+lives in `docs/results.template.md`; each `{{name}}` placeholder there is
+replaced by a table or figure generated here. Rerun after adding results:
+
+    python benchmarks/results_page.py            # writes docs/results.md + PNGs
+    python benchmarks/results_page.py --check    # exit 1 if docs/results.md is stale
+
+Figures go to `docs/results/figures/` (matplotlib, Agg backend). The
+markdown does not depend on the figures' bytes, so `--check` compares text
+only.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "docs", "results")
+FIGURES = os.path.join(RESULTS, "figures")
+TEMPLATE = os.path.join(REPO, "docs", "results.template.md")
+PAGE = os.path.join(REPO, "docs", "results.md")
+
+#: Raw files that do not carry their own command / machine.
+SOURCES = {
+    "ptb_zaremba_small.json": dict(
+        command="python examples/train_lm.py --preset=zaremba_small --dataset=ptb "
+                "--data_dir=../shared/data/ptb --model_dir=/work/runs/ptb_zaremba_small",
+        machine="2-core CPU (this project's development machine), TensorFlow 2.21"),
+    "bench_large_vocab.json": dict(
+        command="python benchmarks/bench_large_vocab.py   (V = 10k, 100k, 793k; d = 512, N = 2048)",
+        machine="2-core CPU (this project's development machine), TensorFlow 2.21"),
+    "bench_exact_heads.json": dict(
+        command="python benchmarks/bench_exact_heads.py --v 10000,33000 --d 256,512",
+        machine="2-core CPU (this project's development machine), TensorFlow 2.21"),
+    "bench_large_vocab_gpu_jax.json": dict(
+        command="KERAS_BACKEND=jax python benchmarks/bench_large_vocab.py --backend jax "
+                "--v 10000,33000,100000,793471 --in-process --memory-budget-gb 60 --repeats 5 "
+                "--time-budget 20 --json docs/results/bench_large_vocab_gpu_jax.json",
+        machine="NVIDIA H100 80GB HBM3 (16-core host), JAX 0.11.2 + CUDA, Keras 3.15.1"),
+    "bench_exact_heads_gpu_jax.json": dict(
+        command="KERAS_BACKEND=jax python benchmarks/bench_exact_heads.py --backend jax "
+                "--v 10000,33000,100000 --d 512 --no-memory --rounds 7 "
+                "--json docs/results/bench_exact_heads_gpu_jax.json",
+        machine="NVIDIA H100 80GB HBM3 (16-core host), JAX 0.11.2 + CUDA, Keras 3.15.1"),
+}
+
+#: Chen et al. (2016), Table 2, PTB test perplexity (24 h on a K40 each).
+CHEN_TABLE2 = {
+    "softmax": 123.8, "d_softmax": 121.1, "sampling": 124.2, "hsm": 138.2,
+    "nce": 143.1, "weaknorm": 124.4, "weaknorm_sq": 122.1,
+}
+#: Kanai et al. (2018) Table 1 (PTB test perplexity, AWD-LSTM, d = 400) and
+#: Table 3 (rank of the test log-probability matrix); Ganea et al. (2019)
+#: Table 1 (PTB test perplexity, AWD-LSTM w/o finetuning, and s/epoch).
+BOTTLENECK_PAPERS = {
+    "softmax": dict(kanai_test=50.5, kanai_rank=402, ganea_test=58.37, ganea_sec=60),
+    "sigsoftmax": dict(kanai_test=49.2, kanai_rank=4640),
+    "plif": dict(ganea_test=57.25, ganea_sec=70),
+    "mos": dict(kanai_test=48.0, kanai_rank=9980, ganea_test=56.43, ganea_sec=150),
+    "moss": dict(kanai_test=47.7, kanai_rank=9986),
+    "mos_plif": dict(ganea_test=56.02, ganea_sec=220),
+}
+
+
+def load(name):
+    path = os.path.join(RESULTS, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def fmt(x, digits=2):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.{digits}f}"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def provenance(name, data=None):
+    """`*Source:* file, command, machine.` for raw file `name`."""
+    meta = dict(SOURCES.get(name, {}))
+    if isinstance(data, dict):
+        meta.setdefault("command", data.get("command"))
+        meta.setdefault("machine", data.get("machine"))
+    parts = [f"*Raw:* [`docs/results/{name}`](results/{name})"]
+    if meta.get("command"):
+        parts.append(f"*command:* `{meta['command']}`")
+    if meta.get("machine"):
+        parts.append(f"*machine:* {meta['machine']}")
+    return "; ".join(parts) + "."
+
+
+def missing(name):
+    return f"*Not measured yet: `docs/results/{name}` is absent.*"
+
+
+def figure(name, alt):
+    return f"![{alt}](results/figures/{name})"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# --------------------------------------------------------------- sections
+def section_loop():
+    names = sorted(n for n in os.listdir(RESULTS) if re.fullmatch(r"bench_train_loop.*\.json", n))
+    if not names:
+        return missing("bench_train_loop.json")
+    parts = []
+    for name in names:
+        data = load(name)
+        jit = data.get("settings", {}).get("jit_compile", "auto")
+        rows = [[r["row"], r["head"], fmt(1000 * r["step_s"], 1)] for r in data["rows"]]
+        line = f"XLA (`jit_compile`): `{jit}`."
+        if data.get("train_lm_over_bare") is not None:
+            line += (f" `train_lm.py` / bare loop: **{data['train_lm_over_bare']:.2f}×** "
+                     "(target ≤ 1.15×).")
+        if data.get("compare_head_over_head") is not None:
+            line += (f" PLIF / full softmax, whole model: **{data['compare_head_over_head']:.2f}×** "
+                     "(target ≤ 1.3×).")
+        parts += [table(["row", "head", "ms / step"], rows), line, provenance(name, data)]
+    return "\n\n".join(parts)
+
+
+def section_zaremba():
+    name = "ptb_zaremba_small.json"
+    data = load(name)
+    if data is None:
+        return missing(name)
+    test = data["test"]["perplexity"]
+    return "\n\n".join([
+        table(["head", "valid ppl", "test ppl", "paper (Zaremba et al. 2014)", "difference"],
+              [["FullSoftmax", fmt(data["valid"]["perplexity"]), fmt(test), "114.5",
+                f"{100 * (test / 114.5 - 1):+.1f}%"]]),
+        provenance(name, data),
+    ])
+
+
+def _study_rows(data):
+    return {r["row"]: r for r in data["rows"]}
+
+
+def section_chen(make_figures):
+    name = "study_chen_ptb.json"
+    data = load(name)
+    if data is None:
+        return missing(name), ""
+    rows = _study_rows(data)
+    base = rows.get("softmax")
+    out = []
+    for key, r in rows.items():
+        paper = CHEN_TABLE2.get("hsm" if key.startswith("hsm") else key)
+        speed = (r["examples_per_second"] / base["examples_per_second"]
+                 if base and r.get("examples_per_second") and base.get("examples_per_second")
+                 else None)
+        out.append([key, r["head"], fmt(r["valid_perplexity"]), fmt(r["test_perplexity"]),
+                    fmt(paper, 1), fmt(r["train_seconds"], 0), r["global_steps"],
+                    fmt(r["examples_per_second"], 0), fmt(speed), r["num_parameters"]])
+    text = "\n\n".join([
+        table(["row", "head", "valid ppl", "test ppl", "paper test ppl", "train s",
+               "steps", "examples / s", "speed / softmax", "parameters"], out),
+        provenance(name, data),
+    ])
+    fig = ""
+    if make_figures:
+        plt = _plt()
+        fig_, ax = plt.subplots(figsize=(7, 4.5))
+        for key, r in rows.items():
+            xs = [p["train_seconds"] for p in r["valid_curve"]]
+            ys = [p["valid_perplexity"] for p in r["valid_curve"]]
+            ax.plot(xs, ys, marker="o", markersize=3, label=key)
+        ax.set_xlabel("training time (s, one CPU core)")
+        ax.set_ylabel("validation perplexity")
+        ax.set_yscale("log")
+        ax.set_title("PTB 6-gram NNLM, equal time budget (cf. Chen et al. 2016, Fig. 2)")
+        ax.legend(fontsize=7, ncol=2)
+        fig_.tight_layout()
+        fig_.savefig(os.path.join(FIGURES, "chen_ptb_valid_curves.png"), dpi=110)
+        plt.close(fig_)
+    fig = figure("chen_ptb_valid_curves.png", "validation perplexity against training time")
+    return text, fig
+
+
+def section_bottleneck(make_figures):
+    name = "study_bottleneck_ptb.json"
+    data = load(name)
+    if data is None:
+        return missing(name), "", ""
+    rows = _study_rows(data)
+    base = rows.get("softmax")
+    out, bands_rows, band_names = [], [], None
+    for key, r in rows.items():
+        paper = BOTTLENECK_PAPERS.get(key, {})
+        ratio = (r["seconds_per_epoch"] / base["seconds_per_epoch"]
+                 if base and base.get("seconds_per_epoch") else None)
+        paper_ratio = (paper["ganea_sec"] / BOTTLENECK_PAPERS["softmax"]["ganea_sec"]
+                       if "ganea_sec" in paper else None)
+        rank = r.get("empirical_rank") or {}
+        out.append([key, fmt(r["valid_perplexity"]), fmt(r["test_perplexity"]),
+                    fmt(r["seconds_per_epoch"], 0), fmt(ratio), fmt(paper_ratio),
+                    f"{rank.get('rank', '–')} / {rank.get('num_contexts', '–')}",
+                    rank.get("linear_softmax_bound", "–"),
+                    fmt(paper.get("kanai_test"), 1), paper.get("kanai_rank", "–"),
+                    fmt(paper.get("ganea_test"), 2)])
+        bands = r.get("entropy_per_frequency_band") or []
+        band_names = [b["band"] for b in bands]
+        bands_rows.append([key] + [fmt(b["entropy_bits"]) for b in bands])
+    text = "\n\n".join([
+        table(["row", "valid ppl", "test ppl", "s / epoch", "time / softmax",
+               "paper time / softmax (Ganea, P100)", "empirical rank / contexts",
+               "softmax bound d+2", "Kanai test ppl", "Kanai rank", "Ganea test ppl"], out),
+        provenance(name, data),
+    ])
+    bands_text = table(["row"] + [f"words {b}" for b in (band_names or [])], bands_rows)
+    fig = ""
+    if make_figures and band_names:
+        plt = _plt()
+        fig_, ax = plt.subplots(figsize=(7, 4))
+        for key, r in rows.items():
+            ys = [b["entropy_bits"] for b in r["entropy_per_frequency_band"]]
+            ax.plot(range(len(ys)), ys, marker="o", label=key)
+        ax.set_xticks(range(len(band_names)))
+        ax.set_xticklabels(band_names, fontsize=8)
+        ax.set_xlabel("frequency-rank band of the target word")
+        ax.set_ylabel("test entropy (bits / token)")
+        ax.set_title("Entropy per frequency band (cf. Chen et al. 2016, Table 5)")
+        ax.legend(fontsize=7, ncol=2)
+        fig_.tight_layout()
+        fig_.savefig(os.path.join(FIGURES, "bottleneck_entropy_bands.png"), dpi=110)
+        plt.close(fig_)
+    if band_names:
+        fig = figure("bottleneck_entropy_bands.png", "entropy per frequency band")
+    return text, bands_text, fig
+
+
+def _read_synthetic_csv(path):
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in ("D", "M", "N", "epochs"):
+            if k in r:
+                r[k] = int(float(r[k]))
+        for k in ("alpha", "KL", "mode_matching", "seconds"):
+            if k in r and r[k] != "":
+                r[k] = float(r[k])
+    return rows
+
+
+def section_synthetic(make_figures):
+    parts = []
+    dirs = sorted(d for d in os.listdir(RESULTS) if d.startswith("synthetic_alpha")) \
+        if os.path.isdir(RESULTS) else []
+    if not dirs:
+        return missing("synthetic_alpha*/synthetic_bottleneck.csv")
+    for d in dirs:
+        path = os.path.join(RESULTS, d, "synthetic_bottleneck.csv")
+        if not os.path.exists(path):
+            continue
+        rows = _read_synthetic_csv(path)
+        meta = {}
+        meta_path = os.path.join(RESULTS, d, "run.json")
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                meta = json.load(f)
+        alpha = rows[0]["alpha"]
+        models = list(dict.fromkeys(r["model"] for r in rows))
+        keys = sorted({(r["M"], r["D"]) for r in rows})
+        body = []
+        for m, dim in keys:
+            cells = [str(m), str(dim)]
+            for model in models:
+                hit = [r for r in rows if (r["M"], r["D"], r["model"]) == (m, dim, model)]
+                cells.append(f"{hit[0]['mode_matching'] * 100:.1f}% / {hit[0]['KL']:.3f}"
+                             if hit else "–")
+            body.append(cells)
+        parts.append(f"#### α = {alpha:g} (N = {rows[0]['N']} contexts, {rows[0]['epochs']} "
+                     "full-batch Adam steps)")
+        parts.append("Mode matching / KL(P*‖Q) (nats), per vocabulary size M and dimension D:")
+        parts.append(table(["M", "D"] + models, body))
+        src = f"*Raw:* [`docs/results/{d}/synthetic_bottleneck.csv`](results/{d}/synthetic_bottleneck.csv)"
+        if meta.get("command"):
+            src += f"; *command:* `{meta['command']}`"
+        if meta.get("machine"):
+            src += f"; *machine:* {meta['machine']}"
+        parts.append(src + ".")
+        if make_figures:
+            plt = _plt()
+            fig_, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+            for metric, ax, label in (("mode_matching", axes[0], "mode matching (%)"),
+                                      ("KL", axes[1], "KL(P*‖Q) (nats)")):
+                for model in models:
+                    for m in sorted({r["M"] for r in rows}):
+                        pts = sorted((r["D"], r[metric]) for r in rows
+                                     if r["model"] == model and r["M"] == m)
+                        if not pts:
+                            continue
+                        ys = [y * (100 if metric == "mode_matching" else 1) for _, y in pts]
+                        ax.plot([p[0] for p in pts], ys, marker="o",
+                                label=f"{model} M={m}")
+                ax.set_xscale("log", base=2)
+                ax.set_xlabel("D")
+                ax.set_ylabel(label)
+            axes[1].legend(fontsize=6, ncol=2)
+            fig_.suptitle(f"Synthetic bottleneck, α = {alpha:g} (cf. Ganea et al. 2019, Figs. 2–3)")
+            fig_.tight_layout()
+            fig_.savefig(os.path.join(FIGURES, f"{d}.png"), dpi=110)
+            plt.close(fig_)
+        parts.append(figure(f"{d}.png", f"synthetic bottleneck alpha={alpha:g}"))
+    return "\n\n".join(parts)
+
+
+def _large_vocab_rows(data, mode):
+    rows = {}
+    for r in data:
+        if r.get("mode") != mode or "step_s" not in r:
+            continue
+        rows[(r["row"], r["v"], r["phase"])] = r
+    return rows
+
+
+def section_speed_large(make_figures, names=("bench_large_vocab.json",),
+                        where="TensorFlow", machine="2 CPU cores",
+                        png="speed_vs_vocab.png"):
+    data = []
+    for name in names:
+        d = load(name)
+        if d is not None:
+            data += d["rows"] if isinstance(d, dict) else d
+    if not data:
+        return missing(names[0]), ""
+    mode = "xla"
+    rows = _large_vocab_rows(data, mode)
+    vs = sorted({v for _, v, _ in rows})
+    heads = list(dict.fromkeys(r for r, _, _ in rows))
+    out = []
+    for head in heads:
+        for phase in ("train", "eval"):
+            cells = [head, phase]
+            have = False
+            for v in vs:
+                r = rows.get((head, v, phase))
+                full = rows.get(("FullSoftmax", v, phase)) or rows.get(("FullSoftmax (chunked)", v, phase))
+                if r is None:
+                    cells.append("–")
+                    continue
+                have = True
+                ratio = r["step_s"] / full["step_s"] if full else None
+                cell = f"{1000 * r['step_s']:.1f} ms ({fmt(ratio)}×)"
+                if r.get("peak_mb"):
+                    cell += f", {r['peak_mb']:.0f} MB"
+                if r.get("n") and r["n"] != 2048:
+                    cell += f" [N={r['n']}]"
+                cells.append(cell)
+            if have:
+                out.append(cells)
+    memory = any(r.get("peak_mb") for r in rows.values())
+    text = "\n\n".join([
+        f"{where}, `{mode}` mode; d = 512, N = 2048. Each cell: step time (ratio to the "
+        "full softmax of the same V and phase; where the dense full softmax does not fit, "
+        "the chunked exact one)" + (", peak memory of the step" if memory else "") + ".",
+        table(["head", "phase"] + [f"V = {v:,}" for v in vs], out),
+        "; ".join(provenance(n, load(n)) for n in names if load(n) is not None),
+    ])
+    if make_figures:
+        plt = _plt()
+        fig_, ax = plt.subplots(figsize=(7, 4.5))
+        for head in heads:
+            pts = [(v, rows[(head, v, "train")]["step_s"]) for v in vs if (head, v, "train") in rows]
+            if len(pts) >= 2:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=head)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("vocabulary size V")
+        ax.set_ylabel("train step time (s), d=512, N=2048")
+        ax.set_title(f"Train step time against V ({where} {mode}, {machine})")
+        ax.legend(fontsize=7)
+        fig_.tight_layout()
+        fig_.savefig(os.path.join(FIGURES, png), dpi=110)
+        plt.close(fig_)
+    return text, figure(png, "train step time against V")
+
+
+def section_speed_exact(name="bench_exact_heads.json"):
+    data = load(name)
+    if data is None:
+        return missing(name)
+    data = data["rows"] if isinstance(data, dict) else data
+    keys = sorted({(r["v"], r["d"], r["mode"]) for r in data})
+    heads = list(dict.fromkeys(r["head"] for r in data))
+    out = []
+    for head in heads:
+        cells = [head]
+        for key in keys:
+            hit = [r for r in data if (r["v"], r["d"], r["mode"], r["head"]) == (*key, head)]
+            if not hit or hit[0].get("wall_ms") is None:
+                cells.append("–")
+                continue
+            ratios = sorted(hit[0]["wall_ratios"])
+            median = ratios[len(ratios) // 2]
+            cells.append(f"{hit[0]['wall_ms']:.0f} ms ({median:.2f}×)")
+        out.append(cells)
+    header = ["head"] + [f"V={v:,} d={d} {m}" for v, d, m in keys]
+    return "\n\n".join([
+        "Train step (forward + backward of the training loss), N = 2048; the ratio is the "
+        "median over rounds of the head's step against the full softmax's step of the same round.",
+        table(header, out), provenance(name, data)])
+
+
+def section_peers(name="bench_peers.json"):
+    data = load(name)
+    if data is None:
+        return missing(name)
+    ratios = {(r["side"], r["row"], r["v"], r["phase"]): r for r in data.get("ratios", [])}
+    out = []
+    for r in data["rows"]:
+        if "step_s" not in r:
+            out.append([r.get("side", ""), r["row"], r.get("phase", ""), f"{r['v']:,}",
+                        str(r.get("error") or r.get("skipped") or "failed")[:60],
+                        "–", "–", "–", "–"])
+            continue
+        ratio = ratios.get((r["side"], r["row"], r["v"], r["phase"]), {})
+        out.append([r["side"], r["row"], r["phase"], f"{r['v']:,}", f"{1000 * r['step_s']:.1f}",
+                    fmt(ratio.get("over_side_full")), fmt(ratio.get("over_ours_full")),
+                    fmt(r.get("gflops"), 1), fmt(r.get("peak_mib"), 0)])
+    eff = [[e["side"], f"{e['v']:,}", fmt(e["full_train_gflops"], 1),
+            fmt(e["matmul_gflops"], 1), fmt(e["full_train_over_matmul"])]
+           for e in data.get("efficiency", [])]
+    settings = data.get("settings", {})
+    return "\n\n".join([
+        f"d = {settings.get('d')}, N = {settings.get('n')}; median of the timed calls; "
+        "ratios to the full softmax of the same side and to our `FullSoftmax` "
+        f"({settings.get('our_backend', 'tensorflow')}, XLA) at the same V and phase; "
+        f"float32 products ({settings.get('matmul_precision', 'float32')} precision asked of "
+        "both sides). Peak memory is each side's own instrument (allocator peak or peak "
+        "resident size: not the same measure across sides).",
+        table(["side", "row", "phase", "V", "ms", "/ full (same side)", "/ our FullSoftmax",
+               "GFLOP/s", "peak MiB"], out),
+        "Achieved GFLOP/s of the full-softmax train step (6NdV flops) against a bare "
+        "`[N, d] @ [d, V]` product (2NdV) on the same side:",
+        table(["side", "V", "full-softmax train GFLOP/s", "bare matmul GFLOP/s", "ratio"], eff),
+        provenance(name, data)])
+
+
+# ----------------------------------------------------------- README lines
+README = os.path.join(REPO, "README.md")
+SUMMARY_START = "<!-- results-summary: generated by benchmarks/results_page.py -->"
+SUMMARY_END = "<!-- /results-summary -->"
+
+
+def readme_summary():
+    """The README's three headline lines (Markdown list), from the raw results."""
+    lines = []
+    data = []
+    for name in ("bench_large_vocab.json", "bench_large_vocab_v33k.json"):
+        d = load(name)
+        if d is not None:
+            data += d["rows"] if isinstance(d, dict) else d
+    rows = _large_vocab_rows(data, "xla")
+    v = 100_000
+    full = rows.get(("FullSoftmax", v, "train"))
+    if full:
+        picks = [("HierarchicalSoftmax", "hierarchical"), ("SampledSoftmax log_uniform", "sampled"),
+                 ("NCE unigram", "NCE"), ("DifferentiatedSoftmax", "D-Softmax")]
+        parts = [f"{label} {full['step_s'] / rows[(row, v, 'train')]['step_s']:.0f}×"
+                 for row, label in picks if (row, v, "train") in rows]
+        lines.append(f"**Speed** (V = 100k, d = 512, N = 2048, TensorFlow XLA, 2 CPU cores): a "
+                     f"training step is faster than the full softmax's by {', '.join(parts)}.")
+    chen = load("study_chen_ptb.json")
+    if chen and chen["rows"]:
+        r = _study_rows(chen)
+        ranked = sorted(r.values(), key=lambda x: x["test_perplexity"])
+        best = ranked[0]
+        soft = r.get("softmax")
+        text = (f"**PTB, equal time** (Chen et al. 2016's protocol, 6-gram NNLM, "
+                f"{fmt(best['train_seconds'], 0)} s each on one core): best test perplexity "
+                f"{best['row']} {fmt(best['test_perplexity'], 1)}")
+        if soft:
+            text += f", softmax {fmt(soft['test_perplexity'], 1)}"
+        text += f", worst {ranked[-1]['row']} {fmt(ranked[-1]['test_perplexity'], 1)}."
+        lines.append(text)
+    bottleneck = load("study_bottleneck_ptb.json")
+    if bottleneck and bottleneck["rows"]:
+        r = _study_rows(bottleneck)
+        soft = r.get("softmax")
+        others = sorted((x for k, x in r.items() if k != "softmax"),
+                        key=lambda x: x["test_perplexity"])
+        text = "**PTB, bottleneck heads** (Zaremba-small LSTM, one epoch each): test perplexity "
+        text += ", ".join(f"{x['row']} {fmt(x['test_perplexity'], 1)}"
+                          for x in ([soft] if soft else []) + others[:3])
+        if soft and soft.get("empirical_rank"):
+            text += (f"; empirical rank softmax {soft['empirical_rank']['rank']} (bound "
+                     f"{soft['empirical_rank']['linear_softmax_bound']})")
+            if others and others[0].get("empirical_rank"):
+                text += f", {others[0]['row']} {others[0]['empirical_rank']['rank']}"
+        lines.append(text + ".")
+    lines.append("Everything, with commands and machines: [docs/results.md](docs/results.md).")
+    return "\n".join(f"* {line}" if not line.startswith("Everything") else line
+                     for line in lines)
+
+
+def updated_readme():
+    with open(README) as f:
+        text = f.read()
+    if SUMMARY_START not in text or SUMMARY_END not in text:
+        raise ValueError(f"README.md lacks the markers {SUMMARY_START} ... {SUMMARY_END}")
+    head, rest = text.split(SUMMARY_START, 1)
+    _, tail = rest.split(SUMMARY_END, 1)
+    return head + SUMMARY_START + "\n" + readme_summary() + "\n" + SUMMARY_END + tail
+
+
+# ------------------------------------------------------------------- page
+def build(make_figures=True):
+    if make_figures:
+        os.makedirs(FIGURES, exist_ok=True)
+    chen, chen_fig = section_chen(make_figures)
+    bottleneck, bands, bands_fig = section_bottleneck(make_figures)
+    speed_large, speed_fig = section_speed_large(make_figures)
+    gpu_large, gpu_fig = section_speed_large(
+        make_figures, ("bench_large_vocab_gpu_jax.json",), where="JAX", machine="H100",
+        png="speed_vs_vocab_gpu.png")
+    parts = {
+        "loop": section_loop(),
+        "zaremba": section_zaremba(),
+        "chen_table": chen,
+        "chen_figure": chen_fig,
+        "bottleneck_table": bottleneck,
+        "bottleneck_bands": bands,
+        "bottleneck_figure": bands_fig,
+        "synthetic": section_synthetic(make_figures),
+        "speed_large": speed_large,
+        "speed_figure": speed_fig,
+        "speed_exact": section_speed_exact(),
+        "speed_peers": section_peers(),
+        "gpu_large": gpu_large,
+        "gpu_figure": gpu_fig,
+        "gpu_exact": section_speed_exact("bench_exact_heads_gpu_jax.json"),
+        "gpu_peers": section_peers("bench_peers_gpu.json"),
+    }
+    with open(TEMPLATE) as f:
+        template = f.read()
+    used = set(re.findall(r"\{\{(\w+)\}\}", template))
+    unknown = used - set(parts)
+    if unknown:
+        raise ValueError(f"Unknown placeholders in {TEMPLATE}: {sorted(unknown)}")
+    page = re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], template)
+    header = ("<!-- Generated by benchmarks/results_page.py from docs/results.template.md "
+              "and docs/results/: edit those, not this file. -->\n")
+    return header + page
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="Exit 1 if docs/results.md differs from what would be generated.")
+    args = parser.parse_args(argv)
+    page = build(make_figures=not args.check)
+    readme = updated_readme()
+    if args.check:
+        stale = []
+        for path, text in ((PAGE, page), (README, readme)):
+            with open(path) as f:
+                if f.read() != text:
+                    stale.append(os.path.relpath(path, REPO))
+        if stale:
+            print(f"{', '.join(stale)} stale: run python benchmarks/results_page.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    with open(PAGE, "w") as f:
+        f.write(page)
+    with open(README, "w") as f:
+        f.write(readme)
+    print(f"Wrote {PAGE}, {FIGURES}/*.png and the summary in {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
