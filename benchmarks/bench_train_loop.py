@@ -124,7 +124,7 @@ def main(argv):
         with open(FLAGS.out, "w") as f:
             json.dump({
                 "command": "python benchmarks/bench_train_loop.py " + " ".join(sys.argv[1:]),
-                "machine": f"{os.cpu_count()} CPU cores",
+                "machine": f"{len(os.sched_getaffinity(0))} of {os.cpu_count()} CPU cores",
                 "settings": {"backend": FLAGS.backend, "preset": FLAGS.preset, "head": FLAGS.head, "steps": FLAGS.steps,
                              "jit_compile": FLAGS.jit_compile,
                              "dataset": "ptb" if FLAGS.data_dir else "synthetic"},

@@ -182,32 +182,43 @@ def test_failed_head_is_a_row(tmp_path):
 
 
 @pytest.mark.slow
-def test_peers_benchmark(tmp_path):
-    """Our heads (TensorFlow XLA) and the PyTorch peers, same run, with ratios."""
+@pytest.mark.parametrize("our_backend", ["tensorflow", "jax"])
+def test_peers_benchmark(tmp_path, our_backend):
+    """Our heads (TensorFlow XLA or JAX jit) and the PyTorch peers, same run, with ratios."""
     if not _installed("torch"):
         pytest.skip("torch not installed")
+    if not _installed(our_backend):
+        pytest.skip(f"{our_backend} not installed")
     out = tmp_path / "peers.json"
-    stdout = _run("bench_peers.py", "--quick", "--threads", "1", "--out", str(out),
-                  timeout=300)
+    stdout = _run("bench_peers.py", "--quick", "--threads", "1", "--our-backend", our_backend,
+                  "--out", str(out), timeout=300)
     result = json.loads(out.read_text())
     assert result["command"].startswith("python ") and result["machine"]["cores"] >= 1
+    assert result["settings"]["our_backend"] == our_backend
+    assert result["settings"]["torch_device"] == "cpu"
+    ours = f"keras_softmax_heads ({our_backend} xla)"
+    torch_side = "pytorch eager"
     rows = result["rows"]
     sides = {r["side"] for r in rows}
-    assert sides == {"keras_softmax_heads (tensorflow xla)", "pytorch eager"}, stdout
+    assert sides == {ours, torch_side}, stdout
+    assert set(result["devices"]) == sides and "gpu" not in result["machine"]
     for r in rows:
         assert "error" not in r and "skipped" not in r, r
         assert r["step_s"] > 0 and 0 < r["best_s"] <= r["step_s"], r
     timed = {(r["side"], r["row"], r["phase"]) for r in rows}
-    assert ("pytorch eager", "AdaptiveLogSoftmaxWithLoss", "eval") in timed
-    assert ("keras_softmax_heads (tensorflow xla)", "matmul", "forward") in timed
+    assert (torch_side, "AdaptiveLogSoftmaxWithLoss", "eval") in timed
+    assert (ours, "matmul", "forward") in timed
     # Same weights on the PyTorch side: PLIF at its identity initialisation
     # is the full softmax; both sides' bare products sum the same matrix.
+    # Our heads are seeded: a head's train and eval rows (separate processes
+    # on JAX) see the same weights.
     value = {(r["side"], r["row"], r["phase"]): r["value"] for r in rows}
-    torch_side = "pytorch eager"
     assert value[(torch_side, "PLIF gather-on-cumsum", "eval")] == pytest.approx(
         value[(torch_side, "full softmax", "eval")], rel=1e-5)
     assert value[(torch_side, "matmul", "forward")] == pytest.approx(
-        value[("keras_softmax_heads (tensorflow xla)", "matmul", "forward")], abs=1e-3)
+        value[(ours, "matmul", "forward")], abs=1e-3)
+    assert -value[(ours, "FullSoftmax", "eval")] == pytest.approx(
+        value[(ours, "FullSoftmax", "train")], rel=1e-4)
     ratios = result["ratios"]
     assert len(ratios) == len([r for r in rows if r["key"] != "matmul"])
     assert all(e["over_side_full"] > 0 and e["over_ours_full"] > 0 for e in ratios)
