@@ -194,6 +194,13 @@ def section_chen(make_figures):
         ax.set_xlabel("training time (s, one CPU core)")
         ax.set_ylabel("validation perplexity")
         ax.set_yscale("log")
+        finals = sorted(r["valid_perplexity"] for r in rows.values())
+        top = 3 * finals[len(finals) // 2]  # rows far above the rest leave the plot
+        ax.set_ylim(0.9 * finals[0], top)
+        off = [k for k, r in rows.items() if r["valid_perplexity"] > top]
+        if off:
+            ax.text(0.99, 0.98, "above the plot: " + ", ".join(off), transform=ax.transAxes,
+                    ha="right", va="top", fontsize=8)
         ax.set_title("PTB 6-gram NNLM, equal time budget (cf. Chen et al. 2016, Fig. 2)")
         ax.legend(fontsize=7, ncol=2)
         fig_.tight_layout()

@@ -12,6 +12,7 @@ They take NumPy arrays (or anything `np.asarray` accepts) and return Python
 floats / NumPy arrays, so they can be used on any head's outputs.
 """
 
+import keras
 import numpy as np
 
 
@@ -64,7 +65,7 @@ def log_prob_matrix(head, contexts, batch_size=1024):
     """
     contexts = np.asarray(contexts)
     parts = [
-        np.asarray(head(contexts[i : i + batch_size]))
+        np.asarray(keras.ops.convert_to_numpy(head(contexts[i : i + batch_size])))
         for i in range(0, len(contexts), batch_size)
     ]
     return np.concatenate(parts, axis=0)

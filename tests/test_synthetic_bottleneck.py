@@ -101,6 +101,7 @@ def test_config_normalises_sequences():
 
 
 # ------------------------------------------------------------------ training
+@pytest.mark.multibackend
 def test_softmax_without_bottleneck_fits_exactly():
     """With D >= M - 1 Linear-Softmax can represent any P*: KL -> ~0."""
     probs = synthetic.dirichlet_problem(64, 5, alpha=0.5, seed=0)
@@ -113,6 +114,7 @@ def test_softmax_without_bottleneck_fits_exactly():
     assert row["mode_matching"] == 1.0, row
 
 
+@pytest.mark.multibackend
 def test_minibatch_training_runs():
     probs = synthetic.dirichlet_problem(50, 6, alpha=0.5, seed=0)
     config = synthetic.SyntheticBottleneckConfig(

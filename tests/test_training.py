@@ -436,7 +436,7 @@ def test_parse_options_words():
 
 def test_resumable_fields():
     assert training.RESUMABLE_FIELDS == {
-        "epochs", "verbose", "checkpoint_every", "keep_checkpoints", "tensorboard",
+        "epochs", "train_seconds", "verbose", "checkpoint_every", "keep_checkpoints", "tensorboard",
         "kill_after_steps", "kill_signal", "eval_steps", "eval_batch_size", "eval_bptt",
         "eval_warmup",
         "strategy", "tpu", "jit_compile", "steps_per_execution",
