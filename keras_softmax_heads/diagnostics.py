@@ -65,7 +65,7 @@ def log_prob_matrix(head, contexts, batch_size=1024):
     """
     contexts = np.asarray(contexts)
     parts = [
-        np.asarray(keras.ops.convert_to_numpy(head(contexts[i : i + batch_size])))
+        keras.ops.convert_to_numpy(head(contexts[i : i + batch_size]))
         for i in range(0, len(contexts), batch_size)
     ]
     return np.concatenate(parts, axis=0)

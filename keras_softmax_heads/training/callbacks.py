@@ -110,15 +110,13 @@ class StepCallback(keras.callbacks.Callback):
         summary_every: see `summary_writer`.
         deadline: optional `time.time()` value (the training budget,
             `config.train_seconds`): the first step that ends after it stops
-            training (`budget_stopped_at` is then its step in the epoch).
+            training.
 
     Attributes:
         times: `time.perf_counter()` at the end of every step.
         interrupted_at: global step at which a signal stopped training, or
             `None`.
         last_step: the step in the epoch of the last step run.
-        budget_stopped_at: step in the epoch at which the deadline stopped
-            training, or `None`.
     """
 
     def __init__(self, checkpoints, config, epoch, offset, steps_per_epoch, history,
@@ -137,7 +135,6 @@ class StepCallback(keras.callbacks.Callback):
         self.times = []
         self.interrupted_at = None
         self.last_step = offset
-        self.budget_stopped_at = None
 
     def on_epoch_begin(self, epoch, logs=None):
         # Resuming mid-epoch: continue the running mean of the training loss.
@@ -175,5 +172,4 @@ class StepCallback(keras.callbacks.Callback):
             self.interrupted_at = global_step
             self.model.stop_training = True
         elif self.deadline is not None and mid_epoch and time.time() >= self.deadline:
-            self.budget_stopped_at = step_in_epoch
             self.model.stop_training = True

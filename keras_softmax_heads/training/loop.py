@@ -281,10 +281,15 @@ def _check_previous_results(workdir, checkpoints):
             results["config"], os.path.join(workdir, "results.json"))
 
 
+def _trained_seconds(history):
+    """Training seconds of the epochs in `history` (validation excluded)."""
+    return float(sum(e["seconds"] for e in history))
+
+
 def _budget_spent(config, history):
     """Whether the epochs in `history` used up `config.train_seconds`."""
     return bool(config.train_seconds) and bool(history) and \
-        sum(e["seconds"] for e in history) >= config.train_seconds
+        _trained_seconds(history) >= config.train_seconds
 
 
 class _Trainer:
@@ -346,7 +351,7 @@ class _Trainer:
         timing = {
             "epochs": epochs_run, "steps_per_epoch": self.steps_per_epoch,
             "global_steps": sum(e.get("steps", self.steps_per_epoch) for e in history),
-            "train_seconds": float(sum(e["seconds"] for e in history)),
+            "train_seconds": _trained_seconds(history),
             "stopped_by_budget": bool(config.train_seconds) and epochs_run < config.epochs,
             "seconds_this_process": time.time() - train_start,
             "steps_per_second": (steps_done / seconds_done) if seconds_done > 0 else None,
@@ -369,7 +374,7 @@ class _Trainer:
         deadline = None
         if config.train_seconds:
             # The budget may end mid-epoch (every head gets the same time).
-            deadline = epoch_start + config.train_seconds - sum(e["seconds"] for e in history)
+            deadline = epoch_start + config.train_seconds - _trained_seconds(history)
         step_cb = StepCallback(self.checkpoints, config, epoch, skip, self.steps_per_epoch,
                                history, signals=self.signals, summary_writer=self.step_writer,
                                summary_every=self.summary_every, deadline=deadline)
