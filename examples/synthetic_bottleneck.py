@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import shlex
+import sys
 
 from absl import app
 from absl import flags
@@ -81,12 +82,6 @@ _PAPER = flags.DEFINE_bool(
     "--batch_size=10000 where memory is short.",
 )
 
-_OWN_FLAGS = frozenset({
-    "workdir", "models", "dims", "vocab_sizes", "alpha", "num_contexts", "epochs",
-    "batch_size", "learning_rate", "mos_components", "lms_units", "plif_knots",
-    "plif_bound", "no_bias", "jit_compile", "seed", "paper",
-})
-
 _PAPER_SETTINGS = {
     "num_contexts": 100_000,
     "epochs": 1000,
@@ -121,10 +116,10 @@ def _config_from_flags():
 
 
 def _flag_args():
-    """The flags given on the command line, as `--name=value` strings."""
-    return [shlex.quote(flags.FLAGS[name].serialize())
-            for name in sorted(flags.FLAGS) if flags.FLAGS[name].present
-            and name in _OWN_FLAGS]
+    """This script's flags given on the command line, as `--name=value` strings."""
+    own = flags.FLAGS.get_flags_for_module(sys.argv[0])
+    return [shlex.quote(flag.serialize()) for flag in sorted(own, key=lambda f: f.name)
+            if flag.present]
 
 
 def _machine():
