@@ -15,12 +15,13 @@ only.
 """
 
 import argparse
-import csv
 import json
 import math
 import os
 import re
 import sys
+
+from keras_softmax_heads.experiments import synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "docs", "results")
@@ -262,19 +263,6 @@ def section_bottleneck(make_figures):
     return text, bands_text, fig
 
 
-def _read_synthetic_csv(path):
-    with open(path) as f:
-        rows = list(csv.DictReader(f))
-    for r in rows:
-        for k in ("D", "M", "N", "epochs"):
-            if k in r:
-                r[k] = int(float(r[k]))
-        for k in ("alpha", "KL", "mode_matching", "seconds"):
-            if k in r and r[k] != "":
-                r[k] = float(r[k])
-    return rows
-
-
 def section_synthetic(make_figures):
     parts = []
     dirs = sorted(d for d in os.listdir(RESULTS) if d.startswith("synthetic_alpha")) \
@@ -285,7 +273,7 @@ def section_synthetic(make_figures):
         path = os.path.join(RESULTS, d, "synthetic_bottleneck.csv")
         if not os.path.exists(path):
             continue
-        rows = _read_synthetic_csv(path)
+        rows = synthetic.read_csv(path)
         meta = {}
         meta_path = os.path.join(RESULTS, d, "run.json")
         if os.path.exists(meta_path):
@@ -312,29 +300,12 @@ def section_synthetic(make_figures):
         if meta.get("machine"):
             src += f"; *machine:* {meta['machine']}"
         parts.append(src + ".")
+        figures = {"mode_matching": f"{d}_mode_matching.png", "KL": f"{d}_kl.png"}
         if make_figures:
-            plt = _plt()
-            fig_, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-            for metric, ax, label in (("mode_matching", axes[0], "mode matching (%)"),
-                                      ("KL", axes[1], "KL(P*‖Q) (nats)")):
-                for model in models:
-                    for m in sorted({r["M"] for r in rows}):
-                        pts = sorted((r["D"], r[metric]) for r in rows
-                                     if r["model"] == model and r["M"] == m)
-                        if not pts:
-                            continue
-                        ys = [y * (100 if metric == "mode_matching" else 1) for _, y in pts]
-                        ax.plot([p[0] for p in pts], ys, marker="o",
-                                label=f"{model} M={m}")
-                ax.set_xscale("log", base=2)
-                ax.set_xlabel("D")
-                ax.set_ylabel(label)
-            axes[1].legend(fontsize=6, ncol=2)
-            fig_.suptitle(f"Synthetic bottleneck, α = {alpha:g} (cf. Ganea et al. 2019, Figs. 2–3)")
-            fig_.tight_layout()
-            fig_.savefig(os.path.join(FIGURES, f"{d}.png"), dpi=110)
-            plt.close(fig_)
-        parts.append(figure(f"{d}.png", f"synthetic bottleneck alpha={alpha:g}"))
+            for metric, png in figures.items():
+                synthetic.plot_results(rows, metric, path=os.path.join(FIGURES, png))
+        parts += [figure(png, f"synthetic bottleneck alpha={alpha:g}, {metric}")
+                  for metric, png in figures.items()]
     return "\n\n".join(parts)
 
 
@@ -350,11 +321,9 @@ def _large_vocab_rows(data, mode):
 def section_speed_large(make_figures, names=("bench_large_vocab.json",),
                         where="TensorFlow", machine="2 CPU cores",
                         png="speed_vs_vocab.png"):
-    data = []
-    for name in names:
-        d = load(name)
-        if d is not None:
-            data += d["rows"] if isinstance(d, dict) else d
+    loaded = {name: load(name) for name in names}
+    loaded = {name: d for name, d in loaded.items() if d is not None}
+    data = [r for d in loaded.values() for r in (d["rows"] if isinstance(d, dict) else d)]
     if not data:
         return missing(names[0]), ""
     mode = "xla"
@@ -388,7 +357,7 @@ def section_speed_large(make_figures, names=("bench_large_vocab.json",),
         "full softmax of the same V and phase; where the dense full softmax does not fit, "
         "the chunked exact one)" + (", peak memory of the step" if memory else "") + ".",
         table(["head", "phase"] + [f"V = {v:,}" for v in vs], out),
-        "; ".join(provenance(n, load(n)) for n in names if load(n) is not None),
+        "; ".join(provenance(n, d) for n, d in loaded.items()),
     ])
     if make_figures:
         plt = _plt()
