@@ -10,7 +10,9 @@ public function for are dispatched here, once, on `keras.backend.backend()`:
   `torch.autograd.grad`);
 * `jit(fn)`: `fn` compiled with XLA (`tf.function(jit_compile=True)`,
   `jax.jit`) or, on PyTorch, `fn` itself (PyTorch has no XLA here);
-* `to_numpy(x)`.
+* `to_numpy(x)`;
+* `sparse_gradient_rows(fn, x, variable)` (TensorFlow only): the rows of
+  `variable`'s gradient, asserting it is a `tf.IndexedSlices`.
 """
 
 import keras
@@ -31,6 +33,19 @@ def to_numpy(x):
         if isinstance(x, tf.IndexedSlices):
             x = tf.convert_to_tensor(x)
     return keras.ops.convert_to_numpy(x)
+
+
+def sparse_gradient_rows(fn, x, variable):
+    """TensorFlow: the set of rows of `variable`'s gradient of scalar `fn(x)`,
+    after asserting that the gradient is a `tf.IndexedSlices` (a row gather's
+    sparse gradient, never a dense `[V, d]` tensor)."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = fn(tf.constant(x))
+    grad = tape.gradient(loss, variable.value)
+    assert isinstance(grad, tf.IndexedSlices), "the gradient should be sparse"
+    return set(grad.indices.numpy())
 
 
 def value_and_grad(fn, inputs=(), variables=()):
