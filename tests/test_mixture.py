@@ -123,8 +123,11 @@ class TestMixtureVariantsBattery(TestMixtureBattery):
         "moss": lambda v, d, **kw: MixtureOfSoftmaxes(
             v, num_components=3, component="sigsoftmax", **kw
         ),
+        # Glorot latents: the float32 finite differences of the piecewise
+        # linear PLIF straddle a knot with the larger near-identity latents.
         "mos_plif": lambda v, d, **kw: MixtureOfSoftmaxes(
-            v, num_components=3, num_knots=16, knot_bound=4.0, **kw
+            v, num_components=3, num_knots=16, knot_bound=4.0,
+            latent_initializer="glorot_uniform", **kw
         ),
         # V = 13 in tiles of 5, 5 and 3.
         "moss_plif_chunked": lambda v, d, **kw: MixtureOfSoftmaxes(

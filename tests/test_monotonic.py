@@ -48,9 +48,7 @@ def test_numpy_reference():
     z = h.astype("float64") @ to_numpy(head.kernel) + to_numpy(head.bias)
     f = numpy_mlp(
         z,
-        to_numpy(head.raw_input_weights),
-        to_numpy(head.hidden_biases),
-        to_numpy(head.raw_output_weights),
+        *(to_numpy(w) for w in head.function_parameters()),
     )
     np.testing.assert_allclose(out, numpy_log_softmax(f), atol=1e-5)
     np.testing.assert_allclose(np.exp(out).sum(-1), 1.0, atol=1e-5)
@@ -119,9 +117,7 @@ def test_monotone_and_preserves_argmax():
     grid = np.linspace(-30, 30, 20001)
     f = numpy_mlp(
         grid,
-        to_numpy(head.raw_input_weights),
-        to_numpy(head.hidden_biases),
-        to_numpy(head.raw_output_weights),
+        *(to_numpy(w) for w in head.function_parameters()),
     )
     inside = np.abs(grid) < 8  # outside, float64 sigmoids saturate to equality
     assert np.all(np.diff(f) >= 0)
@@ -153,7 +149,39 @@ def test_weights_and_config():
     ]
     config = head.get_config()
     assert config["num_units"] == 3 and config["init_range"] == 2.0
+    assert config["parameter_scale"] == 0.05
     assert MonotonicSoftmax.from_config(config).get_config() == config
+
+
+def test_parameter_scale_keeps_the_function_and_scales_its_gradients():
+    """The stored weights are f's parameters / scale: the same f, and the
+    gradient of every stored weight is `scale` times that of the plain
+    parameterisation (their SGD step `scale**2` times)."""
+    x = np.random.default_rng(0).normal(size=(3, 5)).astype("float32")
+    y = np.array([1, 4, 7])
+    heads = [MonotonicSoftmax(9, num_units=4, parameter_scale=s) for s in (1.0, 0.05)]
+    for head in heads:
+        head.build((None, 5))
+    heads[1].kernel.assign(heads[0].kernel)
+    heads[1].bias.assign(heads[0].bias)
+    outs = [to_numpy(h(x)) for h in heads]
+    np.testing.assert_allclose(outs[1], outs[0], atol=1e-5)
+    grads = []
+    for head in heads:
+        _, _, g = value_and_grad(lambda: keras.ops.mean(head.training_loss(x, y)),
+                                 variables=head.trainable_weights[2:])
+        grads.append(g)
+    for plain, scaled in zip(*grads):
+        np.testing.assert_allclose(scaled, 0.05 * plain, rtol=1e-4, atol=1e-8)
+    # A config written before parameter_scale existed holds unscaled weights.
+    legacy = {k: v for k, v in heads[0].get_config().items() if k != "parameter_scale"}
+    assert MonotonicSoftmax.from_config(legacy).parameter_scale == 1.0
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), "0.1", True])
+def test_bad_parameter_scale(scale):
+    with pytest.raises(ValueError, match="Received: parameter_scale="):
+        MonotonicSoftmax(10, parameter_scale=scale)
 
 
 @pytest.mark.parametrize("num_units", [0, -2, 2.5, True, "4", None])

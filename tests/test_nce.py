@@ -270,5 +270,28 @@ def test_nce_training_lowers_exact_loss():
     before = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
     model.fit(x, y, batch_size=16, epochs=15, verbose=0)
     after = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
-    assert before > 0.9 * math.log(v)
+    # The default bias start ("noise") is the unigram: below uniform.
+    unigram = -np.mean(np.log(counts / counts.sum())[y])
+    assert before == pytest.approx(unigram, rel=0.05)
     assert after < 0.5 * before, (before, after)
+
+
+def test_nce_starts_self_normalised_at_the_noise():
+    """The default bias is `log q(w) + log_normalizer`: sum_w exp(s(w|h)) = 1
+    at h = 0, and the NCE posterior of every word is the Bayes-optimal
+    1 / (1 + k). `bias_initializer="zeros"` restores the old start."""
+    counts = np.array([5.0, 3.0, 0.0, 2.0])
+    head = NCE(4, num_sampled=2, counts=counts, log_normalizer=1.5)
+    head(np.zeros((1, 3), "float32"))
+    bias = keras.ops.convert_to_numpy(head.bias)
+    q = np.array([0.5, 0.3, 0.2, 0.2])  # the zero count floored at min q
+    np.testing.assert_allclose(bias, np.log(q) + 1.5, rtol=1e-6)
+    assert head.get_config()["bias_initializer"] == "noise"
+    assert NCE.from_config(head.get_config()).get_config() == head.get_config()
+    zeros = NCE(4, num_sampled=2, counts=counts, bias_initializer="zeros")
+    zeros(np.zeros((1, 3), "float32"))
+    assert not keras.ops.convert_to_numpy(zeros.bias).any()
+    uniform = NCE(4, num_sampled=2, sampler="uniform")
+    uniform(np.zeros((1, 3), "float32"))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(uniform.bias), -np.log(4.0),
+                               rtol=1e-6)

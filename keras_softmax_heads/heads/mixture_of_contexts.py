@@ -48,7 +48,12 @@ class MixtureOfContexts(MixtureHead):
             projection and bias.
         prior_initializer: initializer of the prior kernel `[d, K]`.
         latent_initializer: initializer of the latent kernel
-            `[d, K * latent_dim]`.
+            `[d, K * latent_dim]`; the default `"identity"` starts every
+            component at the identity plus a Glorot-uniform draw (as
+            `MixtureOfSoftmaxes`).
+        counts: optional `[V]` training word counts: the default
+            `bias_initializer="unigram"` starts the output bias at their log
+            unigram (at zero without them).
         seed: optional int, seed of the latent dropout.
         chunk_size: optional int >= 1. If set, `log_likelihood` and
             `training_loss` compute the exact NLL in vocabulary tiles of this

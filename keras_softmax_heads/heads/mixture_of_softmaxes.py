@@ -82,12 +82,22 @@ class MixtureOfSoftmaxes(MixtureHead):
         token_embedding: optional `keras.layers.Embedding` `[V, latent_dim]`
             to tie the output projection to.
         use_bias: bool, add a per-word output bias (default `True`).
-        kernel_initializer, bias_initializer: initializers of the output
-            projection and bias.
+        kernel_initializer: initializer of the output projection.
+        bias_initializer: initializer of the output bias; the default
+            `"unigram"` starts it at the log unigram of `counts` (at zero
+            without them).
         prior_initializer: initializer of the prior kernel `[d, K]` (its bias
             starts at zero).
         latent_initializer: initializer of the latent kernel
-            `[d, K * latent_dim]` (its bias starts at zero).
+            `[d, K * latent_dim]` (its bias starts at zero). The default
+            `"identity"` starts every component at the identity plus a
+            Glorot-uniform draw, so that the untrained head is close to a
+            Linear-Softmax on `tanh(h)` (`near_identity_initializer`).
+        counts: optional `[V]` training word counts, for the `"unigram"`
+            bias start (`keras_softmax_heads.training` passes them). The
+            defaults are the recipe that trains on PTB under Zaremba's SGD;
+            the Glorot latents and zero bias of 0.2 stalled at the unigram
+            on 2 of 3 seeds (`docs/recipes.md`).
         seed: optional int, seed of the latent dropout.
         chunk_size: optional int >= 1. If set, `log_likelihood` and
             `training_loss` compute the exact NLL in vocabulary tiles of this
@@ -148,12 +158,13 @@ class MixtureOfSoftmaxes(MixtureHead):
         token_embedding=None,
         use_bias=True,
         kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
+        bias_initializer="unigram",
         prior_initializer="glorot_uniform",
-        latent_initializer="glorot_uniform",
+        latent_initializer="identity",
         seed=None,
         chunk_size=None,
         return_probabilities=False,
+        counts=None,
         **kwargs,
     ):
         super().__init__(
@@ -170,6 +181,7 @@ class MixtureOfSoftmaxes(MixtureHead):
             seed=seed,
             chunk_size=chunk_size,
             return_probabilities=return_probabilities,
+            counts=counts,
             **kwargs,
         )
         if component not in COMPONENTS:

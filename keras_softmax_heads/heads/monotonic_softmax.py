@@ -135,6 +135,17 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
         num_units: int >= 1, the number of hidden units `K` (default 16).
         init_range: float > 0, half-width of the interval on which the
             initial `f` is close to the identity (default 10).
+        parameter_scale: float > 0 (default 0.05). The `3K` parameters of
+            `f` are stored divided by it (the weights hold `raw / scale`):
+            their gradients, and so their share of a global clipping norm,
+            are multiplied by it, and an SGD step moves them
+            `parameter_scale ** 2` times as far as an unscaled parameter
+            (Adam: about `parameter_scale` times). Shared by all `N V`
+            scores, these few parameters otherwise get the largest
+            gradients of the model: under Zaremba's SGD (clip 0.25 per
+            token) they took most of the clipping norm and the backbone
+            learned at half speed (`docs/recipes.md`). 1.0 is the plain
+            parameterisation (files written before 0.3 load with it).
         token_embedding, use_bias, kernel_initializer, bias_initializer,
         return_probabilities, chunk_size: as in `PointwiseSoftmaxHead`.
 
@@ -165,7 +176,8 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
           networks. IEEE Transactions on Neural Networks, 2010.
     """
 
-    def __init__(self, vocab_size=None, num_units=16, init_range=10.0, **kwargs):
+    def __init__(self, vocab_size=None, num_units=16, init_range=10.0,
+                 parameter_scale=0.05, **kwargs):
         if (
             isinstance(num_units, bool)
             or not isinstance(num_units, numbers.Integral)
@@ -183,9 +195,20 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
                 "`init_range` must be a finite number > 0. "
                 f"Received: init_range={init_range!r}"
             )
+        if (
+            isinstance(parameter_scale, bool)
+            or not isinstance(parameter_scale, numbers.Real)
+            or not math.isfinite(parameter_scale)
+            or parameter_scale <= 0
+        ):
+            raise ValueError(
+                "`parameter_scale` must be a finite number > 0. "
+                f"Received: parameter_scale={parameter_scale!r}"
+            )
         super().__init__(vocab_size, **kwargs)
         self.num_units = int(num_units)
         self.init_range = float(init_range)
+        self.parameter_scale = float(parameter_scale)
 
     def build_head(self, input_shape):
         k = self.num_units
@@ -193,7 +216,8 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
         centres = -self.init_range + cell * (np.arange(k) + 0.5)
 
         def constant(values):
-            values = np.asarray(values, "float64")
+            # Stored divided by the scale; `score_transform` multiplies back.
+            values = np.asarray(values, "float64") / self.parameter_scale
 
             def init(shape, dtype=None):
                 return keras.ops.cast(np.broadcast_to(values, shape), dtype)
@@ -223,11 +247,27 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
 
     def score_transform(self, z):
         """The monotonic MLP `f(z)` (eq. 14)."""
-        return monotonic_mlp(
-            z, self.raw_input_weights, self.hidden_biases, self.raw_output_weights
+        return monotonic_mlp(z, *self.function_parameters())
+
+    def function_parameters(self):
+        """`(raw_input_weights, hidden_biases, raw_output_weights)` of `f`
+        (eq. 14, the arguments of `monotonic_mlp`): the stored weights times
+        `parameter_scale`."""
+        return tuple(
+            ops.convert_to_tensor(w) * self.parameter_scale
+            for w in (self.raw_input_weights, self.hidden_biases, self.raw_output_weights)
         )
+
+    @classmethod
+    def from_config(cls, config):
+        # Configs written before `parameter_scale` existed hold unscaled
+        # parameters.
+        config = dict(config)
+        config.setdefault("parameter_scale", 1.0)
+        return super().from_config(config)
 
     def get_config(self):
         config = super().get_config()
-        config.update({"num_units": self.num_units, "init_range": self.init_range})
+        config.update({"num_units": self.num_units, "init_range": self.init_range,
+                       "parameter_scale": self.parameter_scale})
         return config

@@ -4,6 +4,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_softmax_heads import samplers
@@ -168,6 +169,7 @@ class NCE(WordMajorSoftmaxHead):
     """
 
     exact_training_objective = False
+    named_bias_initializers = ("noise",)
 
     def __init__(
         self,
@@ -182,7 +184,7 @@ class NCE(WordMajorSoftmaxHead):
         token_embedding=None,
         use_bias=True,
         kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
+        bias_initializer="noise",
         return_probabilities=False,
         **kwargs,
     ):
@@ -235,6 +237,22 @@ class NCE(WordMajorSoftmaxHead):
             samplers.unigram_probs(counts, self.distortion)  # validates the sum
         self._counts = counts if sampler == "unigram" else None
         self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def named_bias_values(self, name):
+        """`"noise"`: `log q(w) + log_normalizer`, the noise distribution.
+
+        The model then starts self-normalised (`sum_w exp(s(w | h)) = 1`)
+        and equal to the noise, where the NCE posterior of every word is the
+        Bayes-optimal `1 / (1 + k)`. Words with `q(w) = 0` start at the
+        smallest positive `log q`.
+        """
+        del name
+        if self.sampler == "unigram" and self._counts is None:
+            return np.zeros(self.vocab_size)  # legacy config: weights load later
+        probs = samplers.sampling_probs(self.sampler, self.vocab_size, self._counts,
+                                        self.distortion)
+        floor = probs[probs > 0].min()
+        return np.log(np.maximum(probs, floor)) + self.log_normalizer
 
     @property
     def k(self):

@@ -139,7 +139,9 @@ def make_head(
         chunk_size: optional int, given to heads that accept `chunk_size`
             (chunked exact losses); ignored by the others.
         init_scale: optional float `s`: `U(-s, s)` kernel and bias
-            initialisers, for heads that accept them (Zaremba et al.).
+            initialisers, for heads that accept them (Zaremba et al.); a
+            head with a named bias start (`named_bias_initializers`: NCE,
+            `SelfNormalizedSoftmax`) keeps its bias start.
         **options: further constructor arguments of the head (e.g.
             `num_knots=1000`, `num_components=3`).
 
@@ -175,6 +177,10 @@ def make_head(
         kwargs.setdefault("chunk_size", chunk_size)
     if init_scale is not None:
         for arg in ("kernel_initializer", "bias_initializer"):
+            # A head whose bias starts from its structure (NCE's "noise",
+            # the self-normalised "normalized") keeps that start.
+            if arg == "bias_initializer" and getattr(cls, "named_bias_initializers", ()):
+                continue
             if arg in params:
                 kwargs.setdefault(
                     arg, keras.initializers.RandomUniform(-init_scale, init_scale)

@@ -4,6 +4,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
@@ -151,6 +152,7 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
     """
 
     exact_training_objective = False
+    named_bias_initializers = ("normalized",)
 
     def __init__(
         self,
@@ -163,7 +165,7 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
         token_embedding=None,
         use_bias=True,
         kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
+        bias_initializer="normalized",
         return_probabilities=False,
         **kwargs,
     ):
@@ -203,6 +205,12 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
         self.score_bound = check_bool("score_bound", score_bound)
         self.seed = check_seed(seed)
         self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def named_bias_values(self, name):
+        """`"normalized"`: every bias at `-log V`, so that `log Z(h) ~ 0`
+        at initialisation (the penalty's minimum for WeaknormSQ)."""
+        del name
+        return np.full(self.vocab_size, -math.log(self.vocab_size))
 
     def score_transform(self, z):
         """`10 tanh(z / 5)` with `score_bound=True`, else the identity."""

@@ -22,6 +22,8 @@ exact heads also work as the last layer of a `keras.Sequential` with
 import math
 import weakref
 
+import numpy as np
+
 import keras
 from keras import ops
 
@@ -106,6 +108,14 @@ class SoftmaxHead(keras.layers.Layer):
     exact_training_objective = True
     """Whether `training_loss` is the exact negative log-likelihood."""
 
+    named_bias_initializers = ()
+    """Names a head accepts as `bias_initializer` for a start computed from
+    its own structure (`named_bias_values`), e.g. NCE's `"noise"`."""
+
+    def named_bias_values(self, name):
+        """The initial bias `[V]` (NumPy) of the named start `name`."""
+        raise NotImplementedError(name)
+
     def __init__(
         self,
         vocab_size=None,
@@ -142,7 +152,15 @@ class SoftmaxHead(keras.layers.Layer):
         self.token_embedding = token_embedding
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        # A named data-dependent start (`named_bias_initializers`, e.g. NCE's
+        # "noise") is kept as its name (the config) and resolved in `build`
+        # by `named_bias_values`.
+        self.bias_initializer_name = None
+        if isinstance(bias_initializer, str) and bias_initializer in self.named_bias_initializers:
+            self.bias_initializer_name = bias_initializer
+            self.bias_initializer = None
+        else:
+            self.bias_initializer = keras.initializers.get(bias_initializer)
         self.return_probabilities = bool(return_probabilities)
         self.training_output = training_output
         self.last_output = None
@@ -182,10 +200,17 @@ class SoftmaxHead(keras.layers.Layer):
             )
         self.bias = None
         if self.use_bias:
+            initializer = self.bias_initializer
+            if self.bias_initializer_name is not None:
+                values = np.asarray(self.named_bias_values(self.bias_initializer_name))
+
+                def initializer(shape, dtype=None):
+                    return ops.cast(np.broadcast_to(values, shape), dtype)
+
             self.bias = self.add_weight(
                 name="bias",
                 shape=(self.vocab_size,),
-                initializer=self.bias_initializer,
+                initializer=initializer,
                 autocast=False,  # read in float32 under mixed precision
             )
         self.build_head(input_shape)
@@ -411,8 +436,9 @@ class SoftmaxHead(keras.layers.Layer):
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
+                "bias_initializer": (
+                    self.bias_initializer_name
+                    or keras.initializers.serialize(self.bias_initializer)
                 ),
                 "return_probabilities": self.return_probabilities,
                 "training_output": self.training_output,

@@ -62,6 +62,22 @@ STUDIES = {
         },
     },
 }
+# Issue 19's converged comparisons: the same rows on longer schedules, and a
+# second seed of softmax, sigsoftmax, PLIF and MoS (a row's optional third
+# element holds `TrainConfig` overrides).
+STUDIES["bottleneck_ptb_converged"] = {
+    "preset": "bottleneck_ptb_converged",
+    "paper": STUDIES["bottleneck_ptb"]["paper"],
+    "rows": dict(
+        STUDIES["bottleneck_ptb"]["rows"],
+        **{f"{row}_seed1": STUDIES["bottleneck_ptb"]["rows"][row] + ({"seed": 1},)
+           for row in ("softmax", "sigsoftmax", "plif", "mos")}),
+}
+STUDIES["chen_ptb_long"] = {
+    "preset": "chen_ptb_ngram_long",
+    "paper": STUDIES["chen_ptb"]["paper"],
+    "rows": dict(STUDIES["chen_ptb"]["rows"]),
+}
 
 
 def study_config(study, row, **overrides):
@@ -72,18 +88,22 @@ def study_config(study, row, **overrides):
             f"Unknown row of study {study!r}. Expected one of {sorted(spec['rows'])}. "
             f"Received: row={row!r}"
         )
-    head, options = spec["rows"][row]
-    return get_config(spec["preset"], head=head, head_options=dict(options), **overrides)
+    head, options, *fields = spec["rows"][row]
+    fields = dict(fields[0]) if fields else {}
+    fields.update(overrides)
+    return get_config(spec["preset"], head=head, head_options=dict(options), **fields)
 
 
 def row_command(study, row, data_dir, model_dir):
     """The `examples/train_lm.py` command line that trains `row` alone."""
     spec = _study(study)
-    head, options = spec["rows"][row]
+    head, options, *fields = spec["rows"][row]
     args = ["python", "examples/train_lm.py", f"--preset={spec['preset']}",
             "--dataset=ptb", f"--data_dir={data_dir}", f"--head={head}"]
     if options:
         args.append("--head_options=" + ",".join(f"{k}={v}" for k, v in options.items()))
+    for name, value in (fields[0] if fields else {}).items():
+        args.append(f"--{name}={value}")
     args.append(f"--model_dir={model_dir}")
     return " ".join(shlex.quote(a) for a in args)
 
@@ -146,6 +166,7 @@ def summarise(row, results):
         "row": row,
         "head": config["head"],
         "head_options": config["head_options"],
+        "seed": config.get("seed"),
         "test_perplexity": results["test"]["perplexity"],
         "valid_perplexity": results["valid"]["perplexity"],
         "num_parameters": results["model"]["num_parameters"],

@@ -1,0 +1,47 @@
+r"""The seed-robustness check: every head on PTB, three seeds, fixed steps.
+
+Each row of the two studies trains for a fixed number of steps under its
+study's preset (bottleneck heads: Zaremba small, 1000 steps, validated every
+250; large-vocabulary heads: Chen et al.'s n-gram model, 3000 steps, every
+750), on seeds 0, 1 and 2, and is compared with the softmax of its study on
+the same seed at the same step (`keras_softmax_heads.training.robustness`).
+A finished run is not trained again: rerunning resumes the check.
+
+    python benchmarks/head_robustness.py --data_dir=../shared/data/ptb \
+        --out=docs/results/head_robustness.json
+    python benchmarks/head_robustness.py --rows=bottleneck_ptb/mos --seeds=0 ...
+"""
+
+from absl import app
+from absl import flags
+
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "The PTB directory.")
+_OUT = flags.DEFINE_string("out", "docs/results/head_robustness.json", "The JSON results.")
+_ROWS = flags.DEFINE_list("rows", None, "study/row pairs (default: all of the check's).")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every row.")
+_EVAL_WINDOWS = flags.DEFINE_integer("eval_windows", 40, "Validation windows per validation.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    from keras_softmax_heads.training import robustness
+
+    rows = robustness.DEFAULT_ROWS
+    if _ROWS.value:
+        rows = tuple(tuple(r.split("/", 1)) for r in _ROWS.value)
+    summary = robustness.run_check(_DATA_DIR.value, _OUT.value, rows=rows,
+                                   seeds=[int(s) for s in _SEEDS.value],
+                                   eval_windows=_EVAL_WINDOWS.value)
+    for key, verdict in sorted(summary["verdicts"].items()):
+        run = summary["runs"][key]
+        print(f"{key:>32}: valid ppl {run['valid_perplexity']:8.1f}, "
+              f"{verdict['ratio']:.2f}x softmax (max {verdict['max_ratio']:.2f}x)"
+              f"{', STALLED' if verdict['stalled'] else ''}: "
+              f"{'pass' if verdict['passed'] else 'FAIL'}")
+    print(f"Wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+    flags.mark_flag_as_required("data_dir")
+    app.run(main)
