@@ -35,7 +35,48 @@ def randomise(head, seed=0, scale=0.5):
 
 
 class TestMonotonicSoftmaxBattery(HeadBattery):
-    cases = {"units4": lambda v, d, **kw: MonotonicSoftmax(v, num_units=4, init_range=3.0, **kw)}
+    # The exact path (the K sigmoids at every score) and the default
+    # tabulated one; the finite differences of the tabulated path see the
+    # grid move with u and b (not differentiated, ~0.5% of those weights'
+    # gradients): `test_tabulated_matches_exact` checks it at its accuracy.
+    cases = {
+        "units4": lambda v, d, **kw: MonotonicSoftmax(
+            v, num_units=4, init_range=3.0, grid_size=None, **kw),
+        "units4_tabulated": lambda v, d, **kw: MonotonicSoftmax(
+            v, num_units=4, init_range=3.0, **kw),
+    }
+
+    def test_gradients_finite_difference(self, case):
+        if case == "units4_tabulated":
+            pytest.skip("the grid moves with u and b: test_tabulated_matches_exact")
+        super().test_gradients_finite_difference(case)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tabulated_matches_exact(compiled):
+    """The default grid (4096 points) vs the K sigmoids at every score, with
+    trained-looking weights: log-probabilities to 2e-5, every gradient to
+    1% of its largest entry."""
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(6, 9, 12)).astype("float32")
+    y = rng.integers(0, 50, size=(6, 9))
+    heads = [MonotonicSoftmax(50, grid_size=g) for g in (None, 4096)]
+    for head in heads:
+        head(h)
+    randomise(heads[0])
+    heads[0].kernel.assign(heads[0].kernel * 5.0)  # scores over [-20, 20]
+    heads[1].set_weights(heads[0].get_weights())
+    call = jit if compiled else (lambda f: f)
+    exact, table = (to_numpy(call(lambda h, m=m: m(h))(h)) for m in heads)
+    np.testing.assert_allclose(table, exact, atol=2e-5)
+    grads = []
+    for head in heads:
+        _, (dh,), dw = value_and_grad(
+            lambda x, m=head: keras.ops.mean(m.training_loss(x, y)), [h],
+            head.trainable_weights)
+        grads.append([dh] + list(dw))
+    for e, t in zip(*grads):
+        np.testing.assert_allclose(t, e, atol=1e-2 * np.abs(e).max())
 
 
 def test_numpy_reference():
@@ -194,3 +235,44 @@ def test_bad_num_units(num_units):
 def test_bad_init_range(init_range):
     with pytest.raises(ValueError, match="Received: init_range="):
         MonotonicSoftmax(10, init_range=init_range)
+
+
+def test_interpolate_table_reference_and_gradients():
+    """`functional.interpolate_table` vs `np.interp` inside the grid, linear
+    extension outside, and its custom gradients vs autodiff of the same
+    interpolation written with a one-hot matrix."""
+    from keras_softmax_heads import functional
+
+    rng = np.random.default_rng(0)
+    table = np.sort(rng.normal(size=9)).astype("float32")
+    grid = np.linspace(-2.0, 2.0, 9)
+    z = rng.uniform(-3.0, 3.0, size=(4, 7)).astype("float32")
+    out = to_numpy(functional.interpolate_table(z, table, -2.0, 4.0))
+    inside = np.abs(z) <= 2.0
+    np.testing.assert_allclose(out[inside], np.interp(z[inside], grid, table), atol=1e-6)
+    slope_lo, slope_hi = (table[1] - table[0]) / 0.5, (table[-1] - table[-2]) / 0.5
+    below, above = z < -2.0, z > 2.0
+    np.testing.assert_allclose(out[below], table[0] + slope_lo * (z[below] + 2.0), atol=1e-5)
+    np.testing.assert_allclose(out[above], table[-1] + slope_hi * (z[above] - 2.0), atol=1e-5)
+
+    weights = rng.normal(size=z.shape).astype("float32")
+    idx = np.clip(np.floor((z + 2.0) / 0.5), 0, 7).astype(int)
+    frac = ((z + 2.0) / 0.5 - idx).astype("float32")
+    left = np.eye(9, dtype="float32")[idx]
+    right = np.eye(9, dtype="float32")[idx + 1]
+
+    def dense(x, t):
+        # The same interpolant with the grid position of the scores held fixed.
+        ops = keras.ops
+        f = ops.convert_to_tensor(frac) + (x - ops.stop_gradient(x)) / 0.5
+        lt = ops.matmul(ops.convert_to_tensor(left), t)
+        rt = ops.matmul(ops.convert_to_tensor(right), t)
+        return ops.sum((lt + (rt - lt) * f) * ops.convert_to_tensor(weights))
+
+    _, got, _ = value_and_grad(
+        lambda x, t: keras.ops.sum(functional.interpolate_table(x, t, -2.0, 4.0)
+                                   * keras.ops.convert_to_tensor(weights)),
+        [z, table])
+    _, want, _ = value_and_grad(dense, [z, table])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

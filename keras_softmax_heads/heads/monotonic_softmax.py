@@ -97,6 +97,50 @@ def monotonic_mlp(z, raw_input_weights, hidden_biases, raw_output_weights):
     return ops.cast(mlp(ops.cast(z, dtype), *params), out_dtype)
 
 
+def monotonic_mlp_dense(x, raw_input_weights, hidden_biases, raw_output_weights):
+    """`f(x)` of eq. 14 by broadcasting: `[..., K]` temporaries (small `x`)."""
+    u = ops.softplus(raw_input_weights)
+    v = ops.softplus(raw_output_weights)
+    return ops.sum(v * ops.sigmoid(ops.expand_dims(x, -1) * u + hidden_biases), axis=-1)
+
+
+#: Beyond this many units of `u_k x + b_k` from its centre a sigmoid is
+#: saturated to float32 precision (sigmoid(-17) < 5e-8).
+SATURATION = 17.0
+
+
+def monotonic_mlp_tabulated(z, raw_input_weights, hidden_biases, raw_output_weights,
+                            grid_size):
+    """`monotonic_mlp` through a table: `f` at `grid_size` points, interpolated.
+
+    The grid covers the interval where `f` is not flat, from
+    `min_k (-b_k - SATURATION) / u_k` to `max_k (-b_k + SATURATION) / u_k`
+    (it depends on the parameters only, not on the scores: a context gets
+    the same log-probabilities in any batch); beyond it every unit is
+    saturated and the end pieces extend with a slope below `1e-7`. The
+    gradients are those of the interpolant on that grid (the grid's own
+    movement with `u` and `b` is not differentiated). `f` is evaluated exactly at the grid points (`[grid_size, K]`,
+    with automatic differentiation to its `3K` parameters) and
+    `functional.interpolate_table` interpolates it at every score: one
+    lookup per score instead of `K` sigmoids, and one weighted histogram in
+    the backward pass instead of `K` more (the error bound and measurements
+    are in `docs/recipes.md`).
+    """
+    z = ops.convert_to_tensor(z)
+    dtype = "float64" if keras.backend.standardize_dtype(z.dtype) == "float64" else "float32"
+    out_dtype = z.dtype
+    z = ops.cast(z, dtype)
+    params = [ops.cast(ops.convert_to_tensor(p), dtype)
+              for p in (raw_input_weights, hidden_biases, raw_output_weights)]
+    u = ops.stop_gradient(ops.softplus(params[0]))
+    b = ops.stop_gradient(params[1])
+    lo = ops.min((-b - SATURATION) / u)
+    width = ops.max((-b + SATURATION) / u) - lo
+    grid = lo + width * ops.cast(ops.arange(grid_size), dtype) / (grid_size - 1)
+    table = monotonic_mlp_dense(grid, *params)
+    return ops.cast(functional.interpolate_table(z, table, lo, width), out_dtype)
+
+
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class MonotonicSoftmax(PointwiseSoftmaxHead):
     """Linear-Monotonic-Softmax with a learnable monotonic MLP (Ganea et al. 2019).
@@ -146,6 +190,16 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
             token) they took most of the clipping norm and the backbone
             learned at half speed (`docs/recipes.md`). 1.0 is the plain
             parameterisation (files written before 0.3 load with it).
+        grid_size: int >= 2 (default 4096) or None. `f` is evaluated at
+            `grid_size` points spanning the interval where it is not flat
+            and interpolated linearly at every score
+            (`monotonic_mlp_tabulated`: one table lookup per score instead
+            of `K` sigmoids, and a histogram instead of `K` more in the
+            backward pass). The interpolation error is at most
+            `h**2 / 8 * max |f''|` for a grid step `h` (about 2e-6 at
+            initialisation, where the grid spans [-26.4, 26.4]). `None` evaluates the
+            `K` sigmoids at every score (`monotonic_mlp`; files written
+            before 0.3 load with it).
         token_embedding, use_bias, kernel_initializer, bias_initializer,
         return_probabilities, chunk_size: as in `PointwiseSoftmaxHead`.
 
@@ -177,7 +231,7 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
     """
 
     def __init__(self, vocab_size=None, num_units=16, init_range=10.0,
-                 parameter_scale=0.05, **kwargs):
+                 parameter_scale=0.05, grid_size=4096, **kwargs):
         if (
             isinstance(num_units, bool)
             or not isinstance(num_units, numbers.Integral)
@@ -205,7 +259,17 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
                 "`parameter_scale` must be a finite number > 0. "
                 f"Received: parameter_scale={parameter_scale!r}"
             )
+        if grid_size is not None and (
+            isinstance(grid_size, bool)
+            or not isinstance(grid_size, numbers.Integral)
+            or grid_size < 2
+        ):
+            raise ValueError(
+                "`grid_size` must be None (exact) or an integer >= 2. "
+                f"Received: grid_size={grid_size!r}"
+            )
         super().__init__(vocab_size, **kwargs)
+        self.grid_size = None if grid_size is None else int(grid_size)
         self.num_units = int(num_units)
         self.init_range = float(init_range)
         self.parameter_scale = float(parameter_scale)
@@ -247,7 +311,9 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
 
     def score_transform(self, z):
         """The monotonic MLP `f(z)` (eq. 14)."""
-        return monotonic_mlp(z, *self.function_parameters())
+        if self.grid_size is None:
+            return monotonic_mlp(z, *self.function_parameters())
+        return monotonic_mlp_tabulated(z, *self.function_parameters(), self.grid_size)
 
     def function_parameters(self):
         """`(raw_input_weights, hidden_biases, raw_output_weights)` of `f`
@@ -264,10 +330,12 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
         # parameters.
         config = dict(config)
         config.setdefault("parameter_scale", 1.0)
+        config.setdefault("grid_size", None)
         return super().from_config(config)
 
     def get_config(self):
         config = super().get_config()
         config.update({"num_units": self.num_units, "init_range": self.init_range,
-                       "parameter_scale": self.parameter_scale})
+                       "parameter_scale": self.parameter_scale,
+                       "grid_size": self.grid_size})
         return config
