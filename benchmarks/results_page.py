@@ -263,6 +263,83 @@ def section_bottleneck(make_figures):
     return text, bands_text, fig
 
 
+ROBUSTNESS_FILES = ("head_robustness.json", "head_robustness_chen.json")
+#: The head-fix diagnostics (`benchmarks/head_gradients.py`), in page order.
+HEAD_FIX_RUNS = (
+    ("soft_s0", "softmax"),
+    ("mos_s0", "MoS, 0.2 start (Glorot latents, zero bias)"),
+    ("mos_s1", "MoS, 0.2 start, seed 1"),
+    ("mos_s0_id", "MoS, identity latents, zero bias"),
+    ("mos_s0_idu", "MoS, identity latents, unigram bias (the new defaults)"),
+    ("mono_s0", "MonotonicSoftmax, 0.2 (parameter_scale 1)"),
+    ("mono_s0_sc", "MonotonicSoftmax, parameter_scale 0.05"),
+)
+
+
+def section_robustness():
+    """The seed-robustness check (issue 19) and the head-fix diagnostics."""
+    from keras_softmax_heads.training import robustness
+
+    runs, meta = {}, None
+    for name in ROBUSTNESS_FILES:
+        data = load(name)
+        if data is not None:
+            runs.update(data["runs"])
+            meta = meta or data
+    if not runs:
+        return missing(ROBUSTNESS_FILES[0])
+    verdicts = robustness.verdicts(runs)
+    out = []
+    order = [pair for pair in robustness.DEFAULT_ROWS
+             if any(r["study"] == pair[0] and r["row"] == pair[1] for r in runs.values())]
+    for study, row in order:
+        cells, ratios, passed = [], [], []
+        for seed in (0, 1, 2):
+            key = robustness.run_key(study, row, seed)
+            run, verdict = runs.get(key), verdicts.get(key)
+            if run is None:
+                cells.append("–")
+                continue
+            cell = fmt(run["valid_perplexity"], 1)
+            if verdict:
+                cell += f" ({verdict['ratio']:.2f}×)"
+                ratios.append(verdict["max_ratio"])
+                passed.append(verdict["passed"] and not verdict["stalled"])
+            cells.append(cell)
+        first = next(r for r in runs.values() if r["study"] == study and r["row"] == row)
+        out.append([study, row, first["steps"], *cells, fmt(max(ratios)) if ratios else "–",
+                    ("yes" if all(passed) else "**no**") if passed else "–"])
+    text = table(["study", "row", "steps", "seed 0: valid ppl (/ softmax)", "seed 1", "seed 2",
+                  "worst ratio at any validation", "passes"], out)
+    command = ("python benchmarks/head_robustness.py --data_dir=../shared/data/ptb "
+               "--out=docs/results/head_robustness.json (LSTM rows; the n-gram rows: "
+               "--rows=chen_ptb/... --out=docs/results/head_robustness_chen.json)")
+    parts = [text, "; ".join(
+        [f"*Raw:* " + ", ".join(f"[`docs/results/{n}`](results/{n})" for n in ROBUSTNESS_FILES),
+         f"*command:* `{command}`", f"*machine:* {meta.get('machine')}"]) + "."]
+    diag = []
+    for name, label in HEAD_FIX_RUNS:
+        data = load(f"head_fixes/{name}.json")
+        if data is None:
+            continue
+        grads = data[0]["gnorms"]
+        backbone = math.sqrt(sum(v * v for k, v in grads.items()
+                                 if "lstm" in k or "embedding" in k))
+        valid = {r["step"]: r.get("valid_ppl") for r in data}
+        diag.append([label, fmt(backbone, 3)] + [fmt(valid.get(s), 0) for s in (100, 300, 500, 900)])
+    if diag:
+        parts.append("The diagnostics behind the fixes (`docs/recipes.md`): the gradient norm "
+                     "that reaches the backbone at the first step, and the validation "
+                     "perplexity along the first 1000 steps.")
+        parts.append(table(["run (seed 0 unless said)", "backbone gradient norm, step 0",
+                            "valid ppl, step 100", "300", "500", "900"], diag))
+        parts.append("*Raw:* [`docs/results/head_fixes/`](results/head_fixes/); *command:* "
+                     "`python benchmarks/head_gradients.py bottleneck_ptb_small HEAD \"\" SEED "
+                     "1000 100 OUT.json` (runs stopped early where the outcome was clear); "
+                     "*machine:* one core of the 2-core CPU, TensorFlow 2.21, XLA.")
+    return "\n\n".join(parts)
+
+
 def section_synthetic(make_figures):
     parts = []
     dirs = sorted(d for d in os.listdir(RESULTS) if d.startswith("synthetic_alpha")) \
@@ -524,6 +601,7 @@ def build(make_figures=True):
         "bottleneck_table": bottleneck,
         "bottleneck_bands": bands,
         "bottleneck_figure": bands_fig,
+        "robustness": section_robustness(),
         "synthetic": section_synthetic(make_figures),
         "speed_large": speed_large,
         "speed_figure": speed_fig,
