@@ -17,7 +17,8 @@ accuracy. Scores and statistics are float32 (float64 for float64 inputs),
 whatever the inputs' dtype.
 
 `LinearCrossEntropy` is the same loss as a `keras.losses.Loss` for a model
-whose output is the hidden states. Written in `keras.ops`: TensorFlow, JAX
+whose output is the hidden states; `fused_causal_lm(GPT2CausalLM)` makes a
+keras-hub causal LM train through it. Written in `keras.ops`: TensorFlow, JAX
 and PyTorch, eager and compiled. See `docs/chunked.md`.
 """
 
@@ -464,6 +465,8 @@ class LinearCrossEntropy(keras.losses.Loss):
         targets = ops.convert_to_tensor(y_true)
         if len(targets.shape) == len(y_pred.shape):  # targets [..., 1]
             targets = ops.squeeze(targets, axis=-1)
+        if "int" not in keras.backend.standardize_dtype(targets.dtype):
+            targets = ops.cast(targets, "int32")  # float labels, as Keras' losses take
         return targets
 
     def _loss(self, y_true, y_pred, sample_weight, reduction):
@@ -512,3 +515,130 @@ class LinearCrossEntropy(keras.losses.Loss):
             bias_path=self.bias_path,
         )
         return config
+
+
+class FusedLossCausalLM:
+    """Mixin for a keras-hub `CausalLM` class: `fit` trains through
+    `linear_cross_entropy` and never forms the `[batch, seq, V]` logits.
+
+    In training (`call(..., training=True)`, what `fit` runs) the model
+    returns the backbone's hidden states `[batch, seq, d]` instead of the
+    logits, and `compute_loss` (Keras' public hook) applies
+    `linear_cross_entropy` to them with the backbone's
+    `token_embedding.embeddings` (`[V, d]`, tied: `kernel_transposed`; an
+    untied `ReversibleEmbedding`'s `reverse_embeddings` `[d, V]`), the
+    targets `y` and the `sample_weight` (the preprocessor's padding mask),
+    plus the model's other losses (`model.losses`). The compiled metrics are
+    skipped in training (they would see hidden states: the training logs
+    hold the loss; compile with `weighted_metrics=[]` to have none); `evaluate`,
+    `predict` and `generate` are unchanged (logits; the compiled loss).
+
+    `fused_loss` (a dict of `linear_cross_entropy` options: `chunk_size`,
+    `label_smoothing`, `z_loss`, `ignore_index`, `reduction`, ...) is a
+    constructor argument and part of `get_config`. The default reduction,
+    `"mean"`, averages over the weighted tokens (`sum(w loss) / sum(w)`),
+    whereas Keras' compiled loss (`"sum_over_batch_size"`) divides by all
+    tokens, padding included: training and validation losses differ by that
+    factor when there is padding.
+
+    Only for models whose logits are `token_embedding(backbone(x),
+    reverse=True)` (GPT-2, ...): not Gemma's final soft-capping, nor sharded
+    vocabularies. Use `fused_causal_lm(cls)` to get the subclass.
+    """
+
+    def __init__(self, *args, fused_loss=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        options = dict(fused_loss or {})
+        for key in ("sample_weight", "kernel_transposed", "bias", "return_lse",
+                    "return_argmax"):
+            if key in options:
+                raise ValueError(
+                    f"`fused_loss` sets the linear_cross_entropy options; {key!r} "
+                    f"comes from the model and the data. Received: fused_loss={options}"
+                )
+        _check_options(options.get("reduction", "mean"), options.get("ignore_index"),
+                       options.get("label_smoothing", 0.0), options.get("z_loss", 0.0),
+                       options.get("logit_soft_cap"))
+        self.fused_loss = options
+
+    def call(self, inputs, training=None, mask=None):
+        if training:
+            return self.backbone(inputs, training=training)
+        return super().call(inputs, training=training, mask=mask)
+
+    def _fused_kernel(self):
+        embedding = self.backbone.token_embedding
+        if not getattr(embedding, "tie_weights", True):
+            return embedding.reverse_embeddings, False
+        return embedding.embeddings, True
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                     training=True):
+        if not training:  # logits: the compiled loss
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        kernel, transposed = self._fused_kernel()
+        loss = linear_cross_entropy(
+            y_pred, kernel, y, sample_weight=sample_weight,
+            kernel_transposed=transposed, **self.fused_loss,
+        )
+        for extra in self.losses:
+            loss = loss + ops.cast(ops.sum(extra), loss.dtype)
+        return loss
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        kernel, transposed = self._fused_kernel()
+        vocab = kernel.shape[0] if transposed else kernel.shape[1]
+        if y_pred is None or y_pred.shape[-1] == vocab:  # logits
+            return super().compute_metrics(x, y, y_pred, sample_weight)
+        # Hidden states (training): the loss only; the compiled metrics
+        # need logits.
+        return {m.name: m.result() for m in self.metrics if m.name == "loss"}
+
+    def get_metrics_result(self):
+        """The metrics' results, without the compiled metrics while they
+        have seen no logits (training only)."""
+        results = {}
+        for metric in self.metrics:
+            if getattr(metric, "built", True) is False:
+                continue
+            result = metric.result()
+            if isinstance(result, dict):
+                results.update(result)
+            else:
+                results[metric.name] = result
+        return results
+
+    def get_config(self):
+        config = super().get_config()
+        config["fused_loss"] = dict(self.fused_loss)
+        return config
+
+
+_FUSED_CLASSES = {}
+
+
+def fused_causal_lm(causal_lm_class):
+    """The subclass of a keras-hub `CausalLM` class (e.g.
+    `keras_hub.models.GPT2CausalLM`) that trains through
+    `linear_cross_entropy` (`FusedLossCausalLM`); registered serializable as
+    `keras_softmax_heads>Fused<name>`.
+
+    Example (not run here: keras-hub is optional):
+
+        FusedGPT2 = ksh.fused.fused_causal_lm(keras_hub.models.GPT2CausalLM)
+        lm = FusedGPT2(backbone=backbone, preprocessor=None,
+                       fused_loss={"chunk_size": 8192, "z_loss": 1e-4})
+        lm.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True), weighted_metrics=[])
+        lm.fit(x, y, sample_weight=padding_mask)  # no [batch, seq, V] logits
+    """
+    if causal_lm_class not in _FUSED_CLASSES:
+        name = f"Fused{causal_lm_class.__name__}"
+        cls = type(name, (FusedLossCausalLM, causal_lm_class), {
+            "__doc__": f"`{causal_lm_class.__name__}` trained through "
+                       "`linear_cross_entropy` (see `FusedLossCausalLM`).",
+            "__module__": __name__,
+        })
+        _FUSED_CLASSES[causal_lm_class] = keras.saving.register_keras_serializable(
+            package="keras_softmax_heads", name=name)(cls)
+    return _FUSED_CLASSES[causal_lm_class]

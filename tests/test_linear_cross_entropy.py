@@ -391,6 +391,7 @@ def test_keras_loss_reductions_and_errors():
     assert_close(summed(y, hidden), total)
     mean = ksh.LinearCrossEntropy(proj, ignore_index=0, chunk_size=10)
     assert_close(mean(y[..., None], hidden), to_numpy(total) / 11)  # 11 kept tokens
+    assert_close(mean(y.astype("float32"), hidden), to_numpy(total) / 11)  # float labels
     with pytest.raises(ValueError, match="kernel=None"):
         ksh.LinearCrossEntropy()
     with pytest.raises(ValueError, match="z_loss=-1"):
