@@ -7,7 +7,8 @@ sampled, NCE, self-normalised, hierarchical, chunked), or compose a backbone
 and a head in `HeadModel`.
 
 Modules: `heads` (the heads, one per module, and the head registry),
-`losses` (`HeadLoss`), `metrics` (`Perplexity`), `head_model`,
+`losses` (`HeadLoss`, `LinearCrossEntropy`, `linear_cross_entropy`),
+`fused` (the fused linear + cross-entropy), `metrics` (`Perplexity`), `head_model`,
 `functional` (log-space output functions, PLIF kernels), `chunked`,
 `samplers`, `clustering`, `diagnostics` (the papers' NumPy diagnostics),
 `models` (backbones), `data` (corpora, `tf.data`), `training`
@@ -17,6 +18,7 @@ Modules: `heads` (the heads, one per module, and the head registry),
 from keras_softmax_heads import clustering
 from keras_softmax_heads import diagnostics
 from keras_softmax_heads import functional
+from keras_softmax_heads import fused
 from keras_softmax_heads import losses
 from keras_softmax_heads import metrics
 from keras_softmax_heads.clustering import ClusterAssignment
@@ -38,6 +40,8 @@ from keras_softmax_heads.heads.self_normalized_softmax import SelfNormalizedSoft
 from keras_softmax_heads.heads.sig_softmax import SigSoftmax
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
+from keras_softmax_heads.fused import LinearCrossEntropy
+from keras_softmax_heads.fused import linear_cross_entropy
 from keras_softmax_heads.losses import HeadLoss
 from keras_softmax_heads.metrics import Perplexity
 from keras_softmax_heads.models.lstm_lm import LSTMLanguageModel
@@ -49,6 +53,7 @@ __all__ = [
     "clustering",
     "diagnostics",
     "functional",
+    "fused",
     "losses",
     "metrics",
     "ClusterAssignment",
@@ -58,6 +63,7 @@ __all__ = [
     "HeadModel",
     "HierarchicalSoftmax",
     "LSTMLanguageModel",
+    "LinearCrossEntropy",
     "MixtureOfContexts",
     "MixtureOfSoftmaxes",
     "MonotonicSoftmax",
@@ -72,6 +78,7 @@ __all__ = [
     "SoftmaxHead",
     "WordMajorSoftmaxHead",
     "available_heads",
+    "linear_cross_entropy",
     "make_clusters",
     "make_head",
 ]

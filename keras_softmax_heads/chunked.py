@@ -198,8 +198,15 @@ def _pointwise_nll(
     variables,
     chunk_size,
     kernel_transposed,
+    stats=False,
 ):
     """Flat core: h `[N, d]`, targets `[N]` int32 -> nll `[N]` (acc dtype).
+
+    With `stats=True` the result is `[N, 4]`: the columns `nll`, `lse`
+    (`logsumexp_v g_v`), `score_sum` (`sum_v g_v`) and `argmax` (the word of
+    the largest score, as a float: exact below 2**24 words). The first three
+    are differentiable (their cotangents combine in one backward pass), the
+    argmax gets no gradient.
 
     `params` are tensors, `variables[j]` the Keras variable `params[j]` was
     read from (or None): while `transform_fn` runs, reading that variable
@@ -274,7 +281,7 @@ def _pointwise_nll(
 
         # ------------------------------------------------------------ forward
         def forward_tile(state, start, mask, skip):
-            run_max, run_sum, target_score = state
+            run_max, run_sum, target_score = state[:3]
             z, _ = linear(h_acc, kernel, bias, start, mask)
             g = z
             if transform_fn is not None:
@@ -282,6 +289,18 @@ def _pointwise_nll(
                 if mask is not None:
                     g = g + mask
             tile_max = ops.max(g, axis=1)
+            extra = ()
+            if stats:
+                score_sum, run_arg = state[3:]
+                # `skip` is static here: the masked columns are left out.
+                score_sum = score_sum + ops.sum(g[:, skip:] if skip else g, axis=1)
+                tile_arg = ops.cast(ops.argmax(g, axis=1), acc) + ops.cast(start, acc)
+                # The first maximal word wins (the tail tile comes first).
+                better = ops.logical_or(
+                    tile_max > run_max,
+                    ops.logical_and(tile_max == run_max, tile_arg < run_arg),
+                )
+                extra = (score_sum, ops.where(better, tile_arg, run_arg))
             # Not `ops.maximum`: Keras' PyTorch backend returns float32 for it.
             new_max = ops.where(tile_max > run_max, tile_max, run_max)
             # Rows whose scores are all -inf so far: avoid (-inf) - (-inf).
@@ -296,22 +315,28 @@ def _pointwise_nll(
             target_score = target_score + ops.where(
                 inside, picked, ops.zeros_like(picked)
             )
-            return new_max, run_sum, target_score
+            return (new_max, run_sum, target_score) + extra
 
         state = (
             ops.full_like(targets, float("-inf"), dtype=acc),
             ops.zeros_like(targets, dtype=acc),
             ops.zeros_like(targets, dtype=acc),
         )
+        if stats:
+            state += (ops.zeros_like(targets, dtype=acc),) * 2
         if overlap:
             state = forward_tile(state, tail_start, tail_mask, overlap)
-        run_max, run_sum, target_score = _loop(
+        state = _loop(
             num_full,
             lambda i, state: forward_tile(state, i * size, None, 0),
             state,
         )
+        run_max, run_sum, target_score = state[:3]
         lse = run_max + ops.log(run_sum)
         nll = lse - target_score
+        out = nll
+        if stats:
+            out = ops.stack([nll, lse, state[3], state[4]], axis=1)
 
         # ----------------------------------------------------------- backward
         def grad_fn(*args, upstream=None, variables=None):
@@ -326,6 +351,14 @@ def _pointwise_nll(
             if upstream is None:
                 (upstream,) = args
             upstream = ops.cast(upstream, acc)
+            # d/dg of u_nll * nll + u_lse * lse + u_sum * score_sum:
+            # (u_nll + u_lse) softmax - u_nll onehot(target) + u_sum.
+            soft_up = upstream
+            sum_up = None
+            if stats:
+                soft_up = upstream[:, 0] + upstream[:, 1]
+                sum_up = upstream[:, 2]
+                upstream = upstream[:, 0]
             h_t = None if kernel_transposed else ops.transpose(h_acc)
             columns = ops.arange(size, dtype="int32")
 
@@ -340,12 +373,17 @@ def _pointwise_nll(
                     g = z
                 # d nll / d g = upstream * (softmax - onehot(target)); masked
                 # columns have g = -inf, so softmax (and the gradient) is 0.
-                dg = ops.exp(g - lse[:, None]) * upstream[:, None]
+                dg = ops.exp(g - lse[:, None]) * soft_up[:, None]
                 col, inside = target_columns(start, skip)
                 hit = ops.logical_and(
                     ops.equal(columns[None, :], col[:, None]), inside[:, None]
                 )
                 dg = ops.where(hit, dg - upstream[:, None], dg)
+                if sum_up is not None:
+                    if mask is None:
+                        dg = dg + sum_up[:, None]
+                    else:  # not on the masked columns
+                        dg = ops.where(mask[None, :] == 0, dg + sum_up[:, None], dg)
                 if transform_fn is not None:
                     grads = pullback(dg)
                     dz = ops.cast(grads[0], acc)
@@ -384,7 +422,7 @@ def _pointwise_nll(
             grads += [ops.cast(g, p.dtype) for g, p in zip(dparams, params)]
             return (None, *grads)  # None: no gradient for the integer targets
 
-        return nll, grad_fn
+        return out, grad_fn
 
     args = [h, kernel] + ([bias] if has_bias else []) + list(params)
     return nll_fn(targets, *args)
@@ -411,6 +449,7 @@ def _tensorflow_pointwise_nll(
     variables,
     chunk_size,
     kernel_transposed,
+    stats=False,
     parallel_iterations=1,
 ):
     """TensorFlow fast path of `_pointwise_nll` (same arguments and result).
@@ -512,11 +551,24 @@ def _tensorflow_pointwise_nll(
         n = tf.shape(h)[0]
 
         # ------------------------------------------------------------ forward
-        def forward_body(i, run_max, run_sum, target_score):
+        def forward_body(i, run_max, run_sum, target_score, *extra):
             start, skip = tile_geometry(i)
             z, _, mask = tile_linear(h_acc, kernel, bias, start, skip)
             g = tile_transform(z, params, mask)
-            new_max = tf.maximum(run_max, tf.reduce_max(g, axis=1))
+            tile_max = tf.reduce_max(g, axis=1)
+            if stats:
+                score_sum, run_arg = extra
+                valid_g = g
+                if masked:  # not the masked columns
+                    valid_g = tf.where(tf.range(size) >= skip, g, tf.zeros_like(g))
+                score_sum = score_sum + tf.reduce_sum(valid_g, axis=1)
+                tile_arg = tf.cast(tf.argmax(g, axis=1), acc) + tf.cast(start, acc)
+                better = tf.logical_or(
+                    tile_max > run_max,
+                    tf.logical_and(tile_max == run_max, tile_arg < run_arg),
+                )
+                extra = (score_sum, tf.where(better, tile_arg, run_arg))
+            new_max = tf.maximum(run_max, tile_max)
             # Rows whose scores are all -inf so far: avoid (-inf) - (-inf).
             safe_max = tf.where(
                 tf.math.is_finite(new_max), new_max, tf.zeros_like(new_max)
@@ -529,19 +581,29 @@ def _tensorflow_pointwise_nll(
             target_score = target_score + tf.where(
                 in_tile, picked, tf.zeros_like(picked)
             )
-            return i + 1, new_max, run_sum, target_score
+            return (i + 1, new_max, run_sum, target_score) + tuple(extra)
 
-        run_max, run_sum, target_score = loop(
-            forward_body,
-            (tf.fill([n], neg_inf), tf.zeros([n], acc), tf.zeros([n], acc)),
-        )
+        state = (tf.fill([n], neg_inf), tf.zeros([n], acc), tf.zeros([n], acc))
+        if stats:
+            state += (tf.zeros([n], acc), tf.zeros([n], acc))
+        state = loop(forward_body, state)
+        run_max, run_sum, target_score = state[:3]
         lse = run_max + tf.math.log(run_sum)
         nll = lse - target_score
+        out = nll
+        if stats:
+            out = tf.stack([nll, lse, state[3], state[4]], axis=1)
 
         # ----------------------------------------------------------- backward
         def grad_fn(upstream, variables=None):
             variables = list(variables or [])
             upstream = tf.cast(upstream, acc)
+            soft_up = upstream
+            sum_up = None
+            if stats:  # as in `_pointwise_nll`
+                soft_up = upstream[:, 0] + upstream[:, 1]
+                sum_up = upstream[:, 2]
+                upstream = upstream[:, 0]
             rows = tf.range(n)
             watched = params + variables
 
@@ -557,13 +619,16 @@ def _tensorflow_pointwise_nll(
                     g = z
                 # d nll / d g = upstream * (softmax - onehot(target)); masked
                 # columns have g = -inf, so softmax (and the gradient) is 0.
-                dg = tf.exp(g - lse[:, None]) * upstream[:, None]
+                dg = tf.exp(g - lse[:, None]) * soft_up[:, None]
                 col, in_tile = target_columns(start, skip)
                 dg = tf.tensor_scatter_nd_add(
                     dg,
                     tf.stack([rows, col], axis=1),
                     tf.where(in_tile, -upstream, tf.zeros_like(upstream)),
                 )
+                if sum_up is not None:
+                    added = dg + sum_up[:, None]
+                    dg = tf.where(tf.range(size) >= skip, added, dg) if masked else added
                 if transform_fn is not None:
                     grads = tape.gradient(g, [z] + watched, output_gradients=dg)
                     dz = _tf_dense_grad(grads[0], z)
@@ -627,7 +692,7 @@ def _tensorflow_pointwise_nll(
                 return grads, [tf.cast(g, v.dtype) for g, v in zip(dvars, variables)]
             return grads
 
-        return nll, grad_fn
+        return out, grad_fn
 
     args = [h, kernel] + ([bias] if has_bias else []) + list(params)
     return nll_fn(*args)
@@ -713,6 +778,73 @@ def chunked_pointwise_nll(
     >>> bool(np.allclose(ops.convert_to_numpy(nll), dense, atol=1e-5))
     True
     """
+    return _run_core(
+        h, kernel, bias, targets, transform_fn, transform_params, chunk_size,
+        kernel_transposed, implementation, stats=False,
+    )
+
+
+def chunked_pointwise_stats(
+    h,
+    kernel,
+    bias,
+    targets,
+    transform_fn=None,
+    transform_params=(),
+    chunk_size=DEFAULT_CHUNK_SIZE,
+    kernel_transposed=False,
+    implementation="auto",
+):
+    """Per-row statistics of `g = g(h W + b)` over the vocabulary, tiled.
+
+    The same tiled pass as `chunked_pointwise_nll` (same arguments, same
+    memory, one backward pass that recomputes the tiles), returning four
+    tensors of shape `targets.shape` (float32, float64 for float64 inputs):
+
+    * `nll`: `logsumexp_v g_v - g_target`;
+    * `lse`: `logsumexp_v g_v` (z-loss, self-normalisation);
+    * `score_sum`: `sum_v g_v` (closed-form label smoothing: the
+      cross-entropy with the uniform distribution is
+      `lse - score_sum / V`);
+    * `argmax`: int32, the word of the largest score (the first on ties):
+      token accuracy without the logits. No gradient.
+
+    Gradients of any combination of `nll`, `lse` and `score_sum` reach `h`,
+    the kernel, the bias and the transform's parameters, computed in the
+    backward pass from the upstream cotangents (one recomputation of the
+    tiles for all three), so per-row weights and masks get exact gradients.
+    This is the core of `keras_softmax_heads.fused.linear_cross_entropy`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_softmax_heads.chunked import chunked_pointwise_stats
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.normal(size=(4, 3)).astype("float32")
+    >>> w = rng.normal(size=(3, 10)).astype("float32")
+    >>> nll, lse, total, arg = chunked_pointwise_stats(h, w, None, [0, 3, 9, 5], chunk_size=4)
+    >>> z = ops.convert_to_numpy(ops.matmul(h, w))
+    >>> bool(np.allclose(ops.convert_to_numpy(total), z.sum(1), atol=1e-5))
+    True
+    >>> bool(np.array_equal(ops.convert_to_numpy(arg), z.argmax(1)))
+    True
+    """
+    out = _run_core(
+        h, kernel, bias, targets, transform_fn, transform_params, chunk_size,
+        kernel_transposed, implementation, stats=True,
+    )
+    nll, lse, score_sum = out[..., 0], out[..., 1], out[..., 2]
+    argmax = ops.cast(ops.stop_gradient(out[..., 3]), "int32")
+    return nll, lse, score_sum, argmax
+
+
+def _run_core(
+    h, kernel, bias, targets, transform_fn, transform_params, chunk_size,
+    kernel_transposed, implementation, stats,
+):
+    """Flattens, checks and calls the core; the result has shape
+    `targets.shape` (plus a last axis of 4 with `stats`)."""
     chunk_size = check_chunk_size(chunk_size)
     if implementation not in ("auto", "ops"):
         raise ValueError(
@@ -741,10 +873,12 @@ def chunked_pointwise_nll(
             f"h.shape={tuple(h.shape)}, targets.shape={tuple(targets.shape)}"
         )
     out_shape = ops.shape(targets)
+    if stats:
+        out_shape = tuple(out_shape) + (4,)
     d = h.shape[-1]
     flat_h = ops.reshape(h, (-1, d if d is not None else ops.shape(h)[-1]))
     flat_t = ops.reshape(targets, (-1,))
-    nll = core(
+    out = core(
         flat_h,
         kernel,
         bias,
@@ -754,8 +888,9 @@ def chunked_pointwise_nll(
         variables,
         chunk_size,
         bool(kernel_transposed),
+        stats=stats,
     )
-    return ops.reshape(nll, out_shape)
+    return ops.reshape(out, out_shape)
 
 
 def chunked_mixture_nll(

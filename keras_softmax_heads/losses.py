@@ -1,11 +1,15 @@
 """`HeadLoss`: train any head in a `Sequential` or functional model with its
-own objective."""
+own objective; `LinearCrossEntropy` / `linear_cross_entropy` (from
+`keras_softmax_heads.fused`): the fused, tiled output projection + exact
+cross-entropy of a model that outputs hidden states."""
 
 import weakref
 
 import keras
 from keras import ops
 
+from keras_softmax_heads.fused import LinearCrossEntropy  # noqa: F401 (re-export)
+from keras_softmax_heads.fused import linear_cross_entropy  # noqa: F401 (re-export)
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.softmax_head import context_output_heads
 

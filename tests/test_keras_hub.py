@@ -93,3 +93,43 @@ def test_tied_head_counts_only_its_own_parameters():
     backbone, head = model.backbone, model.head
     assert head.count_params() == V  # the bias; the embedding is the backbone's
     assert model.count_params() == backbone.count_params() + head.count_params()
+
+
+def test_fused_causal_lm_trains_without_logits():
+    """`fused_causal_lm(GPT2CausalLM)`: training calls return hidden states
+    (no `[batch, seq, V]` logits), the fused training loss equals the dense
+    weighted cross-entropy of the logits, and `fit` lowers it."""
+    from keras import ops
+
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=V, num_layers=1, num_heads=2, hidden_dim=16,
+        intermediate_dim=32, max_sequence_length=16, dropout=0.0,
+    )
+    fused_class = ksh.fused.fused_causal_lm(keras_hub.models.GPT2CausalLM)
+    assert ksh.fused.fused_causal_lm(keras_hub.models.GPT2CausalLM) is fused_class
+    lm = fused_class(backbone=backbone, preprocessor=None,
+                     fused_loss={"chunk_size": 32, "z_loss": 1e-4})
+    x, y = _data()
+    sw = x["padding_mask"].astype("float32")
+    sw[:, -2:] = 0.0
+    hidden = lm(x, training=True)
+    assert tuple(hidden.shape) == (4, T, 16)  # not [4, T, V]
+    assert tuple(lm(x, training=False).shape) == (4, T, V)
+
+    loss = lm.compute_loss(x, y, hidden, sw, training=True)
+    logits = ops.convert_to_numpy(lm(x, training=False)).astype("float64")
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    nll = lse - np.take_along_axis(logits, y[..., None], -1)[..., 0] + 1e-4 * lse**2
+    np.testing.assert_allclose(float(ops.convert_to_numpy(loss)), (nll * sw).sum() / sw.sum(), rtol=1e-5)
+
+    lm.compile(optimizer=keras.optimizers.Adam(0.01),
+               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+               weighted_metrics=["sparse_categorical_accuracy"])
+    history = lm.fit(x, y, sample_weight=sw, epochs=5, verbose=0).history
+    assert history["loss"][-1] < history["loss"][0]
+    assert set(history) == {"loss"}  # the metrics are skipped on hidden states
+    assert "sparse_categorical_accuracy" in lm.evaluate(x, y, sample_weight=sw,
+                                                       verbose=0, return_dict=True)
+    config = lm.get_config()
+    assert config["fused_loss"] == {"chunk_size": 32, "z_loss": 1e-4}

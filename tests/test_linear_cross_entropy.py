@@ -1,0 +1,400 @@
+"""`linear_cross_entropy` / `LinearCrossEntropy` (`keras_softmax_heads.fused`)
+against the dense cross-entropy.
+
+Every comparison checks the loss and its gradients with respect to the
+hidden states, the kernel and the bias against the backend's automatic
+differentiation of the dense formula (`[N, V]` logits, Keras' smoothed
+targets `(1 - eps) onehot + eps / V`), on small shapes whose vocabulary the
+tiles do not divide. Runs on TensorFlow, JAX and PyTorch; compiled means
+`tf.function(jit_compile=True)` / `jax.jit`.
+"""
+
+import keras
+import numpy as np
+import pytest
+from backends import BACKEND
+from backends import jit
+from backends import to_numpy
+from backends import value_and_grad
+from keras import ops
+
+import keras_softmax_heads as ksh
+from keras_softmax_heads.chunked import chunked_pointwise_stats
+from keras_softmax_heads.losses import linear_cross_entropy
+
+pytestmark = pytest.mark.multibackend
+
+N, D, V = 12, 8, 37
+IGNORE = -100
+RTOL = 2e-5
+IMPLEMENTATIONS = ["auto", "ops"] if BACKEND == "tensorflow" else ["auto"]
+
+
+def assert_close(actual, expected, rtol=RTOL, name=""):
+    actual = np.asarray(to_numpy(actual), "float64")
+    expected = np.asarray(to_numpy(expected), "float64")
+    assert actual.shape == expected.shape, (name, actual.shape, expected.shape)
+    scale = max(float(np.max(np.abs(expected))), 1e-30)
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale, err_msg=name)
+
+
+def make_data(seed=0, transposed=False, dtype="float32"):
+    rng = np.random.default_rng(seed)
+    h = rng.normal(size=(N, D)).astype(dtype)
+    shape = (V, D) if transposed else (D, V)
+    kernel = (rng.normal(size=shape) / np.sqrt(D) * 2).astype(dtype)
+    bias = rng.normal(size=(V,)).astype(dtype)
+    targets = rng.integers(0, V, N)
+    targets[[2, 7]] = IGNORE  # only used with ignore_index
+    weights = rng.uniform(0.0, 2.0, N).astype("float32")
+    return h, kernel, bias, targets, weights
+
+
+def dense_loss(h, kernel, bias, targets, *, kernel_transposed=False,
+               sample_weight=None, ignore_index=None, label_smoothing=0.0,
+               z_loss=0.0, logit_soft_cap=None, reduction="mean", **_):
+    """The dense reference: `[N, V]` logits, smoothed one-hot targets."""
+    h = ops.cast(h, "float32")
+    kernel = ops.cast(kernel, "float32")
+    z = ops.matmul(h, ops.transpose(kernel) if kernel_transposed else kernel)
+    if bias is not None:
+        z = z + ops.cast(bias, "float32")
+    if logit_soft_cap is not None:
+        z = logit_soft_cap * ops.tanh(z / logit_soft_cap)
+    targets = ops.convert_to_tensor(np.asarray(targets, "int32"))
+    weights = ops.ones((N,), "float32")
+    if sample_weight is not None:
+        weights = ops.convert_to_tensor(sample_weight)
+    if ignore_index is not None:
+        ignored = ops.equal(targets, ignore_index)
+        targets = ops.where(ignored, 0, targets)
+        weights = ops.where(ignored, 0.0, weights)
+    q = (1.0 - label_smoothing) * ops.one_hot(targets, V) + label_smoothing / V
+    loss = -ops.sum(q * ops.log_softmax(z, axis=-1), axis=-1)
+    loss = loss + z_loss * ops.square(ops.logsumexp(z, axis=-1))
+    if reduction == "none":
+        return loss * weights
+    if reduction == "sum":
+        return ops.sum(loss * weights)
+    return ops.sum(loss * weights) / ops.sum(weights)
+
+
+#: Option sets; the first (everything at once) is the one that runs off
+#: TensorFlow by default.
+CASES = {
+    "all": dict(kernel_transposed=True, bias=True, sample_weight=True,
+                ignore_index=IGNORE, label_smoothing=0.1, z_loss=1e-3,
+                logit_soft_cap=4.0),
+    "plain": dict(),
+    "bias": dict(bias=True),
+    "transposed": dict(kernel_transposed=True, bias=True),
+    "ignore_index": dict(ignore_index=IGNORE),
+    "sample_weight": dict(sample_weight=True, bias=True),
+    "label_smoothing": dict(label_smoothing=0.2),
+    "z_loss": dict(z_loss=1e-2, bias=True),
+    "soft_cap": dict(logit_soft_cap=2.0, bias=True),
+    "sum": dict(reduction="sum", ignore_index=IGNORE, sample_weight=True),
+    "none": dict(reduction="none", ignore_index=IGNORE, sample_weight=True,
+                 label_smoothing=0.1),
+}
+
+
+def _case_inputs(options, seed=0, dtype="float32"):
+    options = dict(options)
+    transposed = options.get("kernel_transposed", False)
+    h, kernel, bias, targets, weights = make_data(seed, transposed, dtype)
+    if options.pop("bias", False) is False:
+        bias = None
+    if options.pop("sample_weight", False):
+        options["sample_weight"] = weights
+    if options.get("ignore_index") is None:
+        targets = np.where(targets == IGNORE, 3, targets)
+    return h, kernel, bias, targets, options
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_dense(case):
+    h, kernel, bias, targets, options = _case_inputs(CASES[case])
+    # "none": a random cotangent per token makes the per-token loss a scalar.
+    cot = ops.convert_to_tensor(np.random.default_rng(1).normal(size=N).astype("float32"))
+
+    def scalar(loss):
+        return ops.sum(loss * cot) if options.get("reduction") == "none" else loss
+
+    inputs = [h, kernel] + ([bias] if bias is not None else [])
+
+    def split(args):
+        return args[0], args[1], (args[2] if bias is not None else None)
+
+    value, grads, _ = value_and_grad(
+        lambda *a: scalar(dense_loss(*split(a), targets, **options)), inputs
+    )
+    for impl in IMPLEMENTATIONS:
+        for chunk in (10, 16):  # 37 words: 4 tiles of 10, 3 of 16 (overlapping)
+            got, got_grads, _ = value_and_grad(
+                lambda *a: scalar(linear_cross_entropy(
+                    *split(a)[:2], targets, split(a)[2], chunk_size=chunk,
+                    implementation=impl, **options)),
+                inputs,
+            )
+            tag = f"{case}/{impl}/{chunk}"
+            assert_close(got, value, name=f"{tag}: loss")
+            for name, g, e in zip(["hidden", "kernel", "bias"], got_grads, grads):
+                assert_close(g, e, name=f"{tag}: d{name}")
+
+
+def test_per_token_gradients_under_none_with_a_mask():
+    """`reduction="none"`: the gradient of token i's loss touches row i of
+    the hidden states only, equals the dense one, and is 0 when ignored."""
+    h, kernel, bias, targets, weights = make_data(2)
+    options = dict(ignore_index=IGNORE, sample_weight=weights, label_smoothing=0.1,
+                   z_loss=1e-3, reduction="none")
+    per_token = to_numpy(linear_cross_entropy(h, kernel, targets, bias,
+                                              chunk_size=10, **options))
+    assert per_token.shape == (N,)
+    assert per_token[2] == 0.0 and per_token[7] == 0.0
+    assert_close(per_token, dense_loss(h, kernel, bias, targets, **options))
+    for i in (0, 2, 5):
+        onehot = ops.convert_to_tensor(np.eye(N, dtype="float32")[i])
+        _, (dh, dk), _ = value_and_grad(
+            lambda h, k: ops.sum(onehot * linear_cross_entropy(
+                h, k, targets, bias, chunk_size=10, **options)), [h, kernel])
+        _, (eh, ek), _ = value_and_grad(
+            lambda h, k: ops.sum(onehot * dense_loss(h, k, bias, targets, **options)),
+            [h, kernel])
+        others = np.delete(dh, i, axis=0)
+        assert not others.any(), f"token {i}: gradient leaks to other rows"
+        if targets[i] == IGNORE:
+            assert not dh.any() and not dk.any(), "ignored token has a gradient"
+        assert_close(dh, eh, name=f"dh[{i}]")
+        assert_close(dk, ek, name=f"dkernel[{i}]")
+
+
+def _jit_value_and_grads(fn, args):
+    """`fn(*args)` and its gradients, compiled (TF, JAX; PyTorch: eager)."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function(jit_compile=True)
+        def step(*a):
+            with tf.GradientTape() as tape:
+                tape.watch(a)
+                value = fn(*a)
+            return value, tape.gradient(value, a)
+
+        value, grads = step(*[tf.convert_to_tensor(x) for x in args])
+    elif BACKEND == "jax":
+        import jax
+
+        value, grads = jax.jit(
+            jax.value_and_grad(fn, argnums=tuple(range(len(args))))
+        )(*args)
+    else:
+        value, grads, _ = value_and_grad(fn, args)
+    return to_numpy(value), [to_numpy(g) for g in grads]
+
+
+@pytest.mark.parametrize("case", ["all", "none"])
+def test_compiled_matches_dense(case):
+    h, kernel, bias, targets, options = _case_inputs(CASES[case], seed=3)
+    cot = np.random.default_rng(4).normal(size=N).astype("float32")
+
+    def scalar(loss):
+        if options.get("reduction") == "none":
+            return ops.sum(loss * ops.convert_to_tensor(cot))
+        return loss
+
+    bias = bias if bias is not None else np.zeros(V, "float32")
+    value, grads = _jit_value_and_grads(
+        lambda h, k, b: scalar(linear_cross_entropy(h, k, targets, b, chunk_size=10,
+                                                    **options)),
+        [h, kernel, bias],
+    )
+    expected, expected_grads, _ = value_and_grad(
+        lambda h, k, b: scalar(dense_loss(h, k, b, targets, **options)), [h, kernel, bias]
+    )
+    assert_close(value, expected, name="loss")
+    for name, g, e in zip(["hidden", "kernel", "bias"], grads, expected_grads):
+        assert_close(g, e, name=f"d{name}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_inputs_accumulate_in_float32(dtype):
+    h, kernel, bias, targets, options = _case_inputs(CASES["all"], seed=5)
+    h16 = ops.cast(h, dtype)
+    k16 = ops.cast(kernel, dtype)
+    # The reference: float32 on the same (rounded) values.
+    h32, k32 = ops.cast(h16, "float32"), ops.cast(k16, "float32")
+    loss, (dh, dk), _ = value_and_grad(
+        lambda h, k: linear_cross_entropy(h, k, targets, bias, chunk_size=10, **options),
+        [h16, k16],
+    )
+    expected, (eh, ek), _ = value_and_grad(
+        lambda h, k: dense_loss(h, k, bias, targets, **options), [h32, k32]
+    )
+    out = linear_cross_entropy(h16, k16, targets, bias, chunk_size=10, **options)
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"
+    assert_close(loss, expected, name="loss")  # float32-exact scores
+    # The gradients come back in the inputs' dtype (rounded once).
+    assert dh.dtype == to_numpy(h16).dtype
+    assert_close(dh, eh, rtol=1e-2, name="dhidden")
+    assert_close(dk, ek, rtol=1e-2, name="dkernel")
+
+
+def test_lse_argmax_and_accuracy():
+    h, kernel, bias, targets, weights = make_data(6)
+    z = h @ kernel + bias
+    targets = np.where(targets == IGNORE, 0, targets)
+    targets[:5] = z[:5].argmax(1)  # 5 of 12 right, at least
+    targets[5] = IGNORE
+    loss, aux = linear_cross_entropy(
+        h, kernel, targets, bias, ignore_index=IGNORE, sample_weight=weights,
+        chunk_size=10, return_lse=True, return_argmax=True,
+    )
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    assert_close(aux["lse"], lse, name="lse")
+    np.testing.assert_array_equal(to_numpy(aux["argmax"]), z.argmax(1))
+    keep = targets != IGNORE
+    correct = (z.argmax(1) == targets) & keep
+    expected = (weights * correct).sum() / weights[keep].sum()
+    assert_close(aux["accuracy"], expected, name="accuracy")
+    # The returned lse is differentiable: lse**2 as a z-loss term.
+    _, (dh,), _ = value_and_grad(
+        lambda h: ops.sum(ops.square(linear_cross_entropy(
+            h, kernel, targets, bias, ignore_index=IGNORE, reduction="none",
+            chunk_size=10, return_lse=True)[1]["lse"])), [h])
+    _, (eh,), _ = value_and_grad(
+        lambda h: ops.sum(ops.square(ops.logsumexp(
+            ops.matmul(h, kernel) + ops.convert_to_tensor(bias), axis=-1))), [h])
+    assert_close(dh, eh, name="d lse**2 / dh")
+
+
+def test_chunked_pointwise_stats_matches_dense():
+    h, kernel, bias, targets, _ = make_data(7)
+    targets = np.where(targets == IGNORE, 1, targets)
+    for impl in IMPLEMENTATIONS:
+        nll, lse, total, arg = chunked_pointwise_stats(
+            h, kernel, bias, targets, chunk_size=16, implementation=impl)
+        z = h @ kernel + bias
+        expected_lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+        assert_close(lse, expected_lse, name="lse")
+        assert_close(nll, expected_lse - z[np.arange(N), targets], name="nll")
+        assert_close(total, z.sum(1), name="score sum")
+        np.testing.assert_array_equal(to_numpy(arg), z.argmax(1))
+
+
+# --------------------------------------------------------------------- errors
+def test_errors_name_the_value():
+    h, kernel, bias, targets, _ = make_data(8)
+    good = np.where(targets == IGNORE, 0, targets)
+    bad = good.copy()
+    bad[4] = V + 3
+    with pytest.raises(ValueError, match=rf"targets\[4\]={V + 3}"):
+        linear_cross_entropy(h, kernel, bad, chunk_size=10)
+    with pytest.raises(ValueError, match=r"targets\[2\]=-100"):  # no ignore_index
+        linear_cross_entropy(h, kernel, targets, chunk_size=10)
+    bad = targets.copy()
+    bad[9] = -1
+    with pytest.raises(ValueError, match=r"targets\[9\]=-1.*ignore_index=-100"):
+        linear_cross_entropy(h, kernel, bad, ignore_index=IGNORE, chunk_size=10)
+    with pytest.raises(ValueError, match="d=8"):
+        linear_cross_entropy(h[:, :5], kernel, good)
+    with pytest.raises(ValueError, match="d=37"):  # the [V, d] layout not declared
+        linear_cross_entropy(h, kernel.T, good)
+    with pytest.raises(ValueError, match="dtype=int32"):
+        linear_cross_entropy(h.astype("int32"), kernel, good)
+    with pytest.raises(ValueError, match="targets with dtype=float32"):
+        linear_cross_entropy(h, kernel, good.astype("float32"))
+    with pytest.raises(ValueError, match="label_smoothing=1.5"):
+        linear_cross_entropy(h, kernel, good, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="reduction='avg'"):
+        linear_cross_entropy(h, kernel, good, reduction="avg")
+    with pytest.raises(ValueError, match="logit_soft_cap=0"):
+        linear_cross_entropy(h, kernel, good, logit_soft_cap=0)
+    with pytest.raises(ValueError, match=r"bias.shape=\(5,\)"):
+        linear_cross_entropy(h, kernel, good, bias[:5])
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="no XLA on PyTorch")
+def test_out_of_range_target_under_jit_is_nan():
+    h, kernel, _, targets, _ = make_data(9)
+    targets = np.where(targets == IGNORE, 0, targets)
+    targets[1] = V
+    fn = jit(lambda h, k, t: linear_cross_entropy(h, k, t, chunk_size=10,
+                                                  reduction="none"))
+    out = to_numpy(fn(ops.convert_to_tensor(h), ops.convert_to_tensor(kernel),
+                      ops.convert_to_tensor(targets.astype("int32"))))
+    assert np.isnan(out[1]) and np.isfinite(np.delete(out, 1)).all()
+
+
+# ----------------------------------------------------------------- Keras loss
+def _hidden_model(tied):
+    emb = keras.layers.Embedding(V, D, name="emb")
+    out = keras.layers.Dense(V, name="proj")
+    model = keras.Sequential([keras.Input((6,), dtype="int32"), emb,
+                              keras.layers.Dense(D, name="mix")])
+    out.build((None, D))
+    return model, (emb if tied else out)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_keras_loss_fit_and_config(tied):
+    keras.utils.set_random_seed(0)
+    model, proj = _hidden_model(tied)
+    loss = ksh.LinearCrossEntropy(proj, ignore_index=0, label_smoothing=0.1,
+                                  z_loss=1e-4, chunk_size=10)
+    rng = np.random.default_rng(0)
+    x = rng.integers(1, V, (8, 6)).astype("int32")
+    y = np.roll(x, -1, axis=1)
+    y[:, -1] = 0  # padding, ignored
+    sw = rng.uniform(0.5, 1.5, (8, 6)).astype("float32")
+    hidden = model(x)
+    kernel = proj.embeddings if tied else proj.kernel
+    bias = None if tied else proj.bias
+    expected = linear_cross_entropy(hidden, kernel, y, bias, kernel_transposed=tied,
+                                    ignore_index=0, label_smoothing=0.1, z_loss=1e-4,
+                                    sample_weight=sw, chunk_size=10)
+    assert_close(loss(y, hidden, sample_weight=sw), expected, name="loss")
+    per_token = loss.call(y, hidden)
+    assert tuple(per_token.shape) == (8, 6) and not to_numpy(per_token)[:, -1].any()
+
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss=loss)
+    before = model.evaluate(x, y, verbose=0)
+    model.fit(x, y, epochs=5, verbose=0)
+    assert model.evaluate(x, y, verbose=0) < before
+    if not tied:  # the projection is trained through the loss
+        assert np.abs(to_numpy(proj.kernel)).sum() > 0
+
+    config = loss.get_config()
+    assert config["kernel_path"] == kernel.path
+    assert config["kernel_transposed"] is tied
+    restored = keras.losses.deserialize(keras.losses.serialize(loss))
+    assert isinstance(restored, ksh.LinearCrossEntropy)
+    assert restored.get_config() == config
+    with pytest.raises(ValueError, match="bind"):
+        restored(y, hidden)
+    holder = model if tied else proj
+    restored.bind(holder)
+    assert_close(restored(y, hidden), loss(y, hidden), name="restored loss")
+
+
+def test_keras_loss_reductions_and_errors():
+    model, proj = _hidden_model(True)
+    x = np.arange(1, 13, dtype="int32").reshape(2, 6)
+    y = x.copy()
+    y[0, 0] = 0
+    hidden = model(x)
+    kernel = proj.embeddings
+    total = linear_cross_entropy(hidden, kernel, y, kernel_transposed=True,
+                                 ignore_index=0, reduction="sum", chunk_size=10)
+    summed = ksh.LinearCrossEntropy(proj, ignore_index=0, reduction="sum", chunk_size=10)
+    assert_close(summed(y, hidden), total)
+    mean = ksh.LinearCrossEntropy(proj, ignore_index=0, chunk_size=10)
+    assert_close(mean(y[..., None], hidden), to_numpy(total) / 11)  # 11 kept tokens
+    assert_close(mean(y.astype("float32"), hidden), to_numpy(total) / 11)  # float labels
+    with pytest.raises(ValueError, match="kernel=None"):
+        ksh.LinearCrossEntropy()
+    with pytest.raises(ValueError, match="z_loss=-1"):
+        ksh.LinearCrossEntropy(proj, z_loss=-1)
+    with pytest.raises(ValueError, match="does not match"):
+        ksh.LinearCrossEntropy(proj, kernel_transposed=False)
