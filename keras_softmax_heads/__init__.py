@@ -47,7 +47,7 @@ from keras_softmax_heads.metrics import Perplexity
 from keras_softmax_heads.models.lstm_lm import LSTMLanguageModel
 from keras_softmax_heads.models.ngram_lm import NgramLanguageModel
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "clustering",
