@@ -263,7 +263,7 @@ def section_bottleneck(make_figures):
     return text, bands_text, fig
 
 
-ROBUSTNESS_FILES = ("head_robustness.json", "head_robustness_chen.json")
+ROBUSTNESS_FILES = ("head_robustness.json", "head_robustness_b.json", "head_robustness_chen.json")
 #: The head-fix diagnostics (`benchmarks/head_gradients.py`), in page order.
 HEAD_FIX_RUNS = (
     ("soft_s0", "softmax"),

@@ -105,7 +105,11 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
         variant: `"weaknorm"` (default) or `"weaknorm_sq"`.
         alpha: float `>= 0`, the penalty strength (default 1).
         gamma: float in `(0, 1]`, the fraction of rows whose partition is
-            computed each step (default 0.1).
+            computed each step (default 0.25). The penalty of the other rows
+            is estimated from these, so a small `gamma` is cheap but noisy:
+            on PTB (Chen et al.'s n-gram model, 3000 steps) Weaknorm trailed
+            the softmax by 1.23x at 0.1 (Chen et al.'s billionW setting),
+            1.08x at 0.25 and 1.03x at 0.5 (`docs/recipes.md`).
         score_bound: bool, use `s = 10 tanh(z / 5)` (default `False`).
         seed: optional int, seed of the layer's `keras.random.SeedGenerator`
             (row selection).
@@ -159,7 +163,7 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
         vocab_size=None,
         variant="weaknorm",
         alpha=1.0,
-        gamma=0.1,
+        gamma=0.25,
         score_bound=False,
         seed=None,
         token_embedding=None,
