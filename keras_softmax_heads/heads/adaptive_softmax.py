@@ -116,6 +116,115 @@ def capacity_ladder(num_tokens, first):
     return ladder
 
 
+def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladder,
+                                accumulation_dtype):
+    """One tail's `log_softmax((h P) W + b)` at the targets of its members,
+    with static shapes: the capacity ladder, and a custom gradient.
+
+    The tail's tokens are placed first (in token order) in `order`; capacity
+    `k` computes rows `order[:k]`, which hold every member when
+    `count <= k`. `ops.cond` picks the first rung of `ladder` that holds
+    them, in the forward and (recomputing the rows) in the backward pass.
+    The gradient is written out (`d ll / d z = onehot - softmax(z)`), not
+    taken through the `cond`: TensorFlow's gradient of a `cond` under XLA
+    passes shape tensors out of the forward branch, which XLA must treat as
+    compile-time constants depending on the batch, and every Keras fit step
+    recompiled (4 s a step at V = 40).
+
+    Args:
+        h: `[N, d]` context vectors, compute dtype, static `N`.
+        member: bool `[N]`, whether a token's target is in this tail.
+        local: int32 `[N]`, the target's position in the tail (clipped).
+        projection: `[d, d_i]`; kernel: `[d_i, size]` (compute dtype).
+        bias: `[size]` (accumulation dtype) or None.
+        ladder: increasing Python ints, the last `N`.
+        accumulation_dtype: dtype of the scores.
+
+    Returns:
+        `[N]` log-probabilities (0 for non-members), `accumulation_dtype`.
+    """
+    acc = accumulation_dtype
+    n = int(h.shape[0])
+    size = int(kernel.shape[-1])
+    member_int = ops.cast(member, "int32")
+    count = ops.sum(member_int)
+    positions = ops.arange(n, dtype="int32")
+    order = ops.cast(ops.argsort(ops.where(member, positions, positions + n)), "int32")
+    slot = ops.cumsum(member_int) - 1  # a member's row in `order`
+    has_bias = bias is not None
+
+    def climb(fn, j=0):
+        if j == len(ladder) - 1:
+            return fn(ladder[j])
+        return ops.cond(
+            count <= ladder[j], lambda: fn(ladder[j]), lambda: climb(fn, j + 1)
+        )
+
+    @ops.custom_gradient
+    def tail_fn(member_int, local, order, slot, h, projection, kernel, *maybe_bias):
+        b = maybe_bias[0] if maybe_bias else None
+        is_member = member_int > 0
+
+        def scores(k):
+            rows = order[:k]
+            h_rows = ops.take(h, rows, axis=0)  # [k, d]
+            x = ops.matmul(h_rows, projection)  # [k, d_i]
+            z = ops.cast(ops.matmul(x, kernel), acc)  # [k, size]
+            if b is not None:
+                z = z + b
+            onehot = ops.one_hot(ops.take(local, rows), size, dtype=acc)
+            return rows, h_rows, x, z, onehot
+
+        def to_tokens(per_row, k):
+            """Rows' values back to the tokens (zero for non-members)."""
+            pad = ops.zeros((1,) + tuple(per_row.shape[1:]), per_row.dtype)
+            padded = ops.concatenate([per_row, pad], axis=0)
+            return ops.take(padded, ops.where(is_member, slot, k), axis=0)
+
+        def forward(k):
+            _, _, _, z, onehot = scores(k)
+            ll_rows = ops.sum(z * onehot, axis=-1) - ops.logsumexp(z, axis=-1)
+            return to_tokens(ll_rows, k)
+
+        ll = climb(forward)
+
+        def grad_fn(*args, upstream=None, variables=None):
+            # TensorFlow and JAX call grad_fn(upstream); PyTorch
+            # grad_fn(*inputs, upstream=upstream).
+            del variables
+            if upstream is None:
+                (upstream,) = args
+            upstream = ops.cast(upstream, acc)
+
+            def backward(k):
+                rows, h_rows, x, z, onehot = scores(k)
+                g = ops.where(
+                    ops.take(is_member, rows), ops.take(upstream, rows), 0.0
+                )
+                dz = ops.expand_dims(g, -1) * (onehot - ops.softmax(z, axis=-1))
+                dz_c = ops.cast(dz, h.dtype)
+                d_kernel = ops.matmul(ops.transpose(x), dz_c)
+                dx = ops.matmul(dz_c, ops.transpose(kernel))
+                d_projection = ops.matmul(ops.transpose(h_rows), dx)
+                dh = to_tokens(ops.matmul(dx, ops.transpose(projection)), k)
+                return dh, d_projection, d_kernel, ops.sum(dz, axis=0)
+
+            dh, d_projection, d_kernel, d_bias = climb(backward)
+            grads = [
+                ops.cast(dh, h.dtype),
+                ops.cast(d_projection, projection.dtype),
+                ops.cast(d_kernel, kernel.dtype),
+            ]
+            if b is not None:
+                grads.append(ops.cast(d_bias, b.dtype))
+            return (None, None, None, None, *grads)  # None: integer inputs
+
+        return ll, grad_fn
+
+    args = [member_int, local, order, slot, h, projection, kernel]
+    return tail_fn(*args + ([bias] if has_bias else []))
+
+
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class AdaptiveSoftmax(SoftmaxHead):
     """Adaptive softmax: a frequent-word head and cheaper tail clusters.
@@ -427,13 +536,21 @@ class AdaptiveSoftmax(SoftmaxHead):
             z = z + ops.cast(self.head_bias, self.accumulation_dtype)
         return z
 
-    def tail_scores(self, h, i):
-        """Tail `i`'s scores `(h P_i) W_i + b_i`, float32 `[..., size_i]`,
-        for `h` in the compute dtype."""
-        x = ops.matmul(h, self.tail_projection(i))
-        z = ops.cast(ops.matmul(x, self.tail_kernel(i)), self.accumulation_dtype)
+    def tail_weights(self, i):
+        """`(P_i, W_i, b_i or None)` as tensors (compute dtype; bias float32)."""
+        bias = None
         if self.tail_biases:
-            z = z + ops.cast(self.tail_biases[i], self.accumulation_dtype)
+            bias = ops.cast(self.tail_biases[i], self.accumulation_dtype)
+        return self.tail_projection(i), self.tail_kernel(i), bias
+
+    def tail_scores(self, h, i, weights=None):
+        """Tail `i`'s scores `(h P_i) W_i + b_i`, float32 `[..., size_i]`,
+        for `h` in the compute dtype (`weights`: `tail_weights(i)`)."""
+        projection, kernel, bias = weights or self.tail_weights(i)
+        x = ops.matmul(h, projection)
+        z = ops.cast(ops.matmul(x, kernel), self.accumulation_dtype)
+        if bias is not None:
+            z = z + bias
         return z
 
     def _to_word_order(self, ranked):
@@ -516,28 +633,22 @@ class AdaptiveSoftmax(SoftmaxHead):
         if not self.static_shapes:
             rows = ops.cast(ops.nonzero(member)[0], "int32")  # data-dependent
             return self.gathered_tail_log_likelihood(h, member, local, rows, i)
+        weights = self.tail_weights(i)
         n = ops.shape(h)[0]
-        count = ops.sum(ops.cast(member, "int32"))
-        positions = ops.arange(n, dtype="int32")
-        # Members first (in token order), then the others: a capacity `k`
-        # takes `order[:k]`, which holds every member when `count <= k`.
-        order = ops.argsort(ops.where(member, positions, positions + n))
-        order = ops.cast(order, "int32")
+        if not isinstance(n, int):
+            # Batch size unknown at trace time (a TensorFlow graph with a
+            # `None` batch): no static capacity; every token, exact.
+            rows = ops.arange(n, dtype="int32")
+            return self.gathered_tail_log_likelihood(h, member, local, rows, i, weights)
         ladder = capacity_ladder(
             n, capacity(n, self.tail_fractions[i], self.capacity_factor)
         )
+        projection, kernel, bias = weights
+        return static_tail_log_likelihood(
+            h, member, local, projection, kernel, bias, ladder, self.accumulation_dtype
+        )
 
-        def rung(k):
-            return lambda: self.gathered_tail_log_likelihood(h, member, local, order[:k], i)
-
-        def climb(j):
-            if j == len(ladder) - 1:
-                return rung(ladder[j])()
-            return ops.cond(count <= ladder[j], rung(ladder[j]), lambda: climb(j + 1))
-
-        return climb(0)
-
-    def gathered_tail_log_likelihood(self, h, member, local, rows, i):
+    def gathered_tail_log_likelihood(self, h, member, local, rows, i, weights=None):
         """Tail `i`'s log-softmax at the targets of tokens `rows` (members
         first, in token order, then any padding rows), scattered back.
 
@@ -545,11 +656,15 @@ class AdaptiveSoftmax(SoftmaxHead):
         members are computed and never read.
         """
         h_rows = ops.take(h, rows, axis=0)  # [K, d]
-        z = self.tail_scores(h_rows, i)  # [K, size_i]
-        picked = ops.take_along_axis(
-            z, ops.expand_dims(ops.take(local, rows), -1), axis=-1
-        )
-        ll_rows = ops.squeeze(picked, -1) - ops.logsumexp(z, axis=-1)  # [K]
+        z = self.tail_scores(h_rows, i, weights)  # [K, size_i]
+        # The target's score by a one-hot product, not `take_along_axis`:
+        # inside a TensorFlow `cond` under XLA, the latter's broadcast shape
+        # became a compile-time constant fed by the batch, and every Keras
+        # fit step recompiled (4 s a step at V = 40). Exact: the other terms
+        # are zeros.
+        onehot = ops.one_hot(ops.take(local, rows), self.tail_sizes[i], dtype=z.dtype)
+        picked = ops.sum(z * onehot, axis=-1)
+        ll_rows = picked - ops.logsumexp(z, axis=-1)  # [K]
         k = ops.shape(rows)[0]
         slot = ops.cumsum(ops.cast(member, "int32")) - 1  # a member's row
         padded = ops.concatenate([ll_rows, ops.zeros((1,), ll_rows.dtype)], axis=0)
