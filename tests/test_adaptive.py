@@ -41,6 +41,9 @@ def _tied(v, d, **kw):
 class TestAdaptiveBattery(HeadBattery):
     vocab_size, input_dim = V, D
     avoids_full_scores_in_training = True
+    fit_epochs = 12
+    # PyTorch: `supports_jit = False` (the ladder branches in Python).
+    jit_compatible = BACKEND != "torch"
     # No `**kw`: a plain `token_embedding` cannot be tied (the battery's
     # tying test skips on the TypeError).
     cases = {
@@ -58,6 +61,7 @@ class TestAdaptiveDynamicBattery(HeadBattery):
     vocab_size, input_dim = V, D
     avoids_full_scores_in_training = True
     jit_compatible = False
+    fit_epochs = 12
     cases = {
         "dynamic": lambda v, d: AdaptiveSoftmax(
             v, [3, 10, 25], factor=2, static_shapes=False

@@ -147,23 +147,25 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
     n = int(h.shape[0])
     size = int(kernel.shape[-1])
     member_int = ops.cast(member, "int32")
-    count = ops.sum(member_int)
     positions = ops.arange(n, dtype="int32")
     order = ops.cast(ops.argsort(ops.where(member, positions, positions + n)), "int32")
     slot = ops.cumsum(member_int) - 1  # a member's row in `order`
     has_bias = bias is not None
 
-    def climb(fn, j=0):
+    def climb(fn, count, j=0):
         if j == len(ladder) - 1:
             return fn(ladder[j])
         return ops.cond(
-            count <= ladder[j], lambda: fn(ladder[j]), lambda: climb(fn, j + 1)
+            count <= ladder[j], lambda: fn(ladder[j]), lambda: climb(fn, count, j + 1)
         )
 
+    # Every tensor the forward and backward passes read is an argument (JAX's
+    # custom gradients cannot close over traced values).
     @ops.custom_gradient
     def tail_fn(member_int, local, order, slot, h, projection, kernel, *maybe_bias):
         b = maybe_bias[0] if maybe_bias else None
         is_member = member_int > 0
+        count = ops.sum(member_int)
 
         def scores(k):
             rows = order[:k]
@@ -186,7 +188,7 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
             ll_rows = ops.sum(z * onehot, axis=-1) - ops.logsumexp(z, axis=-1)
             return to_tokens(ll_rows, k)
 
-        ll = climb(forward)
+        ll = climb(forward, count)
 
         def grad_fn(*args, upstream=None, variables=None):
             # TensorFlow and JAX call grad_fn(upstream); PyTorch
@@ -209,7 +211,7 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
                 dh = to_tokens(ops.matmul(dx, ops.transpose(projection)), k)
                 return dh, d_projection, d_kernel, ops.sum(dz, axis=0)
 
-            dh, d_projection, d_kernel, d_bias = climb(backward)
+            dh, d_projection, d_kernel, d_bias = climb(backward, count)
             grads = [
                 ops.cast(dh, h.dtype),
                 ops.cast(d_projection, projection.dtype),
@@ -403,7 +405,11 @@ class AdaptiveSoftmax(SoftmaxHead):
                 "static_shapes=True (exact, XLA-compatible) on JAX. Received: "
                 "static_shapes=False with KERAS_BACKEND='jax'"
             )
-        self.supports_jit = self.static_shapes
+        # Keras turns `jit_compile` off for a model with this layer when the
+        # shapes are data-dependent, and on PyTorch, where the capacity
+        # ladder branches in Python (`torch.compile` would break its graph
+        # at every tail and recompile as the branch taken changes).
+        self.supports_jit = self.static_shapes and keras.backend.backend() != "torch"
         if (
             isinstance(capacity_factor, (bool, np.bool_))
             or not isinstance(capacity_factor, (int, float, np.number))
