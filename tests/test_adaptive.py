@@ -62,6 +62,22 @@ class TestAdaptiveDynamicBattery(HeadBattery):
     avoids_full_scores_in_training = True
     jit_compatible = False
     fit_epochs = 12
+    # The dynamic path trains like the static one (tested against it below):
+    # its training tests run under `-m slow` only, to keep the default run short.
+    # (Overridden, not re-marked: a mark would change the shared battery.)
+    @pytest.mark.slow
+    def test_fit_reduces_loss(self, case):
+        super().test_fit_reduces_loss(case)
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+    def test_mixed_precision(self, case, policy):
+        super().test_mixed_precision(case, policy)
+
+    @pytest.mark.slow
+    def test_sequential_head_loss(self, case, tmp_path, monkeypatch):
+        super().test_sequential_head_loss(case, tmp_path, monkeypatch)
+
     cases = {
         "dynamic": lambda v, d: AdaptiveSoftmax(
             v, [3, 10, 25], factor=2, static_shapes=False
