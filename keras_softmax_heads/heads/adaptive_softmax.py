@@ -13,7 +13,8 @@ Design notes (user-facing summary in the class docstring; `docs/adaptive.md`):
 * `log_likelihood` / `training_loss` compute the head softmax for every token
   and each tail only for the tokens whose target is in it: the exact NLL,
   never the `[N, V]` scores.
-* Static shapes (`static_shapes=True`, XLA / TPU / JAX): tail `i` gathers a
+* Static shapes (`static_shapes=True`, XLA / TPU / JAX;
+  `static_tail_log_likelihood`, a custom gradient): tail `i` gathers a
   fixed number of tokens, its capacity `K_i = min(N, ceil(capacity_factor * N
   * f_i + 2 sqrt(N f_i)))` (`f_i` the tail's share of the training tokens,
   from `counts`, or Zipf's law without counts; `tail_capacities`). A batch
@@ -23,8 +24,10 @@ Design notes (user-facing summary in the class docstring; `docs/adaptive.md`):
   the result does not depend on the capacities, only the cost does.
 * `static_shapes=False` (TensorFlow graphs, PyTorch; not XLA, not JAX):
   tail `i` gathers exactly its tokens (`ops.nonzero`, data-dependent shapes).
-* One dispatch point, `tail_log_likelihood`, chooses between the two; both
-  call `gathered_tail_log_likelihood` (`keras.ops`, autodiff).
+* One dispatch point, `tail_log_likelihood`, chooses between the two (and
+  takes every token when a TensorFlow graph does not know the batch size);
+  the dynamic path is `gathered_tail_log_likelihood` (`keras.ops`,
+  autodiff), the reference the static path is tested against.
 * Word order: with `counts`, words are ranked by descending count and the
   permutation is kept as int32 weights (`word_rank`, `word_order`) and the
   counts in the config; `log_probs` / `logits` return word-id order.
@@ -77,7 +80,7 @@ def tail_fractions(cutoffs, vocab_size, counts=None):
     `p(rank r) ~ 1 / (r + 1)`.
 
     >>> [round(f, 3) for f in tail_fractions([10, 100], 1000)]
-    [0.306, 0.308]
+    [0.302, 0.307]
     """
     bounds = list(cutoffs) + [vocab_size]
     if counts is None:
@@ -663,11 +666,8 @@ class AdaptiveSoftmax(SoftmaxHead):
         """
         h_rows = ops.take(h, rows, axis=0)  # [K, d]
         z = self.tail_scores(h_rows, i, weights)  # [K, size_i]
-        # The target's score by a one-hot product, not `take_along_axis`:
-        # inside a TensorFlow `cond` under XLA, the latter's broadcast shape
-        # became a compile-time constant fed by the batch, and every Keras
-        # fit step recompiled (4 s a step at V = 40). Exact: the other terms
-        # are zeros.
+        # The target's score by a one-hot product (exact: the other terms
+        # are zeros), as in `static_tail_log_likelihood`.
         onehot = ops.one_hot(ops.take(local, rows), self.tail_sizes[i], dtype=z.dtype)
         picked = ops.sum(z * onehot, axis=-1)
         ll_rows = picked - ops.logsumexp(z, axis=-1)  # [K]
@@ -680,7 +680,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         """The first-rung capacities `K_i` for a batch of `num_tokens`.
 
         >>> AdaptiveSoftmax(1000, cutoffs=[10, 100]).tail_capacities(2048)
-        [871, 875]
+        [823, 837]
         """
         n = int(num_tokens)
         return [capacity(n, f, self.capacity_factor) for f in self.tail_fractions]
