@@ -359,3 +359,21 @@ def test_dynamic_config_and_jit_fallback():
     assert head.get_config()["static_shapes"] is False
     assert head.supports_jit is False
     assert AdaptiveSoftmax.from_config(head.get_config()).static_shapes is False
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="one backend is enough for the smoke run")
+def test_train_lm_smoke(tmp_path):
+    """`examples/train_lm.py --head=adaptive`'s path: the registry gives the
+    head the corpus counts (default cutoffs), untied; a few steps train."""
+    from keras_softmax_heads import training
+
+    config = training.get_config(
+        head="adaptive", dataset_options=dict(
+            vocab_size=40, num_train_tokens=3000, num_valid_tokens=400,
+            num_test_tokens=401),
+        embedding_dim=8, hidden_size=8, num_layers=1, batch_size=4, bptt=6,
+        epochs=1, steps_per_epoch=3, verbose=0, num_diagnostic_contexts=50,
+        tensorboard=False, validate_every_epoch=False)
+    results = training.train_and_evaluate(config, str(tmp_path))
+    assert np.isfinite(results["test"]["nll"])
+    assert results["model"]["tied_embeddings"] is False
