@@ -47,6 +47,7 @@ from keras_softmax_heads.heads.head_utils import check_cutoffs
 from keras_softmax_heads.heads.head_utils import check_factor
 from keras_softmax_heads.heads.head_utils import check_targets
 from keras_softmax_heads.heads.head_utils import frequency_order
+from keras_softmax_heads.heads.head_utils import is_concrete
 from keras_softmax_heads.heads.head_utils import nan_if_invalid
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.samplers import check_counts
@@ -154,6 +155,11 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
     order = ops.cast(ops.argsort(ops.where(member, positions, positions + n)), "int32")
     slot = ops.cumsum(member_int) - 1  # a member's row in `order`
     has_bias = bias is not None
+    if is_concrete(member_int):
+        # Eager: the rung is known now (JAX would compile the `cond`'s fresh
+        # branches at every eager call).
+        count = int(ops.convert_to_numpy(ops.sum(member_int)))
+        ladder = [next(k for k in ladder if count <= k)]
 
     def climb(fn, count, j=0):
         if j == len(ladder) - 1:
