@@ -24,6 +24,8 @@ from keras_softmax_heads import metrics
 from keras_softmax_heads.clustering import ClusterAssignment
 from keras_softmax_heads.clustering import make_clusters
 from keras_softmax_heads.head_model import HeadModel
+from keras_softmax_heads.heads.adaptive_embedding import AdaptiveEmbedding
+from keras_softmax_heads.heads.adaptive_softmax import AdaptiveSoftmax
 from keras_softmax_heads.heads.differentiated_softmax import DifferentiatedSoftmax
 from keras_softmax_heads.heads.full_softmax import FullSoftmax
 from keras_softmax_heads.heads.hierarchical_softmax import HierarchicalSoftmax
@@ -56,6 +58,8 @@ __all__ = [
     "fused",
     "losses",
     "metrics",
+    "AdaptiveEmbedding",
+    "AdaptiveSoftmax",
     "ClusterAssignment",
     "DifferentiatedSoftmax",
     "FullSoftmax",

@@ -222,3 +222,71 @@ def build_sampler_tables(layer, sampler, counts, distortion):
     return samplers.CandidateSampler(
         vocab, layer.sampling_log_probs, layer.alias_thresholds, layer.alias_indices
     )
+
+
+# --------------------------------------------------- adaptive frequency bands
+def check_cutoffs(cutoffs, vocab_size):
+    """Cutoffs of adaptive bands: strictly increasing ints in `[1, V)`.
+
+    `cutoffs = [c_0, ..., c_{k-1}]` splits the frequency ranks into the head
+    band `[0, c_0)` and tail bands `[c_{i-1}, c_i)`, the last one ending at
+    `V` (as `torch.nn.AdaptiveLogSoftmaxWithLoss`, whose cutoffs also
+    exclude `V`). Returns a list of Python ints.
+
+    >>> check_cutoffs((2, 5), 10)
+    [2, 5]
+    """
+    ok = (
+        not isinstance(cutoffs, (str, bytes))
+        and hasattr(cutoffs, "__len__")
+        and len(cutoffs) >= 1
+        and all(
+            isinstance(c, numbers.Integral) and not isinstance(c, (bool, np.bool_))
+            for c in cutoffs
+        )
+    )
+    if ok:
+        values = [int(c) for c in cutoffs]
+        ok = (
+            all(a < b for a, b in zip(values, values[1:]))
+            and values[0] >= 1
+            and values[-1] < vocab_size
+        )
+    if not ok:
+        raise ValueError(
+            "`cutoffs` must be a non-empty list of strictly increasing "
+            f"integers in [1, vocab_size={vocab_size}) (the last band ends at "
+            f"vocab_size). Received: cutoffs={cutoffs!r}"
+        )
+    return values
+
+
+def check_factor(factor):
+    """The size ratio of consecutive adaptive bands: a number `>= 1`."""
+    if (
+        isinstance(factor, (bool, np.bool_))
+        or not isinstance(factor, numbers.Real)
+        or not np.isfinite(factor)
+        or factor < 1
+    ):
+        raise ValueError(
+            f"`factor` must be a finite number >= 1. Received: factor={factor!r}"
+        )
+    return int(factor) if float(factor).is_integer() else float(factor)
+
+
+def adaptive_band_dims(dim, num_bands, factor):
+    """Band widths `max(1, dim // factor**i)` for `i = 0 .. num_bands - 1`.
+
+    >>> adaptive_band_dims(16, 3, 4)
+    [16, 4, 1]
+    """
+    return [max(1, int(dim // factor**i)) for i in range(num_bands)]
+
+
+def frequency_order(counts, vocab_size):
+    """The word id at each frequency rank (descending `counts`, ties by id):
+    `arange(V)` without counts."""
+    if counts is None:
+        return np.arange(vocab_size)
+    return np.argsort(-np.asarray(counts, np.float64), kind="stable")

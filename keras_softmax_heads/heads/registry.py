@@ -25,6 +25,7 @@ HEADS = {
     "self_normalized": ("keras_softmax_heads.heads.self_normalized_softmax", "SelfNormalizedSoftmax"),
     "hierarchical": ("keras_softmax_heads.heads.hierarchical_softmax", "HierarchicalSoftmax"),
     "differentiated": ("keras_softmax_heads.heads.differentiated_softmax", "DifferentiatedSoftmax"),
+    "adaptive": ("keras_softmax_heads.heads.adaptive_softmax", "AdaptiveSoftmax"),
 }
 
 HEAD_ALIASES = {
@@ -39,11 +40,13 @@ HEAD_ALIASES = {
     "hsm": "hierarchical",
     "d_softmax": "differentiated",
     "dsoftmax": "differentiated",
+    "adaptive_softmax": "adaptive",
 }
 
 #: Heads whose constructor takes `token_embedding` but that cannot be tied
-#: (D-Softmax: each frequency band has its own embedding size).
-NO_TYING = {"differentiated"}
+#: (D-Softmax, adaptive softmax: each frequency band has its own embedding
+#: size; the adaptive softmax ties to an `AdaptiveEmbedding` instead).
+NO_TYING = {"differentiated", "adaptive"}
 
 def canonical_head_name(name):
     """`name` with aliases resolved; raises `ValueError` for unknown names."""

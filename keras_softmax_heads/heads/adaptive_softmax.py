@@ -1,0 +1,720 @@
+"""Adaptive softmax (Grave et al., 2017), exact, with static or dynamic tails.
+
+`p(w | h)`: words ranked by frequency are cut at `cutoffs`; the head softmax
+scores the `cutoffs[0]` most frequent words plus one token per tail cluster,
+`log_softmax(h U + a)` `[cutoffs[0] + C]`; tail cluster `i` scores its words
+through a smaller projection, `log_softmax((h P_i) W_i + b_i)`, with `P_i`
+`[d, d_i]`, `d_i = max(1, d // factor**(i+1))`, and `W_i` `[d_i, size_i]`
+(the layout of `torch.nn.AdaptiveLogSoftmaxWithLoss`). A tail word's
+log-probability is the head's cluster token plus its tail's log-softmax.
+
+Design notes (user-facing summary in the class docstring; `docs/adaptive.md`):
+
+* `log_likelihood` / `training_loss` compute the head softmax for every token
+  and each tail only for the tokens whose target is in it: the exact NLL,
+  never the `[N, V]` scores.
+* Static shapes (`static_shapes=True`, XLA / TPU / JAX;
+  `static_tail_log_likelihood`, a custom gradient): tail `i` gathers a
+  fixed number of tokens, its capacity `K_i = min(N, ceil(capacity_factor * N
+  * f_i + 2 sqrt(N f_i)))` (`f_i` the tail's share of the training tokens,
+  from `counts`, or Zipf's law without counts; `tail_capacities`). A batch
+  with more tail-`i` tokens than `K_i` is never truncated: `ops.cond` runs
+  the same computation with capacity `2 K_i`, `4 K_i`, ..., `N` (the first
+  that holds them; XLA executes only that branch). Every rung is exact, so
+  the result does not depend on the capacities, only the cost does.
+* `static_shapes=False` (TensorFlow graphs, PyTorch; not XLA, not JAX):
+  tail `i` gathers exactly its tokens (`ops.nonzero`, data-dependent shapes).
+* One dispatch point, `tail_log_likelihood`, chooses between the two (and
+  takes every token when a TensorFlow graph does not know the batch size);
+  the dynamic path is `gathered_tail_log_likelihood` (`keras.ops`,
+  autodiff), the reference the static path is tested against.
+* Word order: with `counts`, words are ranked by descending count and the
+  permutation is kept as int32 weights (`word_rank`, `word_order`) and the
+  counts in the config; `log_probs` / `logits` return word-id order.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_softmax_heads.heads.adaptive_embedding import AdaptiveEmbedding
+from keras_softmax_heads.heads.head_utils import adaptive_band_dims
+from keras_softmax_heads.heads.head_utils import add_constant_weight
+from keras_softmax_heads.heads.head_utils import build_context_checks
+from keras_softmax_heads.heads.head_utils import check_cutoffs
+from keras_softmax_heads.heads.head_utils import check_factor
+from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.heads.head_utils import frequency_order
+from keras_softmax_heads.heads.head_utils import is_concrete
+from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.heads.softmax_head import SoftmaxHead
+from keras_softmax_heads.samplers import check_counts
+from keras_softmax_heads.samplers import counts_to_config
+
+
+def default_cutoffs(vocab_size):
+    """Default `cutoffs`: `[ceil(V / 20), ceil(V / 5)]` (fewer for tiny `V`).
+
+    A heuristic (a head of 5% of the words, a first tail up to 20%), for the
+    registry; pass `cutoffs` for real use.
+
+    >>> default_cutoffs(10000)
+    [500, 2000]
+    >>> default_cutoffs(3)
+    [1]
+    """
+    vocab_size = int(vocab_size)
+    cutoffs = []
+    for c in (math.ceil(vocab_size / 20), math.ceil(vocab_size / 5)):
+        if 1 <= c < vocab_size and (not cutoffs or c > cutoffs[-1]):
+            cutoffs.append(c)
+    return cutoffs or [1]
+
+
+def tail_fractions(cutoffs, vocab_size, counts=None):
+    """Expected share of tokens in each tail cluster, `[C]` floats.
+
+    From the counts (their sum over the tail's ranks over the total) or,
+    without counts (word ids are frequency ranks), from Zipf's law
+    `p(rank r) ~ 1 / (r + 1)`.
+
+    >>> [round(f, 3) for f in tail_fractions([10, 100], 1000)]
+    [0.302, 0.307]
+    """
+    bounds = list(cutoffs) + [vocab_size]
+    if counts is None:
+        weights = 1.0 / np.arange(1, vocab_size + 1, dtype=np.float64)
+    else:
+        weights = -np.sort(-np.asarray(counts, np.float64), kind="stable")
+    total = float(weights.sum())
+    if total <= 0:
+        weights, total = np.ones(vocab_size), float(vocab_size)
+    return [float(weights[a:b].sum() / total) for a, b in zip(bounds, bounds[1:])]
+
+
+def capacity(num_tokens, fraction, capacity_factor):
+    """Tokens tail gathers statically: `min(N, max(1, ceil(capacity_factor *
+    N * f + 2 sqrt(N f))))` (an int for an int `N`, else a scalar tensor).
+
+    >>> capacity(2048, 0.1, 1.25)
+    285
+    """
+    if isinstance(num_tokens, int):
+        mean = num_tokens * fraction
+        value = math.ceil(capacity_factor * mean + 2.0 * math.sqrt(mean))
+        return int(min(num_tokens, max(1, value)))
+    mean = ops.cast(num_tokens, "float32") * fraction
+    value = ops.cast(ops.ceil(capacity_factor * mean + 2.0 * ops.sqrt(mean)), "int32")
+    return ops.minimum(num_tokens, ops.maximum(value, 1))
+
+
+def capacity_ladder(num_tokens, first):
+    """Capacities tried in turn: `K, 2K, 4K, ..., N` (int `N`), or `[K, N]`."""
+    if not isinstance(num_tokens, int):
+        return [first, num_tokens]
+    ladder = [first]
+    while ladder[-1] < num_tokens:
+        ladder.append(min(2 * ladder[-1], num_tokens))
+    return ladder
+
+
+def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladder,
+                                accumulation_dtype):
+    """One tail's `log_softmax((h P) W + b)` at the targets of its members,
+    with static shapes: the capacity ladder, and a custom gradient.
+
+    The tail's tokens are placed first (in token order) in `order`; capacity
+    `k` computes rows `order[:k]`, which hold every member when
+    `count <= k`. `ops.cond` picks the first rung of `ladder` that holds
+    them, in the forward and (recomputing the rows) in the backward pass.
+    The gradient is written out (`d ll / d z = onehot - softmax(z)`), not
+    taken through the `cond`: TensorFlow's gradient of a `cond` under XLA
+    passes shape tensors out of the forward branch, which XLA must treat as
+    compile-time constants depending on the batch, and every Keras fit step
+    recompiled (4 s a step at V = 40).
+
+    Args:
+        h: `[N, d]` context vectors, compute dtype, static `N`.
+        member: bool `[N]`, whether a token's target is in this tail.
+        local: int32 `[N]`, the target's position in the tail (clipped).
+        projection: `[d, d_i]`; kernel: `[d_i, size]` (compute dtype).
+        bias: `[size]` (accumulation dtype) or None.
+        ladder: increasing Python ints, the last `N`.
+        accumulation_dtype: dtype of the scores.
+
+    Returns:
+        `[N]` log-probabilities (0 for non-members), `accumulation_dtype`.
+    """
+    acc = accumulation_dtype
+    n = int(h.shape[0])
+    size = int(kernel.shape[-1])
+    member_int = ops.cast(member, "int32")
+    positions = ops.arange(n, dtype="int32")
+    order = ops.cast(ops.argsort(ops.where(member, positions, positions + n)), "int32")
+    slot = ops.cumsum(member_int) - 1  # a member's row in `order`
+    has_bias = bias is not None
+    if is_concrete(member_int):
+        # Eager: the rung is known now (JAX would compile the `cond`'s fresh
+        # branches at every eager call).
+        count = int(ops.convert_to_numpy(ops.sum(member_int)))
+        ladder = [next(k for k in ladder if count <= k)]
+
+    def climb(fn, count, j=0):
+        if j == len(ladder) - 1:
+            return fn(ladder[j])
+        return ops.cond(
+            count <= ladder[j], lambda: fn(ladder[j]), lambda: climb(fn, count, j + 1)
+        )
+
+    # Every tensor the forward and backward passes read is an argument (JAX's
+    # custom gradients cannot close over traced values).
+    @ops.custom_gradient
+    def tail_fn(member_int, local, order, slot, h, projection, kernel, *maybe_bias):
+        b = maybe_bias[0] if maybe_bias else None
+        is_member = member_int > 0
+        count = ops.sum(member_int)
+
+        def scores(k):
+            rows = order[:k]
+            h_rows = ops.take(h, rows, axis=0)  # [k, d]
+            x = ops.matmul(h_rows, projection)  # [k, d_i]
+            z = ops.cast(ops.matmul(x, kernel), acc)  # [k, size]
+            if b is not None:
+                z = z + b
+            onehot = ops.one_hot(ops.take(local, rows), size, dtype=acc)
+            return rows, h_rows, x, z, onehot
+
+        def to_tokens(per_row, k):
+            """Rows' values back to the tokens (zero for non-members)."""
+            pad = ops.zeros((1,) + tuple(per_row.shape[1:]), per_row.dtype)
+            padded = ops.concatenate([per_row, pad], axis=0)
+            return ops.take(padded, ops.where(is_member, slot, k), axis=0)
+
+        def forward(k):
+            _, _, _, z, onehot = scores(k)
+            ll_rows = ops.sum(z * onehot, axis=-1) - ops.logsumexp(z, axis=-1)
+            return to_tokens(ll_rows, k)
+
+        ll = climb(forward, count)
+
+        def grad_fn(*args, upstream=None, variables=None):
+            # TensorFlow and JAX call grad_fn(upstream); PyTorch
+            # grad_fn(*inputs, upstream=upstream).
+            del variables
+            if upstream is None:
+                (upstream,) = args
+            upstream = ops.cast(upstream, acc)
+
+            def backward(k):
+                rows, h_rows, x, z, onehot = scores(k)
+                g = ops.where(
+                    ops.take(is_member, rows), ops.take(upstream, rows), 0.0
+                )
+                dz = ops.expand_dims(g, -1) * (onehot - ops.softmax(z, axis=-1))
+                dz_c = ops.cast(dz, h.dtype)
+                d_kernel = ops.matmul(ops.transpose(x), dz_c)
+                dx = ops.matmul(dz_c, ops.transpose(kernel))
+                d_projection = ops.matmul(ops.transpose(h_rows), dx)
+                dh = to_tokens(ops.matmul(dx, ops.transpose(projection)), k)
+                return dh, d_projection, d_kernel, ops.sum(dz, axis=0)
+
+            dh, d_projection, d_kernel, d_bias = climb(backward, count)
+            grads = [
+                ops.cast(dh, h.dtype),
+                ops.cast(d_projection, projection.dtype),
+                ops.cast(d_kernel, kernel.dtype),
+            ]
+            if b is not None:
+                grads.append(ops.cast(d_bias, b.dtype))
+            return (None, None, None, None, *grads)  # None: integer inputs
+
+        return ll, grad_fn
+
+    args = [member_int, local, order, slot, h, projection, kernel]
+    return tail_fn(*args + ([bias] if has_bias else []))
+
+
+@keras.saving.register_keras_serializable(package="keras_softmax_heads")
+class AdaptiveSoftmax(SoftmaxHead):
+    """Adaptive softmax: a frequent-word head and cheaper tail clusters.
+
+    Words ranked by frequency (by `counts`, or word ids already in
+    frequency order) are cut at `cutoffs = [c_0, ..., c_{C-1}]`: the head
+    cluster holds ranks `[0, c_0)` plus one token per tail cluster, tail `i`
+    ranks `[c_i, c_{i+1})` (the last up to `V`). With `z = h U + a`
+    (`U` `[d, c_0 + C]`, the layer's `head_kernel`),
+
+    * `log p(w | h) = log_softmax(z)[r(w)]` for a head word;
+    * `log p(w | h) = log_softmax(z)[c_0 + i] + log_softmax((h P_i) W_i +
+      b_i)[r(w) - c_i]` for a word of tail `i`, with `P_i` `[d, d_i]`,
+      `d_i = max(1, d // factor**(i+1))`, `W_i` `[d_i, size_i]`, as
+      `torch.nn.AdaptiveLogSoftmaxWithLoss` (plus optional biases).
+
+    `call` / `log_probs` return the exact normalised `[..., V]` distribution
+    in word-id order. `log_likelihood` and `training_loss` (the exact NLL,
+    `exact_training_objective = True`) compute the head softmax for every
+    token and each tail only for the tokens whose target lies in it, never
+    the `[..., V]` scores.
+
+    `logits(h)` returns the `[..., V]` unnormalised *within-cluster* scores
+    in word-id order: `z[r(w)]` for head words, `((h P_i) W_i + b_i)[r(w) -
+    c_i]` for tail words (like `HierarchicalSoftmax.logits`, which returns
+    its word scores). They are linear in `h`, but `log_softmax(logits)` is
+    not `log_probs`: every cluster is normalised on its own. `head_logits(h)`
+    returns `z` `[..., c_0 + C]`.
+
+    Static shapes (`static_shapes=True`, default; `jit_compile=True`, JAX,
+    TPU): tail `i` processes a fixed capacity of
+    `K_i = min(N, ceil(capacity_factor * N * f_i + 2 sqrt(N f_i)))` tokens
+    of a batch of `N` (`tail_capacities(N)`), `f_i` the tail's expected
+    share of tokens (from `counts`; Zipf's law without them). If a batch has
+    more, the same exact computation runs at capacity `2 K_i`, `4 K_i`,
+    ..., `N` (`ops.cond`; only the branch taken executes), so no token is
+    ever dropped and the result never depends on the capacities.
+    `static_shapes=False` gathers exactly each tail's tokens (data-dependent
+    shapes: TensorFlow graphs and PyTorch; `supports_jit = False`; refused
+    on JAX).
+
+    Adaptive input: pass `adaptive_embedding=ksh.AdaptiveEmbedding(V, d,
+    cutoffs, factor)` (the model's input embedding, same `V`, `cutoffs`,
+    `factor`, `output_dim = d`) to share its tables and projections
+    (fairseq's tied adaptive input / output): head words are scored with
+    the band-0 table `E_0` (`z = h [E_0^T, U_c] + a`, `U_c` `[d, C]` the
+    layer's `cluster_kernel`), tail `i` with `P_i = Q_{i+1}^T` and
+    `W_i = E_{i+1}^T` (`Q` the embedding's projections). The word ranking is
+    then the embedding's (`counts` must be None). A plain `token_embedding`
+    cannot be tied (raises).
+
+    Args:
+        vocab_size: int `V` (or omit and pass `adaptive_embedding`).
+        cutoffs: strictly increasing ints in `[1, V)`; default
+            `default_cutoffs(V)` (`[ceil(V/20), ceil(V/5)]`) or the
+            embedding's.
+        factor: number `>= 1`, the width ratio of consecutive clusters
+            (default 4; torch's `div_value`).
+        counts: optional `[V]` word counts: rank words (else ids are ranks)
+            and set the capacities. Kept in the config.
+        adaptive_embedding: optional `AdaptiveEmbedding` to tie to.
+        static_shapes: bool, see above (default True).
+        capacity_factor: number `> 0`, the capacity's margin over the
+            expected tail load (default 1.25).
+        token_embedding: must be None (see above).
+        use_bias: bool, head bias `a` and tail biases `b_i` (default True).
+        kernel_initializer: initializer of `U`, `P_i`, `W_i`.
+        bias_initializer: initializer of `a`, `b_i`.
+        return_probabilities: bool, `call` returns probabilities.
+        **kwargs: standard `keras.layers.Layer` arguments.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_softmax_heads.heads.adaptive_softmax import AdaptiveSoftmax
+    >>> head = AdaptiveSoftmax(20, cutoffs=[4, 10], factor=2)
+    >>> h = np.random.rand(3, 8).astype("float32")
+    >>> log_p = np.asarray(head(h))
+    >>> bool(np.allclose(np.exp(log_p).sum(-1), 1.0, atol=1e-5))
+    True
+    >>> [tuple(k.shape) for k in head.tail_kernels]
+    [(4, 6), (2, 10)]
+    >>> t = np.array([0, 7, 19])
+    >>> bool(np.allclose(head.log_likelihood(h, t), log_p[np.arange(3), t], atol=1e-5))
+    True
+
+    References:
+        - Grave, Joulin, Cissé, Grangier & Jégou, 2017. Efficient softmax
+          approximation for GPUs. https://arxiv.org/abs/1609.04309
+        - Baevski & Auli, 2019. Adaptive Input Representations for Neural
+          Language Modeling. https://arxiv.org/abs/1809.10853
+    """
+
+    def __init__(
+        self,
+        vocab_size=None,
+        cutoffs=None,
+        factor=4,
+        counts=None,
+        adaptive_embedding=None,
+        static_shapes=True,
+        capacity_factor=1.25,
+        token_embedding=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        return_probabilities=False,
+        **kwargs,
+    ):
+        if token_embedding is not None:
+            raise ValueError(
+                "AdaptiveSoftmax cannot tie to a plain `token_embedding`: its "
+                "tail clusters use narrower word vectors. Tie it to an "
+                "adaptive input with `adaptive_embedding=AdaptiveEmbedding(...)`"
+                f". Received: token_embedding={token_embedding!r}"
+            )
+        if isinstance(adaptive_embedding, dict):
+            adaptive_embedding = keras.layers.deserialize(adaptive_embedding)
+        if adaptive_embedding is not None:
+            if not isinstance(adaptive_embedding, AdaptiveEmbedding):
+                raise ValueError(
+                    "`adaptive_embedding` must be a "
+                    "keras_softmax_heads.AdaptiveEmbedding. Received: "
+                    f"adaptive_embedding={adaptive_embedding!r}"
+                )
+            emb = adaptive_embedding
+            if vocab_size is not None and vocab_size != emb.vocab_size:
+                raise ValueError(
+                    "`vocab_size` must equal the adaptive embedding's. Received: "
+                    f"vocab_size={vocab_size}, adaptive_embedding.vocab_size="
+                    f"{emb.vocab_size}"
+                )
+            vocab_size = emb.vocab_size
+            if cutoffs is not None and list(cutoffs) != emb.cutoffs:
+                raise ValueError(
+                    "`cutoffs` must equal the adaptive embedding's. Received: "
+                    f"cutoffs={cutoffs!r}, adaptive_embedding.cutoffs={emb.cutoffs}"
+                )
+            cutoffs = emb.cutoffs
+            if check_factor(factor) != emb.factor:
+                raise ValueError(
+                    "`factor` must equal the adaptive embedding's. Received: "
+                    f"factor={factor!r}, adaptive_embedding.factor={emb.factor}"
+                )
+            if counts is not None:
+                raise ValueError(
+                    "A head tied to an adaptive embedding uses the embedding's "
+                    "word ranking: pass `counts` to the AdaptiveEmbedding. "
+                    "Received: counts (not None) with adaptive_embedding"
+                )
+        super().__init__(
+            vocab_size=vocab_size,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            return_probabilities=return_probabilities,
+            **kwargs,
+        )
+        vocab = self.vocab_size
+        self.adaptive_embedding = adaptive_embedding
+        if cutoffs is None:
+            cutoffs = default_cutoffs(vocab)
+        self.cutoffs = check_cutoffs(cutoffs, vocab)
+        self.factor = check_factor(factor)
+        self.counts = check_counts(counts, vocab)
+        if not isinstance(static_shapes, (bool, np.bool_)):
+            raise ValueError(
+                "`static_shapes` must be a bool. "
+                f"Received: static_shapes={static_shapes!r}"
+            )
+        self.static_shapes = bool(static_shapes)
+        if not self.static_shapes and keras.backend.backend() == "jax":
+            raise ValueError(
+                "static_shapes=False gathers each tail's tokens with "
+                "data-dependent shapes, which the JAX backend cannot trace. Use "
+                "static_shapes=True (exact, XLA-compatible) on JAX. Received: "
+                "static_shapes=False with KERAS_BACKEND='jax'"
+            )
+        # Keras turns `jit_compile` off for a model with this layer when the
+        # shapes are data-dependent, and on PyTorch, where the capacity
+        # ladder branches in Python (`torch.compile` would break its graph
+        # at every tail and recompile as the branch taken changes).
+        self.supports_jit = self.static_shapes and keras.backend.backend() != "torch"
+        if (
+            isinstance(capacity_factor, (bool, np.bool_))
+            or not isinstance(capacity_factor, (int, float, np.number))
+            or not np.isfinite(capacity_factor)
+            or capacity_factor <= 0
+        ):
+            raise ValueError(
+                "`capacity_factor` must be a finite number > 0. Received: "
+                f"capacity_factor={capacity_factor!r}"
+            )
+        self.capacity_factor = float(capacity_factor)
+        bounds = self.cutoffs + [vocab]
+        self.num_clusters = len(self.cutoffs)
+        self.tail_sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+        fraction_counts = self.counts
+        if adaptive_embedding is not None:
+            fraction_counts = adaptive_embedding.counts
+        self.tail_fractions = tail_fractions(self.cutoffs, vocab, fraction_counts)
+
+    # ------------------------------------------------------------------ build
+    def build(self, input_shape):
+        build_context_checks(self, input_shape)
+        d, c0, num = self.input_dim, self.cutoffs[0], self.num_clusters
+        emb = self.adaptive_embedding
+        if emb is not None:
+            if not emb.built:
+                emb.build()
+            if emb.output_dim != d:
+                raise ValueError(
+                    "The tied `adaptive_embedding` has output_dim="
+                    f"{emb.output_dim} but the context vectors have last "
+                    f"dimension {d}. Received: input_shape={input_shape}"
+                )
+        self.tail_dims = adaptive_band_dims(d, num + 1, self.factor)[1:]
+        self.kernel = None
+        self.bias = None
+        self.head_kernel = self.cluster_kernel = None
+        if emb is None:
+            self.head_kernel = self.add_weight(
+                name="head_kernel", shape=(d, c0 + num),
+                initializer=self.kernel_initializer,
+            )
+        else:
+            self.cluster_kernel = self.add_weight(
+                name="cluster_kernel", shape=(d, num),
+                initializer=self.kernel_initializer,
+            )
+        self.head_bias = None
+        if self.use_bias:
+            self.head_bias = self.add_weight(
+                name="head_bias", shape=(c0 + num,),
+                initializer=self.bias_initializer, autocast=False,
+            )
+        self.tail_projections = []
+        self.tail_kernels = []
+        self.tail_biases = []
+        for i, (dim, size) in enumerate(zip(self.tail_dims, self.tail_sizes)):
+            if emb is None:
+                self.tail_projections.append(self.add_weight(
+                    name=f"tail_projection_{i}", shape=(d, dim),
+                    initializer=self.kernel_initializer,
+                ))
+                self.tail_kernels.append(self.add_weight(
+                    name=f"tail_kernel_{i}", shape=(dim, size),
+                    initializer=self.kernel_initializer,
+                ))
+            if self.use_bias:
+                self.tail_biases.append(self.add_weight(
+                    name=f"tail_bias_{i}", shape=(size,),
+                    initializer=self.bias_initializer, autocast=False,
+                ))
+        self.word_order = self.word_rank = None
+        if emb is None:
+            order = frequency_order(self.counts, self.vocab_size)
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            self.word_order = add_constant_weight(self, "word_order", "int32", order)
+            self.word_rank = add_constant_weight(self, "word_rank", "int32", rank)
+
+    # ------------------------------------------------------------- weights
+    def _rank_table(self):
+        emb = self.adaptive_embedding
+        table = self.word_rank if emb is None else emb.word_rank
+        return ops.convert_to_tensor(table)
+
+    def head_matrix(self):
+        """`U` `[d, c_0 + C]` in the compute dtype (tied: `[E_0^T, U_c]`)."""
+        if self.adaptive_embedding is None:
+            kernel = self.head_kernel
+        else:
+            kernel = ops.concatenate(
+                [ops.transpose(self.adaptive_embedding.band_embeddings[0]),
+                 self.cluster_kernel],
+                axis=-1,
+            )
+        return ops.cast(kernel, self.compute_dtype)
+
+    def tail_projection(self, i):
+        """`P_i` `[d, d_i]` in the compute dtype."""
+        if self.adaptive_embedding is None:
+            matrix = self.tail_projections[i]
+        else:
+            matrix = ops.transpose(self.adaptive_embedding.band_projections[i + 1])
+        return ops.cast(matrix, self.compute_dtype)
+
+    def tail_kernel(self, i):
+        """`W_i` `[d_i, size_i]` in the compute dtype."""
+        if self.adaptive_embedding is None:
+            matrix = self.tail_kernels[i]
+        else:
+            matrix = ops.transpose(self.adaptive_embedding.band_embeddings[i + 1])
+        return ops.cast(matrix, self.compute_dtype)
+
+    def output_kernel(self):
+        raise ValueError(
+            "AdaptiveSoftmax has no single [d, V] output matrix (its tail "
+            "clusters project h to narrower vectors); use `head_matrix()`, "
+            "`tail_projection(i)` and `tail_kernel(i)`."
+        )
+
+    # ---------------------------------------------------------------- scores
+    def head_logits(self, inputs):
+        """Head-cluster scores `z = h U + a`, float32 `[..., c_0 + C]`."""
+        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
+        return self._head_scores(inputs)
+
+    def _head_scores(self, h):
+        z = ops.cast(ops.matmul(h, self.head_matrix()), self.accumulation_dtype)
+        if self.head_bias is not None:
+            z = z + ops.cast(self.head_bias, self.accumulation_dtype)
+        return z
+
+    def tail_weights(self, i):
+        """`(P_i, W_i, b_i or None)` as tensors (compute dtype; bias float32)."""
+        bias = None
+        if self.tail_biases:
+            bias = ops.cast(self.tail_biases[i], self.accumulation_dtype)
+        return self.tail_projection(i), self.tail_kernel(i), bias
+
+    def tail_scores(self, h, i, weights=None):
+        """Tail `i`'s scores `(h P_i) W_i + b_i`, float32 `[..., size_i]`,
+        for `h` in the compute dtype (`weights`: `tail_weights(i)`)."""
+        projection, kernel, bias = weights or self.tail_weights(i)
+        x = ops.matmul(h, projection)
+        z = ops.cast(ops.matmul(x, kernel), self.accumulation_dtype)
+        if bias is not None:
+            z = z + bias
+        return z
+
+    def _to_word_order(self, ranked):
+        return ops.take(ranked, self._rank_table(), axis=-1)
+
+    def logits(self, inputs):
+        """Within-cluster scores `[..., V]` (float32), word-id order: head
+        words' head scores, tail words' tail scores (see the class doc)."""
+        h = ops.cast(self._check_inputs(inputs), self.compute_dtype)
+        parts = [self._head_scores(h)[..., : self.cutoffs[0]]]
+        parts += [self.tail_scores(h, i) for i in range(self.num_clusters)]
+        return self._to_word_order(ops.concatenate(parts, axis=-1))
+
+    def log_probs(self, inputs):
+        """Exact normalised log-probabilities, float32 `[..., V]`."""
+        h = ops.cast(self._check_inputs(inputs), self.compute_dtype)
+        head_lp = ops.log_softmax(self._head_scores(h), axis=-1)
+        c0 = self.cutoffs[0]
+        parts = [head_lp[..., :c0]]
+        for i in range(self.num_clusters):
+            tail_lp = ops.log_softmax(self.tail_scores(h, i), axis=-1)
+            parts.append(tail_lp + head_lp[..., c0 + i : c0 + i + 1])
+        return self._to_word_order(ops.concatenate(parts, axis=-1))
+
+    # ------------------------------------------------------- cheap likelihood
+    def log_likelihood(self, inputs, targets):
+        """Exact `log p(targets | inputs)` without the `[..., V]` scores.
+
+        The head softmax for every token (`c_0 + C` scores) and, per tail,
+        the scores of the tokens whose target lies in it
+        (`tail_log_likelihood`).
+
+        Args:
+            inputs: context vectors `[..., d]`.
+            targets: int word ids `[...]` in `[0, V)`.
+
+        Returns:
+            float32 tensor of shape `targets.shape`. Out-of-range ids raise
+            a `ValueError` eagerly (`InvalidArgumentError` from a TensorFlow
+            graph) and give NaN under XLA (`head_utils.check_targets`).
+        """
+        inputs = self._check_inputs(inputs)
+        targets = check_targets(targets, self.vocab_size)
+        h = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, self.input_dim))
+        t = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
+        rank = ops.take(self._rank_table(), t)
+        cutoffs = ops.convert_to_tensor(np.asarray(self.cutoffs, np.int32))
+        band = ops.sum(
+            ops.cast(ops.expand_dims(rank, -1) >= ops.expand_dims(cutoffs, 0), "int32"),
+            axis=-1,
+        )  # 0: head, i + 1: tail i
+        c0 = self.cutoffs[0]
+        head_lp = ops.log_softmax(self._head_scores(h), axis=-1)
+        head_index = ops.where(band == 0, rank, c0 + band - 1)
+        ll = ops.squeeze(
+            ops.take_along_axis(head_lp, ops.expand_dims(head_index, -1), axis=-1), -1
+        )
+        for i in range(self.num_clusters):
+            member = band == i + 1
+            local = ops.clip(rank - self.cutoffs[i], 0, self.tail_sizes[i] - 1)
+            ll = ll + self.tail_log_likelihood(h, member, local, i)
+        ll = ops.reshape(ll, ops.shape(targets))
+        return nan_if_invalid(ll, targets, self.vocab_size)
+
+    def tail_log_likelihood(self, h, member, local, i):
+        """`log p(w | tail i, h)` for the members of tail `i`, 0 elsewhere.
+
+        The one dispatch point between the static path (capacity ladder,
+        XLA) and the dynamic path (`static_shapes=False`).
+
+        Args:
+            h: `[N, d]` context vectors (compute dtype).
+            member: bool `[N]`, whether a token's target is in tail `i`.
+            local: int32 `[N]`, the target's position in tail `i` (clipped).
+            i: int, the tail.
+
+        Returns:
+            `[N]` float32.
+        """
+        if not self.static_shapes:
+            rows = ops.cast(ops.nonzero(member)[0], "int32")  # data-dependent
+            return self.gathered_tail_log_likelihood(h, member, local, rows, i)
+        weights = self.tail_weights(i)
+        n = ops.shape(h)[0]
+        if not isinstance(n, int):
+            # Batch size unknown at trace time (a TensorFlow graph with a
+            # `None` batch): no static capacity; every token, exact.
+            rows = ops.arange(n, dtype="int32")
+            return self.gathered_tail_log_likelihood(h, member, local, rows, i, weights)
+        ladder = capacity_ladder(
+            n, capacity(n, self.tail_fractions[i], self.capacity_factor)
+        )
+        projection, kernel, bias = weights
+        return static_tail_log_likelihood(
+            h, member, local, projection, kernel, bias, ladder, self.accumulation_dtype
+        )
+
+    def gathered_tail_log_likelihood(self, h, member, local, rows, i, weights=None):
+        """Tail `i`'s log-softmax at the targets of tokens `rows` (members
+        first, in token order, then any padding rows), scattered back.
+
+        `O(K (d d_i + d_i size_i))` for `K = len(rows)`; rows beyond the
+        members are computed and never read.
+        """
+        h_rows = ops.take(h, rows, axis=0)  # [K, d]
+        z = self.tail_scores(h_rows, i, weights)  # [K, size_i]
+        # The target's score by a one-hot product (exact: the other terms
+        # are zeros), as in `static_tail_log_likelihood`.
+        onehot = ops.one_hot(ops.take(local, rows), self.tail_sizes[i], dtype=z.dtype)
+        picked = ops.sum(z * onehot, axis=-1)
+        ll_rows = picked - ops.logsumexp(z, axis=-1)  # [K]
+        k = ops.shape(rows)[0]
+        slot = ops.cumsum(ops.cast(member, "int32")) - 1  # a member's row
+        padded = ops.concatenate([ll_rows, ops.zeros((1,), ll_rows.dtype)], axis=0)
+        return ops.take(padded, ops.where(member, slot, k))
+
+    def tail_capacities(self, num_tokens):
+        """The first-rung capacities `K_i` for a batch of `num_tokens`.
+
+        >>> AdaptiveSoftmax(1000, cutoffs=[10, 100]).tail_capacities(2048)
+        [823, 837]
+        """
+        n = int(num_tokens)
+        return [capacity(n, f, self.capacity_factor) for f in self.tail_fractions]
+
+    def count_params(self):
+        """The head's own parameters; a tied `adaptive_embedding`'s tables
+        and projections are counted by the embedding layer."""
+        if self.adaptive_embedding is None or not self.built:
+            return super().count_params()
+        tied = {id(v) for v in self.adaptive_embedding.weights}
+        return int(sum(math.prod(v.shape) for v in self.weights if id(v) not in tied))
+
+    # ------------------------------------------------------------ serialising
+    def get_config(self):
+        config = super().get_config()
+        config.pop("token_embedding", None)
+        config.update(
+            {
+                "cutoffs": list(self.cutoffs),
+                "factor": self.factor,
+                "counts": counts_to_config(self.counts),
+                "adaptive_embedding": (
+                    keras.layers.serialize(self.adaptive_embedding)
+                    if self.adaptive_embedding is not None
+                    else None
+                ),
+                "static_shapes": self.static_shapes,
+                "capacity_factor": self.capacity_factor,
+            }
+        )
+        return config
