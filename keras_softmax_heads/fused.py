@@ -559,6 +559,19 @@ class FusedLossCausalLM:
         _check_options(options.get("reduction", "mean"), options.get("ignore_index"),
                        options.get("label_smoothing", 0.0), options.get("z_loss", 0.0),
                        options.get("logit_soft_cap"))
+        model_cap = self.fused_projection()[2]
+        if "logit_soft_cap" in options:
+            cap = options["logit_soft_cap"]
+            if (cap is None) != (model_cap is None) or (
+                cap is not None and float(cap) != float(model_cap)
+            ):
+                raise ValueError(
+                    "`fused_loss['logit_soft_cap']` must match the model's final "
+                    "logit soft cap (`backbone.token_embedding.logit_soft_cap` = "
+                    f"{model_cap!r}), which the fused loss reads itself. "
+                    f"Received: fused_loss={options}"
+                )
+            del options["logit_soft_cap"]
         self.fused_loss = options
 
     def call(self, inputs, training=None, mask=None):
@@ -566,28 +579,45 @@ class FusedLossCausalLM:
             return self.backbone(inputs, training=training)
         return super().call(inputs, training=training, mask=mask)
 
-    def _fused_kernel(self):
+    def fused_projection(self):
+        """`(kernel, kernel_transposed, logit_soft_cap)`: what the stock
+        model's `token_embedding(h, reverse=True)` applies, read from the
+        backbone's `token_embedding` (public attributes only).
+
+        Tied (`tie_weights=True`, GPT-2, Gemma): `embeddings` `[V, d]`,
+        `kernel_transposed=True`; with LoRA enabled on the embedding this is
+        the merged `W + (alpha / r) A B` (the layer's own `embeddings`
+        property, as its reverse call uses). Untied (`tie_weights=False`,
+        Llama's default): `reverse_embeddings` `[d, V]`. The soft cap is the
+        layer's `logit_soft_cap` (Gemma 2's `final_logit_soft_cap`), or None.
+        """
         embedding = self.backbone.token_embedding
+        if getattr(embedding, "quantization_mode", None) is not None:
+            raise ValueError(
+                "FusedLossCausalLM trains through the float output matrix; the "
+                f"token embedding is quantized ({embedding.quantization_mode!r})."
+            )
+        cap = getattr(embedding, "logit_soft_cap", None)
+        cap = None if cap is None else float(cap)
         if not getattr(embedding, "tie_weights", True):
-            return embedding.reverse_embeddings, False
-        return embedding.embeddings, True
+            return embedding.reverse_embeddings, False, cap
+        return embedding.embeddings, True, cap
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
                      training=True):
         if not training:  # logits: the compiled loss
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
-        kernel, transposed = self._fused_kernel()
+        kernel, transposed, cap = self.fused_projection()
         loss = linear_cross_entropy(
             y_pred, kernel, y, sample_weight=sample_weight,
-            kernel_transposed=transposed, **self.fused_loss,
+            kernel_transposed=transposed, logit_soft_cap=cap, **self.fused_loss,
         )
         for extra in self.losses:
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
         return loss
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        kernel, transposed = self._fused_kernel()
-        vocab = kernel.shape[0] if transposed else kernel.shape[1]
+        vocab = self.backbone.token_embedding.input_dim
         if y_pred is None or y_pred.shape[-1] == vocab:  # logits
             return super().compute_metrics(x, y, y_pred, sample_weight)
         # Hidden states (training): the loss only; the compiled metrics
