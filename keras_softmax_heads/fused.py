@@ -19,7 +19,10 @@ whatever the inputs' dtype.
 `LinearCrossEntropy` is the same loss as a `keras.losses.Loss` for a model
 whose output is the hidden states; `fused_causal_lm(GPT2CausalLM)` makes a
 keras-hub causal LM train through it. Written in `keras.ops`: TensorFlow, JAX
-and PyTorch, eager and compiled. See `docs/chunked.md`.
+and PyTorch, eager and compiled; on JAX, vocabulary-parallel under a
+`keras.distribution` that shards the output matrix on V
+(`vocab_parallel_stats`, the one JAX-specific dispatch point). See
+`docs/chunked.md`.
 """
 
 import numbers
@@ -652,26 +655,42 @@ class FusedLossCausalLM:
     In training (`call(..., training=True)`, what `fit` runs) the model
     returns the backbone's hidden states `[batch, seq, d]` instead of the
     logits, and `compute_loss` (Keras' public hook) applies
-    `linear_cross_entropy` to them with the backbone's
-    `token_embedding.embeddings` (`[V, d]`, tied: `kernel_transposed`; an
-    untied `ReversibleEmbedding`'s `reverse_embeddings` `[d, V]`), the
-    targets `y` and the `sample_weight` (the preprocessor's padding mask),
-    plus the model's other losses (`model.losses`). The compiled metrics are
-    skipped in training (they would see hidden states: the training logs
-    hold the loss; compile with `weighted_metrics=[]` to have none); `evaluate`,
-    `predict` and `generate` are unchanged (logits; the compiled loss).
+    `linear_cross_entropy` to them with what the stock
+    `token_embedding(h, reverse=True)` applies (`fused_projection()`, public
+    attributes of keras' `ReversibleEmbedding` only): the tied
+    `embeddings` `[V, d]` (`kernel_transposed`; GPT-2, Gemma) or the untied
+    `reverse_embeddings` `[d, V]` (`tie_weights=False`, Llama's default),
+    and the layer's `logit_soft_cap` (Gemma 2's `final_logit_soft_cap`),
+    plus the targets `y`, the `sample_weight` (the preprocessor's padding
+    mask) and the model's other losses (`model.losses`). With LoRA on the
+    tied embedding (`backbone.enable_lora(r, target_layer_names=[...,
+    "token_embedding"])`) the `embeddings` property is the merged
+    `W + (alpha / r) A B`, as in the stock reverse call. The compiled
+    metrics are skipped in training (they would see hidden states: the
+    training logs hold the loss; compile with `weighted_metrics=[]` to have
+    none); `evaluate`, `predict` and `generate` are unchanged (logits; the
+    compiled loss). On JAX under a `keras.distribution` that shards the
+    output matrix on its vocabulary axis, the loss is vocabulary-parallel
+    (`linear_cross_entropy(vocab_parallel="auto")`).
 
     `fused_loss` (a dict of `linear_cross_entropy` options: `chunk_size`,
-    `label_smoothing`, `z_loss`, `ignore_index`, `reduction`, ...) is a
-    constructor argument and part of `get_config`. The default reduction,
-    `"mean"`, averages over the weighted tokens (`sum(w loss) / sum(w)`),
-    whereas Keras' compiled loss (`"sum_over_batch_size"`) divides by all
-    tokens, padding included: training and validation losses differ by that
-    factor when there is padding.
+    `label_smoothing`, `z_loss`, `ignore_index`, `reduction`,
+    `vocab_parallel`, ...) is a constructor argument and part of
+    `get_config`; `logit_soft_cap` comes from the model (a different value
+    is an error). The default reduction, `"mean"`, averages over the
+    weighted tokens (`sum(w loss) / sum(w)`), as Keras'
+    `reduction="mean_with_sample_weight"` does, whereas Keras' default
+    compiled loss (`"sum_over_batch_size"`) divides by all tokens, padding
+    included: training and validation losses differ by that factor when
+    there is padding unless the compiled loss uses
+    `"mean_with_sample_weight"`.
 
-    Only for models whose logits are `token_embedding(backbone(x),
-    reverse=True)` (GPT-2, ...): not Gemma's final soft-capping, nor sharded
-    vocabularies. Use `fused_causal_lm(cls)` to get the subclass.
+    For models whose logits are `token_embedding(backbone(x), reverse=True)`
+    (GPT-2, Gemma / Gemma 2, Llama, Mistral, ...). Not for a quantized
+    embedding. `keras.saving.load_model` does not re-compile a keras-hub
+    task (its `compile` is custom): compile the loaded model again. Use
+    `fused_causal_lm(cls)` to get the subclass (call it before loading a
+    saved one, to register it).
     """
 
     def __init__(self, *args, fused_loss=None, **kwargs):

@@ -83,18 +83,18 @@ def _compile(lm):
     return lm
 
 
-def _pair(name, lora=False, fused_loss=None):
+def _pair(name, lora=None, fused_loss=None):
     """A fused LM and the stock LM with the same weights."""
     keras.utils.set_random_seed(0)
     backbone, cls = MODELS[name]()
     stock_backbone = backbone.__class__.from_config(backbone.get_config())
-    if lora:
+    if lora:  # the target layer names
         for b in (backbone, stock_backbone):
-            b.enable_lora(2, target_layer_names=["token_embedding", "query"])
+            b.enable_lora(2, target_layer_names=lora)
     fused = ksh.fused.fused_causal_lm(cls)(
         backbone=backbone, preprocessor=None, fused_loss=fused_loss or {"chunk_size": 40})
     stock = cls(backbone=stock_backbone, preprocessor=None)
-    if lora:  # B = 0 at init: make the LoRA term count
+    if lora and "token_embedding" in lora:  # B = 0 at init: make the LoRA term count
         emb = backbone.token_embedding
         emb.lora_embeddings_b.assign(
             np.random.default_rng(1).normal(0, 0.3, emb.lora_embeddings_b.shape))
@@ -234,16 +234,20 @@ def test_fit_matches_stock_without_logits(name, monkeypatch, tmp_path):
     _assert_close_lists(_weights(loaded), _weights(fused), 1e-6, names)
 
 
-def test_lora_on_tied_embedding_uses_merged_matrix(monkeypatch):
+@pytest.mark.parametrize("targets", [["token_embedding", "query"], None],
+                         ids=["embedding", "default"])
+def test_lora_on_tied_embedding_uses_merged_matrix(targets, monkeypatch):
     """`backbone.enable_lora(r, target_layer_names=[..., "token_embedding"])`:
     the fused loss uses `W + (alpha / r) A B`, like the stock reverse call;
-    the frozen `W` stays put, `A` and `B` get the stock gradients."""
-    fused, stock = _pair("gemma2", lora=True)
+    the frozen `W` stays put, `A` and `B` get the stock gradients. With the
+    default targets (attention only) the embedding is simply frozen."""
+    fused, stock = _pair("gemma2", lora=targets or ["query", "value"])
     x, y, sw = _data(1)
     embedding = fused.backbone.token_embedding
-    assert embedding.lora_enabled
+    assert embedding.lora_enabled == bool(targets)
     names = [v.path for v in fused.trainable_variables]
-    assert any("lora_embeddings_b" in n for n in names)
+    assert any("lora_embeddings_b" in n for n in names) == bool(targets)
+    assert any("lora_kernel_a" in n for n in names)
     frozen = [v for v in fused.non_trainable_variables if v.path.endswith("token_embedding/embeddings")]
     assert len(frozen) == 1
     frozen0 = np.asarray(ops.convert_to_numpy(frozen[0]))
@@ -261,8 +265,9 @@ def test_lora_on_tied_embedding_uses_merged_matrix(monkeypatch):
     g_fused = [(a - b) / LR for a, b in zip(w0, _weights(fused))]
     g_stock = [(a - b) / LR for a, b in zip(w0, _weights(stock))]
     _assert_close_lists(g_fused, g_stock, 1e-4, names)
-    lora_b = names.index(next(n for n in names if "lora_embeddings_b" in n))
-    assert float(np.abs(g_fused[lora_b]).max()) > 1e-4
+    if targets:
+        lora_b = names.index(next(n for n in names if "lora_embeddings_b" in n))
+        assert float(np.abs(g_fused[lora_b]).max()) > 1e-4
     np.testing.assert_array_equal(np.asarray(ops.convert_to_numpy(frozen[0])), frozen0)
 
 

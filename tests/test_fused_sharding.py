@@ -79,10 +79,8 @@ N_HLO, D_HLO, V_HLO, CHUNK_HLO = 1024, 128, 16384, 2048
 
 
 def _child(devices):
-    import jax
     import keras
     import numpy as np
-    from keras import ops
 
     import keras_softmax_heads as ksh
 
