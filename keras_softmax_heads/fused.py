@@ -706,7 +706,7 @@ class FusedLossCausalLM:
         _check_options(options.get("reduction", "mean"), options.get("ignore_index"),
                        options.get("label_smoothing", 0.0), options.get("z_loss", 0.0),
                        options.get("logit_soft_cap"))
-        model_cap = self.fused_projection()[2]
+        model_cap = getattr(self.backbone.token_embedding, "logit_soft_cap", None)
         if "logit_soft_cap" in options:
             cap = options["logit_soft_cap"]
             if (cap is None) != (model_cap is None) or (
