@@ -706,6 +706,11 @@ class FusedLossCausalLM:
         _check_options(options.get("reduction", "mean"), options.get("ignore_index"),
                        options.get("label_smoothing", 0.0), options.get("z_loss", 0.0),
                        options.get("logit_soft_cap"))
+        if options.get("vocab_parallel", "auto") not in ("auto", True, False):
+            raise ValueError(
+                '`fused_loss["vocab_parallel"]` must be "auto", True or False. '
+                f"Received: fused_loss={options}"
+            )
         model_cap = getattr(self.backbone.token_embedding, "logit_soft_cap", None)
         if "logit_soft_cap" in options:
             cap = options["logit_soft_cap"]

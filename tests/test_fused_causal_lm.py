@@ -300,3 +300,5 @@ def test_soft_cap_option_must_match_the_model():
     assert lm.fused_loss == {} and lm.fused_projection()[2] == 1.5
     with pytest.raises(ValueError, match="soft cap"):
         fused_class(backbone=backbone, preprocessor=None, fused_loss={"logit_soft_cap": 30.0})
+    with pytest.raises(ValueError, match="vocab_parallel"):
+        fused_class(backbone=backbone, preprocessor=None, fused_loss={"vocab_parallel": "yes"})
