@@ -19,7 +19,10 @@ whatever the inputs' dtype.
 `LinearCrossEntropy` is the same loss as a `keras.losses.Loss` for a model
 whose output is the hidden states; `fused_causal_lm(GPT2CausalLM)` makes a
 keras-hub causal LM train through it. Written in `keras.ops`: TensorFlow, JAX
-and PyTorch, eager and compiled. See `docs/chunked.md`.
+and PyTorch, eager and compiled; on JAX, vocabulary-parallel under a
+`keras.distribution` that shards the output matrix on V
+(`vocab_parallel_stats`, the one JAX-specific dispatch point). See
+`docs/chunked.md`.
 """
 
 import numbers
@@ -121,6 +124,7 @@ def linear_cross_entropy(
     return_lse=False,
     return_argmax=False,
     implementation="auto",
+    vocab_parallel="auto",
 ):
     """Exact cross-entropy of `softmax(g(hidden @ kernel + bias))`, tiled.
 
@@ -170,6 +174,16 @@ def linear_cross_entropy(
             `argmax == target` over the non-ignored tokens).
         implementation: `"auto"` or `"ops"`, as in
             `chunked.chunked_pointwise_nll`.
+        vocab_parallel: `"auto"` (default), True or False. On JAX, under a
+            `keras.distribution` whose layout shards the `kernel` variable
+            on its vocabulary axis (keras-hub's Gemma / Llama layout maps),
+            `"auto"` and True run the tiled pass on each device's own
+            vocabulary shard (`jax.shard_map`) and combine the per-token
+            statistics across that mesh axis (max, sums): no device gathers
+            the `[V, d]` matrix or its gradient. Without a bias only.
+            `"auto"` falls back to the single-device form otherwise (where
+            XLA's partitioner gathers the whole matrix on every device);
+            True raises instead.
 
     Returns:
         The loss (float32; float64 for float64 inputs), reduced as
@@ -241,16 +255,39 @@ def linear_cross_entropy(
     transform_fn = None
     if cap is not None:
         transform_fn = lambda z: soft_cap(z, cap)  # noqa: E731
-    nll, lse, score_sum, argmax = chunked_pointwise_stats(
-        hidden,
-        kernel,
-        bias,
-        targets,
-        transform_fn=transform_fn,
-        chunk_size=chunk_size,
-        kernel_transposed=kernel_transposed,
-        implementation=implementation,
-    )
+    if vocab_parallel not in ("auto", True, False):
+        raise ValueError(
+            '`vocab_parallel` must be "auto", True or False. '
+            f"Received: vocab_parallel={vocab_parallel!r}"
+        )
+    layout = None
+    if vocab_parallel:
+        layout = vocab_parallel_layout(kernel, kernel_transposed)
+        if layout is not None and bias is not None:
+            layout = None
+        if layout is None and vocab_parallel is True:
+            raise ValueError(
+                "vocab_parallel=True needs the JAX backend, no bias, and a "
+                "`kernel` variable that the current keras.distribution shards "
+                "on its vocabulary axis (evenly)."
+            )
+    if layout is not None:
+        nll, lse, score_sum, argmax = vocab_parallel_stats(
+            hidden, kernel, targets, layout, transform_fn=transform_fn,
+            chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+            implementation=implementation,
+        )
+    else:
+        nll, lse, score_sum, argmax = chunked_pointwise_stats(
+            hidden,
+            kernel,
+            bias,
+            targets,
+            transform_fn=transform_fn,
+            chunk_size=chunk_size,
+            kernel_transposed=kernel_transposed,
+            implementation=implementation,
+        )
     loss = nll
     if eps:
         loss = (1.0 - eps) * nll + eps * (lse - score_sum / vocab)
@@ -283,6 +320,100 @@ def linear_cross_entropy(
         correct = ops.cast(ops.equal(argmax, targets), weights.dtype)
         aux["accuracy"] = ops.stop_gradient(_weighted_mean(correct, weights))
     return out, aux
+
+
+def vocab_parallel_layout(kernel, kernel_transposed):
+    """`(device_mesh, vocab_axis, batch_axis)` when the vocabulary-parallel
+    form applies: the JAX backend, a current `keras.distribution`, and a
+    `kernel` variable whose layout shards its vocabulary axis (dividing V)
+    over a mesh axis of size > 1. None otherwise."""
+    if keras.backend.backend() != "jax" or not isinstance(kernel, keras.Variable):
+        return None
+    distribution = keras.distribution.distribution()
+    if distribution is None or len(kernel.shape) != 2:
+        return None
+    layout = distribution.get_variable_layout(kernel)
+    axes = tuple(getattr(layout, "axes", None) or ())
+    if len(axes) != 2:
+        return None
+    vocab_axis = axes[0] if kernel_transposed else axes[1]
+    mesh = layout.device_mesh
+    if vocab_axis is None or mesh is None or vocab_axis not in mesh.axis_names:
+        return None
+    size = mesh.shape[list(mesh.axis_names).index(vocab_axis)]
+    vocab = kernel.shape[0] if kernel_transposed else kernel.shape[1]
+    if size <= 1 or vocab % size:
+        return None
+    batch_axis = getattr(distribution, "batch_dim_name", None)
+    if batch_axis == vocab_axis or batch_axis not in mesh.axis_names:
+        batch_axis = None
+    return mesh, vocab_axis, batch_axis
+
+
+def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
+                         chunk_size, kernel_transposed, implementation):
+    """`chunked_pointwise_stats` with the kernel sharded on V (JAX only; the
+    one dispatch point of the vocabulary-parallel form).
+
+    Each device runs the tiled pass on its `[V / n, d]` shard, with the
+    targets shifted to its range (a target elsewhere contributes no target
+    score), then the statistics are combined across the vocabulary mesh
+    axis: `lse = m + log(psum(exp(lse_k - m)))` (`m = pmax(lse_k)`, no
+    gradient), target score and score sum by `psum`, the argmax by `pmax` of
+    each shard's best score (then the smallest id). Gradients flow through
+    the collectives and each shard's own backward pass: the kernel gradient
+    stays sharded.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    mesh, vocab_axis, batch_axis = layout
+    jax_mesh = mesh.backend_mesh
+    d = hidden.shape[-1]
+    lead = ops.shape(targets)
+    h = ops.reshape(hidden, (-1, d))
+    t = ops.reshape(targets, (-1,))
+    rows = h.shape[0]
+    if batch_axis is not None and (
+        rows is None or rows % mesh.shape[list(mesh.axis_names).index(batch_axis)]
+    ):
+        batch_axis = None
+    kernel = ops.convert_to_tensor(kernel)
+    kernel_spec = (PartitionSpec(vocab_axis, None) if kernel_transposed
+                   else PartitionSpec(None, vocab_axis))
+    row_spec = PartitionSpec(batch_axis)
+
+    def local(h, w, t):
+        v_local = w.shape[0] if kernel_transposed else w.shape[1]
+        start = jax.lax.axis_index(vocab_axis) * v_local
+        shifted = t - start
+        inside = (shifted >= 0) & (shifted < v_local)
+        nll, lse, score_sum, argmax = chunked_pointwise_stats(
+            h, w, None, jnp.where(inside, shifted, 0), transform_fn=transform_fn,
+            chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+            implementation=implementation,
+        )
+        peak = jax.lax.pmax(jax.lax.stop_gradient(lse), vocab_axis)
+        total_lse = peak + jnp.log(jax.lax.psum(jnp.exp(lse - peak), vocab_axis))
+        target = jax.lax.psum(jnp.where(inside, lse - nll, 0.0), vocab_axis)
+        score_sum = jax.lax.psum(score_sum, vocab_axis)
+        # The argmax: each shard's best score, recomputed from its row.
+        row = jnp.take(w, argmax, axis=0) if kernel_transposed else jnp.take(w, argmax, axis=1).T
+        best = jnp.sum(h.astype(lse.dtype) * row.astype(lse.dtype), axis=-1)
+        if transform_fn is not None:
+            best = transform_fn(best)
+        best = jax.lax.stop_gradient(best)
+        top = jax.lax.pmax(best, vocab_axis)
+        ids = jnp.where(best == top, argmax + start, jnp.iinfo("int32").max)
+        argmax = jax.lax.pmin(ids.astype("int32"), vocab_axis)
+        return total_lse - target, total_lse, score_sum, argmax
+
+    out = jax.shard_map(
+        local, mesh=jax_mesh, in_specs=(PartitionSpec(batch_axis, None), kernel_spec, row_spec),
+        out_specs=(row_spec,) * 4, check_vma=False,
+    )(h, kernel, t)
+    return tuple(ops.reshape(x, lead) for x in out)
 
 
 def _layer_kernel(source):
@@ -524,26 +655,42 @@ class FusedLossCausalLM:
     In training (`call(..., training=True)`, what `fit` runs) the model
     returns the backbone's hidden states `[batch, seq, d]` instead of the
     logits, and `compute_loss` (Keras' public hook) applies
-    `linear_cross_entropy` to them with the backbone's
-    `token_embedding.embeddings` (`[V, d]`, tied: `kernel_transposed`; an
-    untied `ReversibleEmbedding`'s `reverse_embeddings` `[d, V]`), the
-    targets `y` and the `sample_weight` (the preprocessor's padding mask),
-    plus the model's other losses (`model.losses`). The compiled metrics are
-    skipped in training (they would see hidden states: the training logs
-    hold the loss; compile with `weighted_metrics=[]` to have none); `evaluate`,
-    `predict` and `generate` are unchanged (logits; the compiled loss).
+    `linear_cross_entropy` to them with what the stock
+    `token_embedding(h, reverse=True)` applies (`fused_projection()`, public
+    attributes of keras' `ReversibleEmbedding` only): the tied
+    `embeddings` `[V, d]` (`kernel_transposed`; GPT-2, Gemma) or the untied
+    `reverse_embeddings` `[d, V]` (`tie_weights=False`, Llama's default),
+    and the layer's `logit_soft_cap` (Gemma 2's `final_logit_soft_cap`),
+    plus the targets `y`, the `sample_weight` (the preprocessor's padding
+    mask) and the model's other losses (`model.losses`). With LoRA on the
+    tied embedding (`backbone.enable_lora(r, target_layer_names=[...,
+    "token_embedding"])`) the `embeddings` property is the merged
+    `W + (alpha / r) A B`, as in the stock reverse call. The compiled
+    metrics are skipped in training (they would see hidden states: the
+    training logs hold the loss; compile with `weighted_metrics=[]` to have
+    none); `evaluate`, `predict` and `generate` are unchanged (logits; the
+    compiled loss). On JAX under a `keras.distribution` that shards the
+    output matrix on its vocabulary axis, the loss is vocabulary-parallel
+    (`linear_cross_entropy(vocab_parallel="auto")`).
 
     `fused_loss` (a dict of `linear_cross_entropy` options: `chunk_size`,
-    `label_smoothing`, `z_loss`, `ignore_index`, `reduction`, ...) is a
-    constructor argument and part of `get_config`. The default reduction,
-    `"mean"`, averages over the weighted tokens (`sum(w loss) / sum(w)`),
-    whereas Keras' compiled loss (`"sum_over_batch_size"`) divides by all
-    tokens, padding included: training and validation losses differ by that
-    factor when there is padding.
+    `label_smoothing`, `z_loss`, `ignore_index`, `reduction`,
+    `vocab_parallel`, ...) is a constructor argument and part of
+    `get_config`; `logit_soft_cap` comes from the model (a different value
+    is an error). The default reduction, `"mean"`, averages over the
+    weighted tokens (`sum(w loss) / sum(w)`), as Keras'
+    `reduction="mean_with_sample_weight"` does, whereas Keras' default
+    compiled loss (`"sum_over_batch_size"`) divides by all tokens, padding
+    included: training and validation losses differ by that factor when
+    there is padding unless the compiled loss uses
+    `"mean_with_sample_weight"`.
 
-    Only for models whose logits are `token_embedding(backbone(x),
-    reverse=True)` (GPT-2, ...): not Gemma's final soft-capping, nor sharded
-    vocabularies. Use `fused_causal_lm(cls)` to get the subclass.
+    For models whose logits are `token_embedding(backbone(x), reverse=True)`
+    (GPT-2, Gemma / Gemma 2, Llama, Mistral, ...). Not for a quantized
+    embedding. `keras.saving.load_model` does not re-compile a keras-hub
+    task (its `compile` is custom): compile the loaded model again. Use
+    `fused_causal_lm(cls)` to get the subclass (call it before loading a
+    saved one, to register it).
     """
 
     def __init__(self, *args, fused_loss=None, **kwargs):
@@ -559,6 +706,24 @@ class FusedLossCausalLM:
         _check_options(options.get("reduction", "mean"), options.get("ignore_index"),
                        options.get("label_smoothing", 0.0), options.get("z_loss", 0.0),
                        options.get("logit_soft_cap"))
+        if options.get("vocab_parallel", "auto") not in ("auto", True, False):
+            raise ValueError(
+                '`fused_loss["vocab_parallel"]` must be "auto", True or False. '
+                f"Received: fused_loss={options}"
+            )
+        model_cap = getattr(self.backbone.token_embedding, "logit_soft_cap", None)
+        if "logit_soft_cap" in options:
+            cap = options["logit_soft_cap"]
+            if (cap is None) != (model_cap is None) or (
+                cap is not None and float(cap) != float(model_cap)
+            ):
+                raise ValueError(
+                    "`fused_loss['logit_soft_cap']` must match the model's final "
+                    "logit soft cap (`backbone.token_embedding.logit_soft_cap` = "
+                    f"{model_cap!r}), which the fused loss reads itself. "
+                    f"Received: fused_loss={options}"
+                )
+            del options["logit_soft_cap"]
         self.fused_loss = options
 
     def call(self, inputs, training=None, mask=None):
@@ -566,28 +731,45 @@ class FusedLossCausalLM:
             return self.backbone(inputs, training=training)
         return super().call(inputs, training=training, mask=mask)
 
-    def _fused_kernel(self):
+    def fused_projection(self):
+        """`(kernel, kernel_transposed, logit_soft_cap)`: what the stock
+        model's `token_embedding(h, reverse=True)` applies, read from the
+        backbone's `token_embedding` (public attributes only).
+
+        Tied (`tie_weights=True`, GPT-2, Gemma): `embeddings` `[V, d]`,
+        `kernel_transposed=True`; with LoRA enabled on the embedding this is
+        the merged `W + (alpha / r) A B` (the layer's own `embeddings`
+        property, as its reverse call uses). Untied (`tie_weights=False`,
+        Llama's default): `reverse_embeddings` `[d, V]`. The soft cap is the
+        layer's `logit_soft_cap` (Gemma 2's `final_logit_soft_cap`), or None.
+        """
         embedding = self.backbone.token_embedding
+        if getattr(embedding, "quantization_mode", None) is not None:
+            raise ValueError(
+                "FusedLossCausalLM trains through the float output matrix; the "
+                f"token embedding is quantized ({embedding.quantization_mode!r})."
+            )
+        cap = getattr(embedding, "logit_soft_cap", None)
+        cap = None if cap is None else float(cap)
         if not getattr(embedding, "tie_weights", True):
-            return embedding.reverse_embeddings, False
-        return embedding.embeddings, True
+            return embedding.reverse_embeddings, False, cap
+        return embedding.embeddings, True, cap
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
                      training=True):
         if not training:  # logits: the compiled loss
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
-        kernel, transposed = self._fused_kernel()
+        kernel, transposed, cap = self.fused_projection()
         loss = linear_cross_entropy(
             y_pred, kernel, y, sample_weight=sample_weight,
-            kernel_transposed=transposed, **self.fused_loss,
+            kernel_transposed=transposed, logit_soft_cap=cap, **self.fused_loss,
         )
         for extra in self.losses:
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
         return loss
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        kernel, transposed = self._fused_kernel()
-        vocab = kernel.shape[0] if transposed else kernel.shape[1]
+        vocab = self.backbone.token_embedding.input_dim
         if y_pred is None or y_pred.shape[-1] == vocab:  # logits
             return super().compute_metrics(x, y, y_pred, sample_weight)
         # Hidden states (training): the loss only; the compiled metrics

@@ -1,0 +1,260 @@
+"""`linear_cross_entropy` / `fused_causal_lm` under `keras.distribution` on
+JAX with the output matrix sharded on the vocabulary axis (keras-hub's
+Gemma / Llama layout maps), on 2 and 8 simulated host devices
+(`XLA_FLAGS=--xla_force_host_platform_device_count=8`, a subprocess: the
+flag must be set before JAX starts).
+
+Checks that one distributed `fit` step of a fused Gemma 2 style model (tied
+`[V, d]` embedding sharded `("model", "batch")`) and of an untied Llama
+(`reverse_embeddings` `[d, V]` sharded `("batch", "model")`) gives the
+unsharded model's loss and gradients, and reports, from the compiled HLO of
+the fused loss + gradients on a sharded kernel, what the partitioner does
+with the tiled loop (see `docs/chunked.md`, "Sharding").
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("jax")
+keras_hub = pytest.importorskip("keras_hub")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run_child(devices):
+    env = dict(os.environ)
+    env.update(
+        KERAS_BACKEND="jax",
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        PYTHONPATH=os.pathsep.join(
+            [os.path.dirname(HERE)] + [p for p in [env.get("PYTHONPATH")] if p]),
+    )
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), str(devices)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("devices", [2, pytest.param(8, marks=pytest.mark.slow)])
+def test_vocab_sharded_fit_matches_unsharded(devices):
+    result = _run_child(devices)
+    for name in ("gemma2", "llama"):
+        for form in ("vocab_parallel", "gathered"):
+            r = result[name][form]
+            assert r["kernel_spec"] == r["expected_spec"], r
+            assert r["kernel_shards"] == devices, r
+            assert r["vocab_parallel_applies"], r
+            # The fit step ran the vocabulary-parallel form, or not.
+            assert (r["vocab_parallel_used"] > 0) == (form == "vocab_parallel"), r
+            assert r["loss_rel_err"] < 1e-5, r
+            assert r["grad_max_err"] < 1e-4 * r["grad_scale"], r
+    full = f"f32[{V_HLO},{D_HLO}]"
+    hlo = result["hlo"]
+    n = str(devices)
+    # Vocabulary-parallel: no device gathers the [V, d] matrix and the
+    # kernel gradient stays sharded; the gathered form does gather it.
+    assert not any(s.startswith(full) for s in hlo[n]["vocab_parallel"]["all_gather_shapes"])
+    assert any(s.startswith(full) for s in hlo[n]["gathered"]["all_gather_shapes"])
+    assert "model" in hlo[n]["vocab_parallel"]["grad_kernel_sharding"]
+    for form in ("vocab_parallel", "gathered"):
+        assert abs(hlo[n][form]["loss"] - hlo["1"]["gathered"]["loss"]) < 1e-5
+    per_device = [hlo[k]["vocab_parallel"]["temp_bytes"] + hlo[k]["vocab_parallel"]["output_bytes"]
+                  for k in sorted(hlo, key=int)]
+    assert per_device[-1] < per_device[0], per_device
+    options = hlo[n]["options"]
+    assert options["loss_max_err"] < 1e-5 and options["lse_max_err"] < 1e-5, options
+    assert options["argmax_equal"] and options["accuracy_equal"], options
+
+
+# ---------------------------------------------------------------- child --
+
+V, T, B, LR = 96, 8, 4, 0.5
+N_HLO, D_HLO, V_HLO, CHUNK_HLO = 1024, 128, 16384, 2048
+
+
+def _child(devices):
+    import keras
+    import numpy as np
+
+    import keras_softmax_heads as ksh
+
+    def gemma2():
+        return keras_hub.models.GemmaBackbone(
+            vocabulary_size=V, num_layers=1, num_query_heads=8,
+            num_key_value_heads=8, hidden_dim=16, intermediate_dim=32,
+            head_dim=4, use_post_ffw_norm=True, use_post_attention_norm=True,
+            final_logit_soft_cap=1.5, attention_logit_soft_cap=50.0,
+        ), keras_hub.models.GemmaCausalLM
+
+    def llama():
+        return keras_hub.models.LlamaBackbone(
+            vocabulary_size=V, num_layers=1, num_query_heads=8,
+            num_key_value_heads=8, hidden_dim=16, intermediate_dim=32,
+            tie_word_embeddings=False,
+        ), keras_hub.models.LlamaCausalLM
+
+    rng = np.random.default_rng(0)
+    mask = np.ones((B, T), "int32")
+    mask[1, -3:] = 0
+    x = {"token_ids": rng.integers(1, V, (B, T)).astype("int32"), "padding_mask": mask}
+    y = rng.integers(0, V, (B, T)).astype("int32")
+    sw = mask.astype("float32")
+
+    def make(factory, distribution=None, **options):
+        keras.utils.set_random_seed(0)
+        scope = distribution.scope() if distribution else _null()
+        with scope:
+            backbone, cls = factory()
+            lm = ksh.fused.fused_causal_lm(cls)(
+                backbone=backbone, preprocessor=None,
+                fused_loss={"chunk_size": 40, **options})
+            lm.compile(optimizer=keras.optimizers.SGD(LR), weighted_metrics=[],
+                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return lm
+
+    def step(lm):
+        w0 = [np.asarray(v.value) for v in lm.trainable_variables]
+        loss = lm.fit(x, y, sample_weight=sw, batch_size=B, verbose=0).history["loss"][0]
+        grads = [(a - np.asarray(v.value)) / LR for a, v in zip(w0, lm.trainable_variables)]
+        return loss, grads
+
+    # Counts the vocabulary-parallel form's (traced) calls.
+    calls = []
+    parallel_stats = ksh.fused.vocab_parallel_stats
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return parallel_stats(*args, **kwargs)
+
+    ksh.fused.vocab_parallel_stats = counted
+    mesh = keras.distribution.DeviceMesh(
+        (1, devices), ("batch", "model"), keras.distribution.list_devices()[:devices])
+    result = {"devices": devices}
+    for name, factory, path, spec, transposed in (
+        ("gemma2", gemma2, "token_embedding/embeddings", ("model", "batch"), True),
+        ("llama", llama, "token_embedding/reverse_embeddings", ("batch", "model"), False),
+    ):
+        reference = make(factory)
+        initial = reference.get_weights()
+        loss_ref, g_ref = step(reference)
+        result[name] = {}
+        for form, options in (("vocab_parallel", {}), ("gathered", {"vocab_parallel": False})):
+            layout = factory()[0].__class__.get_layout_map(mesh)
+            layout["token_embedding/reverse_embeddings"] = ("batch", "model")
+            distribution = keras.distribution.ModelParallel(
+                layout_map=layout, batch_dim_name="batch")
+            sharded = make(factory, distribution, **options)
+            sharded.set_weights(initial)
+            kernel = next(v for v in sharded.variables if v.path == path)
+            with distribution.scope():
+                applies = ksh.fused.vocab_parallel_layout(kernel, transposed) is not None
+                calls.clear()
+                loss, g = step(sharded)  # traced under the distribution
+            used = len(calls)
+            result[name][form] = {
+                "kernel_spec": list(kernel.value.sharding.spec) + [None] * (
+                    2 - len(kernel.value.sharding.spec)),
+                "expected_spec": list(spec),
+                "kernel_shards": len({str(s.index) for s in kernel.value.addressable_shards}),
+                "vocab_parallel_applies": applies,
+                "vocab_parallel_used": used,
+                "loss": loss, "loss_ref": loss_ref,
+                "loss_rel_err": abs(loss - loss_ref) / abs(loss_ref),
+                "grad_max_err": max(float(np.abs(a - b).max()) for a, b in zip(g, g_ref)),
+                "grad_scale": max(float(np.abs(b).max()) for b in g_ref),
+            }
+    result["hlo"] = {str(n): _hlo(n) for n in sorted({1, 2, devices})}
+    print(json.dumps(result, default=str))
+
+
+def _hlo(devices):
+    """Per-device memory (XLA's `memory_analysis` of the compiled loss +
+    gradients; `device.memory_stats()` is None on CPU) and the all-gathers
+    of the fused loss with the `[V, d]` kernel sharded on V over `devices`:
+    vocabulary-parallel, gathered (`vocab_parallel=False`), and the dense
+    `[N, V]` logits for scale."""
+    import jax
+    import keras
+    import numpy as np
+    from keras import ops
+
+    import keras_softmax_heads as ksh
+
+    mesh = keras.distribution.DeviceMesh(
+        (devices,), ("model",), keras.distribution.list_devices()[:devices])
+    layout = keras.distribution.LayoutMap(mesh)
+    layout["hlo_kernel"] = ("model", None)
+    distribution = keras.distribution.ModelParallel(layout_map=layout)
+    rng = np.random.default_rng(0)
+    with distribution.scope():
+        w = keras.Variable(rng.normal(0, 0.01, (V_HLO, D_HLO)).astype("float32"),
+                           name="hlo_kernel")
+        h = rng.normal(size=(N_HLO, D_HLO)).astype("float32")
+        t = (np.arange(N_HLO) * 7 % V_HLO).astype("int32")
+        out = {"jax_memory_stats": jax.devices()[0].memory_stats()}
+        for form in ("vocab_parallel", "gathered", "dense"):
+            def loss(h, wv, t):
+                with keras.StatelessScope(state_mapping=[(w, wv)]):
+                    if form == "dense":
+                        z = ops.matmul(h, ops.transpose(w))
+                        return ops.mean(ops.logsumexp(z, axis=-1) - ops.take_along_axis(
+                            z, t[:, None], axis=-1)[:, 0])
+                    return ksh.linear_cross_entropy(
+                        h, w, t, kernel_transposed=True, chunk_size=CHUNK_HLO,
+                        vocab_parallel="auto" if form == "vocab_parallel" else False)
+
+            compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(
+                h, w.value, t).compile()
+            gathers = sorted({
+                line.split("=")[1].split("all-gather")[0].strip()
+                for line in compiled.as_text().splitlines()
+                if " all-gather(" in line or "all-gather-start(" in line
+            })
+            memory = compiled.memory_analysis()
+            value, (_, grad) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(h, w.value, t)
+            out[form] = {
+                "all_gather_shapes": gathers,
+                "temp_bytes": memory.temp_size_in_bytes,
+                "output_bytes": memory.output_size_in_bytes,
+                "argument_bytes": memory.argument_size_in_bytes,
+                "loss": float(value),
+                "grad_kernel_sharding": str(grad.sharding.spec) if hasattr(
+                    grad.sharding, "spec") else str(grad.sharding),
+            }
+        # Every option, eagerly: the vocabulary-parallel form against the
+        # gathered one and NumPy (argmax, lse).
+        options = dict(kernel_transposed=True, chunk_size=CHUNK_HLO, label_smoothing=0.1,
+                       z_loss=1e-3, logit_soft_cap=1.0, return_lse=True, return_argmax=True,
+                       ignore_index=5, reduction="none")
+        (vp_loss, vp_aux), (ref_loss, ref_aux) = (
+            ksh.linear_cross_entropy(h, w, t, vocab_parallel=mode, **options)
+            for mode in ("auto", False))
+        z = np.tanh(h.astype("float64") @ np.asarray(w.value, "float64").T)
+        lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+        out["options"] = {
+            "loss_max_err": float(np.abs(np.asarray(vp_loss) - np.asarray(ref_loss)).max()),
+            "lse_max_err": float(np.abs(np.asarray(vp_aux["lse"]) - lse).max()),
+            "argmax_equal": bool(np.array_equal(np.asarray(vp_aux["argmax"]), z.argmax(1)))
+            and bool(np.array_equal(np.asarray(vp_aux["argmax"]), np.asarray(ref_aux["argmax"]))),
+            "accuracy_equal": float(vp_aux["accuracy"]) == float(ref_aux["accuracy"]),
+        }
+    out["shape"] = {"N": N_HLO, "d": D_HLO, "V": V_HLO, "chunk": CHUNK_HLO}
+    return out
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    _child(int(sys.argv[1]))
