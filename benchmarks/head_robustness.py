@@ -20,6 +20,10 @@ _OUT = flags.DEFINE_string("out", "docs/results/head_robustness.json", "The JSON
 _ROWS = flags.DEFINE_list("rows", None, "study/row pairs (default: all of the check's).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every row.")
 _EVAL_WINDOWS = flags.DEFINE_integer("eval_windows", 40, "Validation windows per validation.")
+_DATASET = flags.DEFINE_string("dataset", "ptb", "The corpus ('synthetic' for smoke runs).")
+_STEPS = flags.DEFINE_integer(
+    "steps", None, "Steps of every run, validated halfway and at the end (smoke runs; "
+    "default: 1000 for the LSTM rows, 3000 for the n-gram rows).")
 
 
 def main(argv):
@@ -30,9 +34,13 @@ def main(argv):
     rows = robustness.DEFAULT_ROWS
     if _ROWS.value:
         rows = tuple(tuple(r.split("/", 1)) for r in _ROWS.value)
+    steps = None
+    if _STEPS.value:
+        steps = {study: (_STEPS.value, max(1, _STEPS.value // 2))
+                 for study in robustness.DEFAULT_STEPS}
     summary = robustness.run_check(_DATA_DIR.value, _OUT.value, rows=rows,
-                                   seeds=[int(s) for s in _SEEDS.value],
-                                   eval_windows=_EVAL_WINDOWS.value)
+                                   seeds=[int(s) for s in _SEEDS.value], steps=steps,
+                                   eval_windows=_EVAL_WINDOWS.value, dataset=_DATASET.value)
     for key, verdict in sorted(summary["verdicts"].items()):
         run = summary["runs"][key]
         print(f"{key:>32}: valid ppl {run['valid_perplexity']:8.1f}, "
@@ -43,5 +51,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    flags.mark_flag_as_required("data_dir")
     app.run(main)

@@ -29,6 +29,18 @@ def _run(script, *args, timeout=600):
     return proc.stdout
 
 
+def test_head_robustness_smoke(tmp_path):
+    """The seed-robustness check's script, two n-gram rows for two steps on the
+    synthetic corpus: it runs, writes its JSON and judges against the softmax."""
+    out = tmp_path / "check.json"
+    stdout = _run("head_robustness.py", "--dataset=synthetic", "--rows=chen_ptb/softmax,chen_ptb/nce",
+                  "--seeds=0", "--steps=2", "--eval_windows=1", f"--out={out}")
+    data = json.loads(out.read_text())
+    assert set(data["runs"]) == {"chen_ptb/softmax/seed0", "chen_ptb/nce/seed0"}
+    assert data["verdicts"]["chen_ptb/softmax/seed0"]["ratio"] == 1.0
+    assert "chen_ptb/nce/seed0" in stdout
+
+
 def test_hsm_floor(tmp_path):
     out = tmp_path / "floor.json"
     _run("hsm_floor.py", "--v", "3000", "--d", "16", "--n", "64", "--repeats", "1",
