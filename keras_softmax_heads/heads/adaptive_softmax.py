@@ -45,6 +45,7 @@ from keras_softmax_heads.heads.head_utils import add_constant_weight
 from keras_softmax_heads.heads.head_utils import build_context_checks
 from keras_softmax_heads.heads.head_utils import check_cutoffs
 from keras_softmax_heads.heads.head_utils import check_factor
+from keras_softmax_heads.heads.head_utils import check_static_shapes
 from keras_softmax_heads.heads.head_utils import check_targets
 from keras_softmax_heads.heads.head_utils import frequency_order
 from keras_softmax_heads.heads.head_utils import is_concrete
@@ -401,19 +402,8 @@ class AdaptiveSoftmax(SoftmaxHead):
         self.cutoffs = check_cutoffs(cutoffs, vocab)
         self.factor = check_factor(factor)
         self.counts = check_counts(counts, vocab)
-        if not isinstance(static_shapes, (bool, np.bool_)):
-            raise ValueError(
-                "`static_shapes` must be a bool. "
-                f"Received: static_shapes={static_shapes!r}"
-            )
-        self.static_shapes = bool(static_shapes)
-        if not self.static_shapes and keras.backend.backend() == "jax":
-            raise ValueError(
-                "static_shapes=False gathers each tail's tokens with "
-                "data-dependent shapes, which the JAX backend cannot trace. Use "
-                "static_shapes=True (exact, XLA-compatible) on JAX. Received: "
-                "static_shapes=False with KERAS_BACKEND='jax'"
-            )
+        self.static_shapes = check_static_shapes(
+            static_shapes, "gathers each tail's tokens with data-dependent shapes")
         # Keras turns `jit_compile` off for a model with this layer when the
         # shapes are data-dependent, and on PyTorch, where the capacity
         # ladder branches in Python (`torch.compile` would break its graph

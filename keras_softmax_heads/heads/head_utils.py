@@ -290,3 +290,21 @@ def frequency_order(counts, vocab_size):
     if counts is None:
         return np.arange(vocab_size)
     return np.argsort(-np.asarray(counts, np.float64), kind="stable")
+
+
+def check_static_shapes(static_shapes, dynamic_work):
+    """`static_shapes` as a bool; `False` raises on JAX, which cannot trace
+    data-dependent shapes. `dynamic_work` completes "static_shapes=False
+    ..." in the message (what the dynamic path does)."""
+    if not isinstance(static_shapes, (bool, np.bool_)):
+        raise ValueError(
+            f"`static_shapes` must be a bool. Received: static_shapes={static_shapes!r}"
+        )
+    if not static_shapes and keras.backend.backend() == "jax":
+        raise ValueError(
+            f"static_shapes=False {dynamic_work}, which the JAX backend cannot trace "
+            "(`jax.jit` needs static shapes). Use static_shapes=True (the default, exact "
+            "and XLA-compatible) on JAX, or the TensorFlow or PyTorch backend for "
+            "static_shapes=False. Received: static_shapes=False with KERAS_BACKEND='jax'"
+        )
+    return bool(static_shapes)

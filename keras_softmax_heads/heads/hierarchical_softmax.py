@@ -87,6 +87,7 @@ from keras_softmax_heads import clustering
 from keras_softmax_heads.clustering import CLUSTERING_STRATEGIES
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.head_utils import add_constant_weight
+from keras_softmax_heads.heads.head_utils import check_static_shapes
 from keras_softmax_heads.heads.head_utils import check_targets
 from keras_softmax_heads.heads.head_utils import is_concrete
 from keras_softmax_heads.heads.head_utils import nan_if_invalid
@@ -558,21 +559,8 @@ class HierarchicalSoftmax(SoftmaxHead):
             )
         self.clustering = clustering
         self.tile_size = check_int("tile_size", tile_size, 1)
-        if not isinstance(static_shapes, (bool, np.bool_)):
-            raise ValueError(
-                "`static_shapes` must be a bool. "
-                f"Received: static_shapes={static_shapes!r}"
-            )
-        self.static_shapes = bool(static_shapes)
-        if not self.static_shapes and keras.backend.backend() == "jax":
-            raise ValueError(
-                "static_shapes=False builds tiles of data-dependent shapes, "
-                "which the JAX backend cannot trace (`jax.jit` needs static "
-                "shapes). Use static_shapes=True (the default, exact and "
-                "XLA-compatible) on JAX, or the TensorFlow or PyTorch backend "
-                "for static_shapes=False. Received: static_shapes=False with "
-                "KERAS_BACKEND='jax'"
-            )
+        self.static_shapes = check_static_shapes(
+            static_shapes, "builds tiles of data-dependent shapes")
         # Keras turns `jit_compile="auto"` (and `True`, with a warning) off
         # for a model with this layer when the shapes are data-dependent.
         self.supports_jit = self.static_shapes

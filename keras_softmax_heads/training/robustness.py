@@ -24,9 +24,7 @@ each (a finished run is not trained again: the check resumes run by run).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 
 import numpy as np
@@ -128,7 +126,7 @@ def run_check(data_dir, out, rows=DEFAULT_ROWS, seeds=(0, 1, 2), steps=None,
     from keras_softmax_heads.data import load_dataset
 
     steps = dict(DEFAULT_STEPS, **(steps or {}))
-    summary = _read(out) or {}
+    summary = studies.read_summary(out) or {}
     summary.setdefault("runs", {})
     summary.update({"machine": studies.machine_description(), "dataset": dataset,
                     "eval_windows": eval_windows})
@@ -144,9 +142,9 @@ def run_check(data_dir, out, rows=DEFAULT_ROWS, seeds=(0, 1, 2), steps=None,
             summary["runs"][key] = train_run(study, row, seed, data_dir, n, every,
                                              eval_windows, dataset, corpus, **overrides)
             summary["verdicts"] = verdicts(summary["runs"])
-            _write(out, summary)
+            studies.write_summary(out, summary)
     summary["verdicts"] = verdicts(summary["runs"])
-    _write(out, summary)
+    studies.write_summary(out, summary)
     return summary
 
 
@@ -176,20 +174,3 @@ def verdicts(runs, ratio=1.3, nce_ratio=1.5, stall_fraction=0.8):
         out[key] = {"ratio": ratios[-1], "max_ratio": max(ratios), "stalled": stalled,
                     "passed": bool(passed)}
     return out
-
-
-def _read(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _write(path, summary):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)

@@ -129,7 +129,7 @@ def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", **overri
     rows = list(spec["rows"]) if rows is None else list(rows)
     for row in rows:
         study_config(study, row)  # unknown rows fail before any training
-    summary = _read(out) or {}
+    summary = read_summary(out) or {}
     summary.update({
         "study": study, "paper": spec["paper"], "preset": spec["preset"],
         "machine": machine_description(), "dataset": dataset,
@@ -146,7 +146,7 @@ def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", **overri
         summary["rows"] = [r for r in summary["rows"] if r["row"] != row] + [entry]
         summary["rows"].sort(key=lambda r: list(spec["rows"]).index(r["row"])
                              if r["row"] in spec["rows"] else len(spec["rows"]))
-        _write(out, summary)
+        write_summary(out, summary)
     return summary
 
 
@@ -211,7 +211,8 @@ def _study(study):
     return STUDIES[study]
 
 
-def _read(path):
+def read_summary(path):
+    """The JSON at `path`, or None when it is absent or unreadable."""
     try:
         with open(path) as f:
             return json.load(f)
@@ -219,7 +220,8 @@ def _read(path):
         return None
 
 
-def _write(path, summary):
+def write_summary(path, summary):
+    """Writes `summary` to `path` as JSON, atomically (a temporary file, then a rename)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
