@@ -6,6 +6,7 @@ Each check returns the value converted to a plain Python type, or raises
 bottom of the package's layering: it imports nothing from the package.
 """
 
+import math
 import numbers
 
 import numpy as np
@@ -66,6 +67,22 @@ def check_rate(name, value):
         raise ValueError(
             f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
         )
+    return float(value)
+
+
+def check_positive(name, value):
+    """A finite real number `> 0`, as a Python float (bools rejected).
+
+    >>> check_positive("init_range", 10)
+    10.0
+    """
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"`{name}` must be a finite number > 0. Received: {name}={value!r}")
     return float(value)
 
 

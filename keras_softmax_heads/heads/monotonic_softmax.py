@@ -1,13 +1,13 @@
 """Linear-Monotonic-Softmax with a learnable monotonic MLP (Ganea et al. 2019)."""
 
-import math
-import numbers
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_softmax_heads import functional
+from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_positive
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 
 
@@ -232,42 +232,11 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
 
     def __init__(self, vocab_size=None, num_units=16, init_range=10.0,
                  parameter_scale=0.05, grid_size=4096, **kwargs):
-        if (
-            isinstance(num_units, bool)
-            or not isinstance(num_units, numbers.Integral)
-            or num_units < 1
-        ):
-            raise ValueError(
-                "`num_units` must be an integer >= 1. "
-                f"Received: num_units={num_units!r}"
-            )
-        is_number = isinstance(init_range, numbers.Real) and not isinstance(
-            init_range, bool
-        )
-        if not is_number or not math.isfinite(init_range) or init_range <= 0:
-            raise ValueError(
-                "`init_range` must be a finite number > 0. "
-                f"Received: init_range={init_range!r}"
-            )
-        if (
-            isinstance(parameter_scale, bool)
-            or not isinstance(parameter_scale, numbers.Real)
-            or not math.isfinite(parameter_scale)
-            or parameter_scale <= 0
-        ):
-            raise ValueError(
-                "`parameter_scale` must be a finite number > 0. "
-                f"Received: parameter_scale={parameter_scale!r}"
-            )
-        if grid_size is not None and (
-            isinstance(grid_size, bool)
-            or not isinstance(grid_size, numbers.Integral)
-            or grid_size < 2
-        ):
-            raise ValueError(
-                "`grid_size` must be None (exact) or an integer >= 2. "
-                f"Received: grid_size={grid_size!r}"
-            )
+        num_units = check_int("num_units", num_units, minimum=1)
+        init_range = check_positive("init_range", init_range)
+        parameter_scale = check_positive("parameter_scale", parameter_scale)
+        if grid_size is not None:
+            grid_size = check_int("grid_size", grid_size, minimum=2)
         super().__init__(vocab_size, **kwargs)
         self.grid_size = None if grid_size is None else int(grid_size)
         self.num_units = int(num_units)

@@ -204,8 +204,10 @@ class SoftmaxHead(keras.layers.Layer):
             if self.bias_initializer_name is not None:
                 values = np.asarray(self.named_bias_values(self.bias_initializer_name))
 
-                def initializer(shape, dtype=None):
+                def named_start(shape, dtype=None):
                     return ops.cast(np.broadcast_to(values, shape), dtype)
+
+                initializer = named_start
 
             self.bias = self.add_weight(
                 name="bias",
