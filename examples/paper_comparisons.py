@@ -17,6 +17,10 @@ finished one), and `--out` is rewritten after every row.
 
     # One row.
     python examples/paper_comparisons.py --study=chen_ptb --rows=hsm_kmeans ...
+
+    # An LSTM study without TensorFlow (JAX, e.g. on a GPU):
+    KERAS_BACKEND=jax python examples/paper_comparisons.py --loop=arrays \
+        --study=bottleneck_ptb_converged --data_dir=/path/to/ptb ...
 """
 
 from absl import app
@@ -30,6 +34,11 @@ _DATA_DIR = flags.DEFINE_string("data_dir", None, "The corpus directory.")
 _DATASET = flags.DEFINE_string("dataset", "ptb", "The corpus ('synthetic' for smoke runs).")
 _RUNS_DIR = flags.DEFINE_string("runs_dir", "runs/study", "Work directory of the rows.")
 _OUT = flags.DEFINE_string("out", "study.json", "The JSON summary (rewritten after each row).")
+_LOOP = flags.DEFINE_enum(
+    "loop", "tf_data", list(studies.LOOPS),
+    "tf_data: train_and_evaluate (TensorFlow input pipeline); arrays: "
+    "train_and_evaluate_arrays (LSTM studies on JAX or PyTorch without TensorFlow, "
+    "e.g. on a GPU machine).")
 _OVERRIDES = flags.DEFINE_string(
     "overrides", None, "TrainConfig fields for every row, e.g. 'steps_per_epoch=5,epochs=1' "
     "(smoke runs; the summary records them).")
@@ -42,7 +51,7 @@ def main(argv):
 
     summary = studies.run_study(
         _STUDY.value, _DATA_DIR.value, _RUNS_DIR.value, _OUT.value, rows=_ROWS.value,
-        dataset=_DATASET.value, **parse_options(_OVERRIDES.value))
+        dataset=_DATASET.value, loop=_LOOP.value, **parse_options(_OVERRIDES.value))
     for row in summary["rows"]:
         print(f"{row['row']:>22}: test perplexity {row['test_perplexity']:8.2f}, "
               f"{row['train_seconds']:7.1f} s of training, {row['epochs']} epoch(s)")

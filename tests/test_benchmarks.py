@@ -41,6 +41,20 @@ def test_head_robustness_smoke(tmp_path):
     assert "chen_ptb/nce/seed0" in stdout
 
 
+def test_parallel_study_smoke(tmp_path):
+    """Two rows of a study in two processes (the arrays loop), merged into one summary."""
+    out = tmp_path / "study.json"
+    overrides = ("steps_per_epoch=2,epochs=1,embedding_dim=8,hidden_size=8,num_layers=1,"
+                 "batch_size=4,bptt=6,eval_steps=2,num_diagnostic_contexts=20,jit_compile=False")
+    stdout = _run("parallel_study.py", "--study=bottleneck_ptb", "--rows=softmax,sigsoftmax",
+                  "--dataset=synthetic", f"--runs_dir={tmp_path / 'runs'}", f"--out={out}",
+                  f"--overrides={overrides}")
+    data = json.loads(out.read_text())
+    assert [r["row"] for r in data["rows"]] == ["softmax", "sigsoftmax"]
+    assert all(r["loop"] == "arrays" and r["epochs"] == 1 for r in data["rows"])
+    assert "row sigsoftmax done" in stdout
+
+
 def test_hsm_floor(tmp_path):
     out = tmp_path / "floor.json"
     _run("hsm_floor.py", "--v", "3000", "--d", "16", "--n", "64", "--repeats", "1",

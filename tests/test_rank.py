@@ -37,6 +37,7 @@ def _heads():
     return ksh
 
 
+@pytest.mark.multibackend
 def test_empirical_rank_threshold_matches_press():
     rng = np.random.default_rng(0)
     low = rng.normal(size=(50, 3)) @ rng.normal(size=(3, 40))
@@ -45,6 +46,12 @@ def test_empirical_rank_threshold_matches_press():
     assert diagnostics.empirical_rank(rng.normal(size=(50, 40))) == 40
     with pytest.raises(ValueError, match="2-D"):
         diagnostics.empirical_rank(np.zeros(3))
+    # The backend's SVD (JAX's on JAX) is NumPy's, and so is the rank.
+    for matrix in (low, low.astype("float32"), rng.normal(size=(30, 45)).astype("float32")):
+        np.testing.assert_allclose(diagnostics.singular_values(matrix),
+                                   np.linalg.svd(matrix, compute_uv=False),
+                                   rtol=1e-4, atol=1e-4 * np.abs(matrix).max())
+        assert diagnostics.empirical_rank(matrix) == np.linalg.matrix_rank(matrix)
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,9 @@
 * `load_dataset(name, data_dir=None, **kwargs)` -> `LMCorpus` for
   `"synthetic"` (default), `"ptb"`, `"wikitext2"`, `"lm1b"`.
 * `Vocabulary`: token <-> id with training counts; save/load as text.
-* `make_stream_dataset` (contiguous BPTT streams), `make_ngram_dataset`
-  (fixed windows), `word_counts`.
+* `make_stream_dataset` (contiguous BPTT streams) and its NumPy twin
+  `stream_windows`, `make_ngram_dataset` (fixed windows), `word_counts`.
+  TensorFlow is imported only by the `tf.data` functions.
 * TFDS builders `ptb_lm` and `wikitext2_lm` (`PtbLm`, `Wikitext2Lm`,
   `load_tfds_corpus`) and `load_lm1b` need tensorflow-datasets; they are
   imported on first access (`data.PtbLm`, or
@@ -21,6 +22,7 @@ from keras_softmax_heads.data.batching import (
     make_ngram_dataset,
     make_stream_dataset,
     num_stream_windows,
+    stream_windows,
     word_counts,
 )
 from keras_softmax_heads.data.corpus import LMCorpus
@@ -60,6 +62,7 @@ __all__ = [
     "make_stream_dataset",
     "make_synthetic_corpus",
     "num_stream_windows",
+    "stream_windows",
     "word_counts",
 ]
 

@@ -1,11 +1,14 @@
-"""`tf.data` batchings of an id stream, and training-split word counts."""
+"""`tf.data` batchings of an id stream, their NumPy twin (`stream_windows`),
+and training-split word counts.
+
+TensorFlow is imported by the `tf.data` functions when they are called, so
+the corpora and the NumPy batching load on any Keras backend without it."""
 
 from __future__ import annotations
 
 from keras_softmax_heads.validation import check_int
 
 import numpy as np
-import tensorflow as tf
 
 
 #: Id arrays larger than this are not embedded as graph constants.
@@ -77,7 +80,49 @@ def num_stream_windows(num_tokens: int, batch_size: int, bptt: int) -> int:
     return max(0, (num_tokens // batch_size - 1) // bptt)
 
 
-def make_stream_dataset(ids, batch_size: int, bptt: int) -> tf.data.Dataset:
+
+def _checked_streams(ids, batch_size, bptt):
+    """`(batchify(ids, batch_size), bptt)`, checked for one full window."""
+    bptt = check_int("bptt", bptt, minimum=1)
+    streams = batchify(ids, batch_size)
+    batch_size, length = streams.shape
+    if bptt > length - 1:
+        raise ValueError(
+            f"Received: bptt={bptt} but each of the {batch_size} streams has only "
+            f"{length} tokens (a window needs bptt + 1 = {bptt + 1} tokens, inputs "
+            "plus the shifted targets). Use a smaller bptt or batch_size."
+        )
+    return streams, bptt
+
+
+def stream_windows(ids, batch_size: int, bptt: int):
+    """The batches of `make_stream_dataset` as NumPy arrays (no TensorFlow).
+
+    Returns:
+        `(inputs, targets)`, int32 arrays of shape `[K, batch_size, bptt]`,
+        `K = num_stream_windows(len(ids), batch_size, bptt)`: element `k`
+        is the `k`-th batch of `make_stream_dataset(ids, batch_size, bptt)`.
+
+    Raises:
+        ValueError: as `make_stream_dataset`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> x, y = stream_windows(np.arange(1000), batch_size=20, bptt=35)
+    >>> x.shape, int(y[0, 0, 0])
+    ((1, 20, 35), 1)
+    """
+    streams, bptt = _checked_streams(ids, batch_size, bptt)
+    batch_size, length = streams.shape
+    num_windows = (length - 1) // bptt
+    span = num_windows * bptt
+    streams = streams.astype(np.int32)
+    inputs = streams[:, :span].reshape(batch_size, num_windows, bptt).transpose(1, 0, 2)
+    targets = streams[:, 1:span + 1].reshape(batch_size, num_windows, bptt).transpose(1, 0, 2)
+    return np.ascontiguousarray(inputs), np.ascontiguousarray(targets)
+
+def make_stream_dataset(ids, batch_size: int, bptt: int) -> "tf.data.Dataset":
     """Contiguous-stream LM batches (Zaremba et al. 2014 / AWD-LSTM convention).
 
     The id stream is cut into `batch_size` parallel streams (`batchify`; the
@@ -114,15 +159,10 @@ def make_stream_dataset(ids, batch_size: int, bptt: int) -> tf.data.Dataset:
     >>> x.shape, y.shape
     (TensorShape([20, 35]), TensorShape([20, 35]))
     """
-    bptt = check_int("bptt", bptt, minimum=1)
-    streams = batchify(ids, batch_size)
+    import tensorflow as tf
+
+    streams, bptt = _checked_streams(ids, batch_size, bptt)
     batch_size, length = streams.shape
-    if bptt > length - 1:
-        raise ValueError(
-            f"Received: bptt={bptt} but each of the {batch_size} streams has only "
-            f"{length} tokens (a window needs bptt + 1 = {bptt + 1} tokens, inputs "
-            "plus the shifted targets). Use a smaller bptt or batch_size."
-        )
     num_windows = (length - 1) // bptt
     spec = tf.TensorSpec([batch_size, bptt], tf.int32)
     if streams.nbytes > _MAX_CONSTANT_BYTES:
@@ -155,7 +195,7 @@ def make_ngram_dataset(
     seed: int | None = 0,
     drop_remainder: bool = True,
     pad_id: int | None = None,
-) -> tf.data.Dataset:
+) -> "tf.data.Dataset":
     """Fixed-window n-gram examples for feed-forward (Bengio-style) LMs.
 
     For every position `t` with a full history, the example is
@@ -208,6 +248,8 @@ def make_ngram_dataset(
             f"Received: batch_size={batch_size} but there are only {num_examples} "
             "n-gram examples, so drop_remainder=True leaves no batch."
         )
+    import tensorflow as tf
+
     stream = tf.constant(ids)
     offsets = tf.range(order, dtype=tf.int64)
 

@@ -266,9 +266,12 @@ class LSTMLanguageModel(keras.layers.Layer):
             initial_state = None
             if self.stateful:
                 h0, c0 = self._carry.variables[2 * i : 2 * i + 2]
+                # A copy: the assignment below updates the variables in
+                # place, which on PyTorch would change a tensor the
+                # backward pass still reads.
                 initial_state = [
-                    ops.cast(h0.value, lstm.compute_dtype),
-                    ops.cast(c0.value, lstm.compute_dtype),
+                    ops.cast(ops.copy(h0.value), lstm.compute_dtype),
+                    ops.cast(ops.copy(c0.value), lstm.compute_dtype),
                 ]
             x, h, c = lstm(x, initial_state=initial_state, training=training)
             new_states += [h, c]

@@ -30,6 +30,8 @@ Modules, one job each:
 * `evaluation`: `Evaluator` (exact scoring of a split), `Scorer`,
   `compute_diagnostics`.
 * `loop`: `train_and_evaluate` and the multi-worker epoch loop.
+* `array_loop`: `train_and_evaluate_arrays`, the same LSTM run fed from
+  NumPy arrays on any backend without TensorFlow (the GPU machines).
 
 Loss convention. `HeadModel` minimises the mean per-token loss. Zaremba et
 al. (2014) minimise the per-window *sum over time* of the batch-mean loss,
@@ -47,11 +49,6 @@ from keras_softmax_heads.training.builder import loss_time_steps
 from keras_softmax_heads.training.builder import lstm_unroll
 from keras_softmax_heads.training.builder import make_optimizer
 from keras_softmax_heads.training.builder import optimizer_learning_rate
-from keras_softmax_heads.training.callbacks import ProgressBar
-from keras_softmax_heads.training.callbacks import SignalCatcher
-from keras_softmax_heads.training.callbacks import StepCallback
-from keras_softmax_heads.training.callbacks import TrainingInterrupted
-from keras_softmax_heads.training.checkpoints import CheckpointManager
 from keras_softmax_heads.training.config import OPTIMIZERS
 from keras_softmax_heads.training.config import PRESETS
 from keras_softmax_heads.training.config import RESUMABLE_FIELDS
@@ -71,8 +68,30 @@ from keras_softmax_heads.training.flags import define_flags
 from keras_softmax_heads.training.inputs import eval_windows
 from keras_softmax_heads.training.inputs import train_dataset
 from keras_softmax_heads.training.inputs import train_steps_per_epoch
-from keras_softmax_heads.training.loop import MultiWorkerEpochRunner
-from keras_softmax_heads.training.loop import train_and_evaluate
+
+#: Names whose modules import TensorFlow (`tf.data` input, `tf.distribute`,
+#: `tf.train.Checkpoint`): loaded on first access, so that the rest of this
+#: package (configs, models, exact evaluation, `train_and_evaluate_arrays`)
+#: loads on JAX or PyTorch without TensorFlow installed.
+_LAZY = {
+    "ProgressBar": "keras_softmax_heads.training.callbacks",
+    "SignalCatcher": "keras_softmax_heads.training.callbacks",
+    "StepCallback": "keras_softmax_heads.training.callbacks",
+    "TrainingInterrupted": "keras_softmax_heads.training.callbacks",
+    "CheckpointManager": "keras_softmax_heads.training.checkpoints",
+    "MultiWorkerEpochRunner": "keras_softmax_heads.training.loop",
+    "train_and_evaluate": "keras_softmax_heads.training.loop",
+    "train_and_evaluate_arrays": "keras_softmax_heads.training.array_loop",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DISTRIBUTION_STRATEGIES",
@@ -105,6 +124,7 @@ __all__ = [
     "optimizer_learning_rate",
     "parse_options",
     "train_and_evaluate",
+    "train_and_evaluate_arrays",
     "train_dataset",
     "train_steps_per_epoch",
     "validate_config",

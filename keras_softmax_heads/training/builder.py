@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_softmax_heads import clustering
 from keras_softmax_heads.head_model import HeadModel
@@ -136,7 +135,25 @@ def lstm_unroll(config):
     the loop)."""
     if config.unroll is not None:
         return bool(config.unroll)
-    return config.strategy != "tpu" and not tf.config.list_logical_devices("GPU")
+    return config.strategy != "tpu" and not _has_gpu()
+
+
+def _has_gpu():
+    """Whether the current Keras backend sees a GPU."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.list_logical_devices("GPU"))
+    if backend == "jax":
+        import jax
+
+        return any(d.platform == "gpu" for d in jax.devices())
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    return False
 
 
 def loss_time_steps(config):

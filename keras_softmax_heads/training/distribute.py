@@ -5,7 +5,6 @@ are split between replicas."""
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
 #: Names accepted by `make_strategy` (and `TrainConfig.strategy`).
 DISTRIBUTION_STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")
@@ -40,6 +39,8 @@ def make_strategy(name="default", tpu=None):
             what was tried).
         ValueError: a strategy the current Keras backend cannot run.
     """
+    import tensorflow as tf
+
     backend = keras.backend.backend()
     if name in TF_STRATEGIES and backend != "tensorflow":
         raise ValueError(
@@ -101,6 +102,8 @@ def worker_info(strategy):
     cluster, the chief is the `"chief"` task, or worker 0 when there is
     none; `task_id` numbers the chief 0 and the workers after it.
     """
+    import tensorflow as tf
+
     resolver = getattr(strategy, "cluster_resolver", None)
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None:
         return True, 0
@@ -122,6 +125,8 @@ def distribute_dataset(strategy, make_dataset):
     (static shapes) and is called once per input pipeline (worker). With
     one replica, the dataset itself is returned.
     """
+    import tensorflow as tf
+
     if strategy.num_replicas_in_sync == 1:
         return make_dataset()
 

@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_softmax_heads import diagnostics as ksh_diagnostics
 from keras_softmax_heads.training.builder import build_model
-from keras_softmax_heads.training.distribute import distribute_dataset
 from keras_softmax_heads.training.inputs import eval_windows
 
 
@@ -49,6 +48,9 @@ class Evaluator:
     LSTM with another batch size), an evaluation copy is built and given
     the training weights before every evaluation.
 
+    With `strategy=None` (no TensorFlow: `train_and_evaluate_arrays`) the
+    windows are fed to `predict` as NumPy arrays on the current device.
+
     Call under no strategy scope; builds its models in the right one.
     """
 
@@ -56,9 +58,14 @@ class Evaluator:
         self.config = config
         self.corpus = corpus
         self.model = model
-        multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        self.strategy = tf.distribute.get_strategy() if multi_worker else strategy
-        replicas = self.strategy.num_replicas_in_sync
+        if strategy is None:
+            self.strategy = None
+        else:
+            import tensorflow as tf
+
+            multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            self.strategy = tf.distribute.get_strategy() if multi_worker else strategy
+        replicas = self.strategy.num_replicas_in_sync if self.strategy is not None else 1
         batch = config.eval_batch_size or config.batch_size
         if batch % replicas:
             batch = -(-batch // replicas) * replicas
@@ -67,15 +74,18 @@ class Evaluator:
         if self.strategy is strategy and (not stateful or batch == config.batch_size):
             self.eval_model = model
         else:
-            with self.strategy.scope():
+            with self._scope():
                 self.eval_model, _ = build_model(config, corpus, batch, compile=False,
                                                  num_replicas=replicas)
-        with self.strategy.scope():
+        with self._scope():
             self._scorer = Scorer(self.eval_model.backbone, self.eval_model.head, name="scorer")
             self._scorer.compile(jit_compile=config.jit_compile)
             self._context_scorer = Scorer(self.eval_model.backbone, self.eval_model.head,
                                           return_contexts=True, name="context_scorer")
             self._context_scorer.compile(jit_compile=config.jit_compile)
+
+    def _scope(self):
+        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
 
     @property
     def head(self):
@@ -140,6 +150,14 @@ class Evaluator:
         """`scorer` over the first `count` windows, from a zero LSTM state."""
         self.eval_model.backbone.reset_states()
         sub = {"tokens": tokens[:count], "targets": targets[:count]}
+        if self.strategy is None:
+            # One window per batch, in order (the LSTM state carries over).
+            flat = {k: v.reshape((-1,) + v.shape[2:]) for k, v in sub.items()}
+            return scorer.predict(flat, batch_size=self.batch_size, verbose=0)
+        import tensorflow as tf
+
+        from keras_softmax_heads.training.distribute import distribute_dataset
+
         dataset = distribute_dataset(
             self.strategy, lambda: tf.data.Dataset.from_tensor_slices(sub))
         return scorer.predict(dataset, steps=count, verbose=0)

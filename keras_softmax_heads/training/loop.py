@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import tempfile
 import time
@@ -42,6 +41,7 @@ from keras_softmax_heads.training.evaluation import Evaluator
 from keras_softmax_heads.training.evaluation import compute_diagnostics
 from keras_softmax_heads.training.inputs import train_dataset
 from keras_softmax_heads.training.inputs import train_steps_per_epoch
+from keras_softmax_heads.training.records import jsonable as _jsonable
 
 
 #: What `train_and_evaluate(..., overwrite=True)` removes from a workdir:
@@ -510,19 +510,3 @@ def _log(config, message):
 def _write_json(path, value):
     with tf.io.gfile.GFile(path, "w") as f:
         f.write(json.dumps(_jsonable(value), indent=2))
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        value = float(value)
-        return value if math.isfinite(value) else None
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    return value
-

@@ -25,7 +25,6 @@ import platform
 import shlex
 
 from keras_softmax_heads.training.config import get_config
-from keras_softmax_heads.training.loop import train_and_evaluate
 
 #: Study name -> {"preset", "paper", "rows": {row name: (head, head options)}}.
 STUDIES = {
@@ -108,7 +107,12 @@ def row_command(study, row, data_dir, model_dir):
     return " ".join(shlex.quote(a) for a in args)
 
 
-def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", **overrides):
+#: The training loops a study can run its rows with (`run_study(loop=...)`).
+LOOPS = ("tf_data", "arrays")
+
+
+def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", loop="tf_data",
+              **overrides):
     """Trains the `rows` of `study` (all by default) and writes `out`.
 
     Args:
@@ -120,12 +124,21 @@ def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", **overri
             that are not rerun are kept.
         rows: row names (default: all, in the study's order).
         dataset: the corpus name (tests use `"synthetic"`).
+        loop: `"tf_data"` (`train_and_evaluate`, TensorFlow's input
+            pipeline) or `"arrays"` (`train_and_evaluate_arrays`: LSTM
+            studies on any backend without TensorFlow, e.g. JAX on a GPU).
         **overrides: `TrainConfig` fields applied to every row (smoke runs).
 
     Returns:
         The summary dict written to `out`.
     """
     spec = _study(study)
+    if loop not in LOOPS:
+        raise ValueError(f"Unknown loop. Expected one of {LOOPS}. Received: loop={loop!r}")
+    if loop == "arrays":
+        from keras_softmax_heads.training.array_loop import train_and_evaluate_arrays as train
+    else:
+        from keras_softmax_heads.training.loop import train_and_evaluate as train
     rows = list(spec["rows"]) if rows is None else list(rows)
     for row in rows:
         study_config(study, row)  # unknown rows fail before any training
@@ -138,15 +151,39 @@ def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", **overri
     for row in rows:
         config = study_config(study, row, dataset=dataset, data_dir=data_dir, **overrides)
         workdir = os.path.join(runs_dir, row)
-        results = train_and_evaluate(config, workdir)
+        results = train(config, workdir)
         entry = summarise(row, results)
         entry["command"] = row_command(study, row, data_dir, workdir)
+        entry["loop"] = loop
         if overrides:
             entry["overrides"] = dict(overrides)
         summary["rows"] = [r for r in summary["rows"] if r["row"] != row] + [entry]
         summary["rows"].sort(key=lambda r: list(spec["rows"]).index(r["row"])
                              if r["row"] in spec["rows"] else len(spec["rows"]))
         write_summary(out, summary)
+    return summary
+
+
+def merge_summaries(out, parts):
+    """Merges study summaries `parts` (paths; e.g. one per row run in its
+    own process) into the summary at `out`, which is rewritten.
+
+    A row in a part replaces the row of the same name in `out`; the rows
+    keep their study's order. Parts that are absent are skipped. Returns
+    the merged summary.
+    """
+    summary = read_summary(out) or {}
+    for path in parts:
+        part = read_summary(path)
+        if part is None:
+            continue
+        rows = {r["row"]: r for r in summary.get("rows", [])}
+        rows.update({r["row"]: r for r in part.get("rows", [])})
+        summary.update({k: v for k, v in part.items() if k != "rows"})
+        order = list(_study(summary["study"])["rows"])
+        summary["rows"] = sorted(rows.values(), key=lambda r: (
+            order.index(r["row"]) if r["row"] in order else len(order), r["row"]))
+    write_summary(out, summary)
     return summary
 
 
@@ -182,6 +219,7 @@ def summarise(row, results):
         "empirical_rank": diagnostics.get("empirical_rank"),
         "entropy_per_frequency_band": diagnostics.get("entropy_per_frequency_band"),
         "backend": results["model"].get("backend"),
+        "device": results["model"].get("device", "cpu"),
         "workdir": results.get("workdir"),
     }
 
