@@ -72,6 +72,11 @@ STUDIES["bottleneck_ptb_converged"] = {
         **{f"{row}_seed1": STUDIES["bottleneck_ptb"]["rows"][row] + ({"seed": 1},)
            for row in ("softmax", "sigsoftmax", "plif", "mos")}),
 }
+STUDIES["bottleneck_ptb_regularized"] = {
+    "preset": "bottleneck_ptb_regularized",
+    "paper": STUDIES["bottleneck_ptb"]["paper"],
+    "rows": dict(STUDIES["bottleneck_ptb"]["rows"]),
+}
 STUDIES["chen_ptb_long"] = {
     "preset": "chen_ptb_ngram_long",
     "paper": STUDIES["chen_ptb"]["paper"],
