@@ -200,7 +200,8 @@ def summarise(row, results):
         elapsed += entry["seconds"]
         if "valid_perplexity" in entry:
             curve.append({"epoch": entry["epoch"], "train_seconds": elapsed,
-                          "valid_perplexity": entry["valid_perplexity"]})
+                          "valid_perplexity": entry["valid_perplexity"],
+                          "train_loss": entry.get("train_loss")})
     training = results.get("training", {})
     diagnostics = results.get("diagnostics", {})
     config = results["config"]
