@@ -31,6 +31,12 @@ PAGE = os.path.join(REPO, "docs", "results.md")
 
 #: Raw files that do not carry their own command / machine.
 SOURCES = {
+    "study_bottleneck_ptb_converged.json": dict(
+        machine="one NVIDIA H200 (lent GPU machine, 16-core Xeon host), JAX 0.11.2, "
+                "Keras 3.15.1; the 12 rows ran at once, one process each; 2026-11-26"),
+    "study_bottleneck_ptb_regularized.json": dict(
+        machine="one NVIDIA H200 (lent GPU machine, 16-core Xeon host), JAX 0.11.2, "
+                "Keras 3.15.1; the 8 rows ran at once, one process each; 2026-11-26"),
     "ptb_zaremba_small.json": dict(
         command="python examples/train_lm.py --preset=zaremba_small --dataset=ptb "
                 "--data_dir=../shared/data/ptb --model_dir=/work/runs/ptb_zaremba_small",
@@ -261,6 +267,38 @@ def section_bottleneck(make_figures):
     if band_names:
         fig = figure("bottleneck_entropy_bands.png", "entropy per frequency band")
     return text, bands_text, fig
+
+
+CONVERGED_STUDIES = ("study_bottleneck_ptb_converged.json",
+                     "study_bottleneck_ptb_regularized.json")
+
+
+def section_converged(name):
+    """A converged bottleneck study (issue 19): every row and seed, the
+    validation curve, the train / valid gap and the rank on 10k contexts."""
+    data = load(name)
+    if data is None:
+        return missing(name)
+    rows = data["rows"]
+    softmax = {r["seed"]: r for r in rows if r["head"] == "full_softmax"}
+    out = []
+    for r in rows:
+        base = softmax.get(r["seed"])
+        ratio = r["test_perplexity"] / base["test_perplexity"] if base else None
+        curve = r["valid_curve"]
+        valid = " → ".join(fmt(p["valid_perplexity"], 1) for p in curve)
+        train_loss = curve[-1].get("train_loss") if curve else None
+        train_ppl = math.exp(train_loss) if train_loss is not None else None
+        gap = r["valid_perplexity"] / train_ppl if train_ppl else None
+        rank = r.get("empirical_rank") or {}
+        out.append([r["row"], r["seed"], fmt(r["test_perplexity"]), fmt(ratio, 3), valid,
+                    fmt(train_ppl, 1), fmt(gap), f"{rank.get('rank', '–')} / "
+                    f"{rank.get('num_contexts', '–')}", fmt(r["seconds_per_epoch"], 0)])
+    text = table(["row", "seed", "test ppl", "test / softmax (same seed)",
+                  "valid ppl after each epoch", "train ppl (last epoch)", "valid / train",
+                  "empirical rank / contexts (bound d+2 = 202)",
+                  "s / epoch (GPU shared by all rows)"], out)
+    return "\n\n".join([text, provenance(name, data)])
 
 
 ROBUSTNESS_FILES = ("head_robustness.json", "head_robustness_b.json", "head_robustness_chen.json")
@@ -602,6 +640,8 @@ def build(make_figures=True):
         "bottleneck_bands": bands,
         "bottleneck_figure": bands_fig,
         "robustness": section_robustness(),
+        "converged": section_converged(CONVERGED_STUDIES[0]),
+        "regularized": section_converged(CONVERGED_STUDIES[1]),
         "synthetic": section_synthetic(make_figures),
         "speed_large": speed_large,
         "speed_figure": speed_fig,
