@@ -169,8 +169,8 @@ def _study_rows(data):
     return {r["row"]: r for r in data["rows"]}
 
 
-def section_chen(make_figures):
-    name = "study_chen_ptb.json"
+def section_chen(make_figures, name="study_chen_ptb.json", png="chen_ptb_valid_curves.png",
+                 title="PTB 6-gram NNLM, equal time budget (cf. Chen et al. 2016, Fig. 2)"):
     data = load(name)
     if data is None:
         return missing(name), ""
@@ -208,12 +208,12 @@ def section_chen(make_figures):
         if off:
             ax.text(0.99, 0.98, "above the plot: " + ", ".join(off), transform=ax.transAxes,
                     ha="right", va="top", fontsize=8)
-        ax.set_title("PTB 6-gram NNLM, equal time budget (cf. Chen et al. 2016, Fig. 2)")
+        ax.set_title(title)
         ax.legend(fontsize=7, ncol=2)
         fig_.tight_layout()
-        fig_.savefig(os.path.join(FIGURES, "chen_ptb_valid_curves.png"), dpi=110)
+        fig_.savefig(os.path.join(FIGURES, png), dpi=110)
         plt.close(fig_)
-    fig = figure("chen_ptb_valid_curves.png", "validation perplexity against training time")
+    fig = figure(png, "validation perplexity against training time")
     return text, fig
 
 
@@ -626,6 +626,11 @@ def build(make_figures=True):
     if make_figures:
         os.makedirs(FIGURES, exist_ok=True)
     chen, chen_fig = section_chen(make_figures)
+    chen_long, chen_long_fig = section_chen(
+        make_figures, "study_chen_ptb_long.json", "chen_ptb_long_valid_curves.png",
+        "PTB 6-gram NNLM, 20 minutes per head, dropout 0.5")
+    chen_nodrop, _ = section_chen(
+        False, "study_chen_ptb_long_nodropout.json", "-", "")
     bottleneck, bands, bands_fig = section_bottleneck(make_figures)
     speed_large, speed_fig = section_speed_large(make_figures)
     gpu_large, gpu_fig = section_speed_large(
@@ -640,6 +645,9 @@ def build(make_figures=True):
         "bottleneck_bands": bands,
         "bottleneck_figure": bands_fig,
         "robustness": section_robustness(),
+        "chen_long_table": chen_long,
+        "chen_long_figure": chen_long_fig if load("study_chen_ptb_long.json") else "",
+        "chen_long_nodropout": chen_nodrop,
         "converged": section_converged(CONVERGED_STUDIES[0]),
         "regularized": section_converged(CONVERGED_STUDIES[1]),
         "synthetic": section_synthetic(make_figures),

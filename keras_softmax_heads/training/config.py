@@ -276,7 +276,7 @@ PRESETS["bottleneck_ptb_regularized"] = dict(
     PRESETS["bottleneck_ptb_converged"], dropout=0.4, epochs=8, decay_after_epochs=4)
 # Chen et al.'s protocol with 20 minutes per head (on one core the softmax's
 # validation curve has flattened by then).
-# Dropout 0.5 after the embedding and the tanh layer: without it the
+# Dropout 0.5 after the tanh layer (as Chen et al.): without it the
 # softmax's validation perplexity is lowest after ~8 minutes (186.1) and
 # climbs to 238.8 by 20 (docs/results/study_chen_ptb_long_nodropout.json);
 # Chen et al. tune dropout so that "the chosen training times are not long
