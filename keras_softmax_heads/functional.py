@@ -64,6 +64,12 @@ from keras import ops
 # ------------------------------------------------------------------ sigsoftmax
 
 
+def soft_cap(z, cap):
+    """Final-logit soft-capping `cap * tanh(z / cap)` (Gemma 2): scores
+    squashed into `(-cap, cap)`, the identity near 0."""
+    return cap * ops.tanh(z / cap)
+
+
 def log_sigmoid_scores(z):
     """`log(exp(z) * sigmoid(z)) = z - softplus(-z)`, stable for any |z|."""
     z = ops.convert_to_tensor(z)

@@ -34,6 +34,7 @@ from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_stats
 from keras_softmax_heads.chunked import kernel_geometry
+from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.heads.head_utils import check_targets
 from keras_softmax_heads.heads.head_utils import nan_if_invalid
 
@@ -42,10 +43,6 @@ ACCUMULABLE_DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: Reductions of `linear_cross_entropy`.
 REDUCTIONS = ("none", "sum", "mean")
 
-
-def soft_cap(z, cap):
-    """Final-logit soft-capping `cap * tanh(z / cap)` (Gemma 2)."""
-    return cap * ops.tanh(z / cap)
 
 
 def _check_dtype(name, x):

@@ -1,7 +1,10 @@
 """Linear-Softmax: the baseline head."""
 
 import keras
+
+from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
+from keras_softmax_heads.validation import check_positive
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
@@ -9,7 +12,10 @@ class FullSoftmax(PointwiseSoftmaxHead):
     """Linear-Softmax output head.
 
     `log p(w | h) = z_w - logsumexp(z)` with `z = h W + b`, computed in
-    float32 with `log_softmax` (never `log(softmax)`).
+    float32 with `log_softmax` (never `log(softmax)`). With
+    `logit_soft_cap=c` the scores are soft-capped first,
+    `z <- c * tanh(z / c)` (Gemma 2 and 3's final-logit capping), on the dense
+    and the chunked path alike.
 
     Args:
         vocab_size: int, number of words `V` (or omit and pass
@@ -20,6 +26,10 @@ class FullSoftmax(PointwiseSoftmaxHead):
         kernel_initializer, bias_initializer: initializers.
         return_probabilities: bool, `call` returns probabilities instead of
             log-probabilities.
+        logit_soft_cap: optional float > 0: soft-cap the scores at this
+            value (`None`, the default: no capping).
+        chunk_size: optional int, the vocabulary tile of the chunked exact
+            loss (`PointwiseSoftmaxHead`).
 
     Call arguments:
         inputs: context vectors, float tensor `[..., d]`.
@@ -38,6 +48,30 @@ class FullSoftmax(PointwiseSoftmaxHead):
     >>> bool(np.allclose(np.exp(log_p).sum(-1), 1.0, atol=1e-5))
     True
 
+    >>> capped = ksh.FullSoftmax(vocab_size=7, logit_soft_cap=30.0)
+    >>> tuple(capped(np.random.rand(2, 4).astype("float32")).shape)
+    (2, 7)
+
     References:
         - The softmax bottleneck: Yang et al., 2018. https://arxiv.org/abs/1711.03953
+        - Final-logit soft-capping: Gemma Team, 2024. https://arxiv.org/abs/2408.00118
     """
+
+    def __init__(self, *args, logit_soft_cap=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if logit_soft_cap is not None:
+            logit_soft_cap = check_positive("logit_soft_cap", logit_soft_cap)
+        self.logit_soft_cap = logit_soft_cap
+
+    def score_transform(self, z):
+        if self.logit_soft_cap is None:
+            return z
+        return soft_cap(z, self.logit_soft_cap)
+
+    def has_score_transform(self):
+        return self.logit_soft_cap is not None
+
+    def get_config(self):
+        config = super().get_config()
+        config["logit_soft_cap"] = self.logit_soft_cap
+        return config

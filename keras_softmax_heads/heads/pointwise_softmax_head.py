@@ -62,6 +62,13 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         """The pointwise output function `g(z)`; identity by default."""
         return z
 
+    def has_score_transform(self):
+        """Whether `score_transform` is not the identity (the chunked loss
+        then differentiates through it). True when a subclass overrides
+        `score_transform`; a subclass whose transform is optional
+        overrides this too."""
+        return type(self).score_transform is not PointwiseSoftmaxHead.score_transform
+
     def log_probs(self, inputs):
         return ops.log_softmax(self.score_transform(self.logits(inputs)), axis=-1)
 
@@ -101,7 +108,7 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
         kernel, transposed = self.chunked_projection()
         transform, variables = None, []  # identity: no vector-Jacobian product
-        if type(self).score_transform is not PointwiseSoftmaxHead.score_transform:
+        if self.has_score_transform():
             variables = self.score_transform_variables()
 
             def transform(z, *values):
