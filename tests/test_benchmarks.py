@@ -251,6 +251,56 @@ def test_peers_benchmark(tmp_path, our_backend):
     assert {e["side"] for e in result["efficiency"]} == sides
 
 
+def test_adaptive_benchmark_smoke(tmp_path):
+    """bench_adaptive.py end to end at tiny sizes, cheaply: torch's row in a
+    fresh process, a full-softmax row over the memory budget as an error
+    row, the ratios and the JSON."""
+    if not _installed("torch"):
+        pytest.skip("torch not installed")
+    out = tmp_path / "adaptive.json"
+    _run("bench_adaptive.py", "--vocab_sizes=300", "--tokens=64", "--dim=16",
+         "--rows=full,torch", "--phases=train", "--repeats=1", "--warmup=1", "--threads=1",
+         "--memory_budget_gb=1e-9", f"--out={out}", timeout=120)
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("python benchmarks/bench_adaptive.py")
+    assert result["settings"]["cutoffs"] == {"300": [6, 30, 150]}
+    rows = {r["key"]: r for r in result["rows"]}
+    assert rows["full"]["skipped"] and "budget" in rows["full"]["error"]
+    assert rows["torch"]["step_s"] > 0 and rows["torch"]["cutoffs"] == [6, 30, 150]
+    assert result["ratios"] == [{"v": 300, **{k: None for k in result["ratios"][0] if k != "v"}}]
+
+
+def test_adaptive_benchmark_rows_in_process(monkeypatch):
+    """Our static and dynamic rows measure the same loss and exact
+    log-likelihood (seeded weights); torch's `forward(...).output` is exact."""
+    monkeypatch.syspath_prepend(BENCH)  # the script imports its neighbours lazily
+    import bench_adaptive as bench
+    assert bench.cutoffs_for(793471) == [60000, 100000, 640000]
+    assert bench.cutoffs_for(793471, ["793471:4000/40000/200000"]) == [4000, 40000, 200000]
+    value = {}
+    for key in ("static", "dynamic"):
+        for phase in ("train", "eval"):
+            r = bench.run_row(key, phase, 300, 16, 64, [20, 100], 1, 1, 1)
+            assert r["step_s"] > 0 and r["capacities"], r
+            value[key, phase] = r["value"]
+    assert value["static", "train"] == pytest.approx(-value["static", "eval"], rel=1e-4)
+    assert value["dynamic", "eval"] == pytest.approx(value["static", "eval"], rel=1e-4)
+    assert value["dynamic", "train"] == pytest.approx(value["static", "train"], rel=1e-4)
+    if _installed("torch"):
+        assert bench.torch_eval_is_exact()
+    ratios = bench.ratios_of([
+        {"key": "static", "phase": "train", "v": 9, "step_s": 1.0},
+        {"key": "torch", "phase": "train", "v": 9, "step_s": 2.0},
+        {"key": "full", "phase": "eval", "v": 9, "step_s": 4.0},
+        {"key": "static", "phase": "eval", "v": 9, "step_s": 2.0},
+        {"key": "dynamic", "phase": "eval", "v": 9, "error": "x"}])
+    assert ratios[0]["static_over_torch_train"] == 0.5
+    assert ratios[0]["static_over_full_eval"] == 0.5
+    assert ratios[0]["dynamic_over_full_eval"] is None
+    met = bench.targets_met(ratios)
+    assert met["static_over_torch_train@9"] and met["dynamic_over_torch_train@9"] is None
+
+
 def test_results_page_is_generated_from_the_committed_results():
     """docs/results.md is what benchmarks/results_page.py makes of docs/results/."""
     proc = subprocess.run([sys.executable, os.path.join(BENCH, "results_page.py"), "--check"],

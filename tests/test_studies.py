@@ -71,6 +71,28 @@ def test_study_presets():
             if head == "hierarchical"} == set(clustering.CLUSTERING_STRATEGIES)
 
 
+def test_adaptive_wikitext2_study():
+    """Issue 21's study: Zaremba small on WikiText-2, equal time, three heads."""
+    base = training.get_config("bottleneck_ptb_small").to_dict()
+    preset = training.get_config("adaptive_wikitext2").to_dict()
+    assert {k for k in base if base[k] != preset[k]} == {
+        "dataset", "epochs", "lr_decay", "train_seconds"}
+    assert (preset["dataset"], preset["train_seconds"], preset["jit_compile"]) == (
+        "wikitext2", 1200.0, True)
+    spec = studies.STUDIES["adaptive_wikitext2"]
+    assert list(spec["rows"]) == ["softmax", "adaptive", "hsm"]
+    config = studies.study_config("adaptive_wikitext2", "adaptive")
+    assert (config.head, config.head_options) == (
+        "adaptive", {"cutoffs": [2000, 10000], "factor": 4})
+    assert studies.study_config("adaptive_wikitext2", "hsm").head_options == {
+        "clustering": "frequency"}
+    command = studies.row_command("adaptive_wikitext2", "adaptive", "wt2", "runs/a")
+    assert "--dataset=wikitext2" in command and "--preset=adaptive_wikitext2" in command
+    assert "--dataset=ptb" in studies.row_command("chen_ptb", "softmax", "ptb", "runs/s")
+    assert training.parse_options("cutoffs=[2000, 10000],factor=4") == {
+        "cutoffs": [2000, 10000], "factor": 4}
+
+
 def test_paper_comparisons_script_smoke(tmp_path):
     """The study script, one row, a few steps (the example never goes stale);
     the k-means HSM row gets its clusters from the training split, and its

@@ -284,6 +284,18 @@ PRESETS["bottleneck_ptb_regularized"] = dict(
 PRESETS["chen_ptb_ngram_long"] = dict(PRESETS["chen_ptb_ngram"], train_seconds=1200.0,
                                       dropout=0.5)
 
+# Issue 21: the adaptive softmax against the full and hierarchical softmax on
+# WikiText-2 (V = 33,278) with Zaremba small's LSTM, every head trained for
+# the same wall-clock budget (20 minutes, validation excluded; Chen et al.
+# 2016's protocol). Full epochs (no `steps_per_epoch` cap: the LSTM reads the
+# corpus as streams), lr 1 throughout (an epoch-based decay would favour the
+# faster heads, which run more epochs), XLA and the 20-stream evaluation of
+# `bottleneck_ptb_small`. `examples/paper_comparisons.py
+# --study=adaptive_wikitext2 --dataset=wikitext2`.
+PRESETS["adaptive_wikitext2"] = dict(
+    PRESETS["bottleneck_ptb_small"], dataset="wikitext2", epochs=1000, lr_decay=1.0,
+    train_seconds=1200.0)
+
 
 def get_config(preset=None, **overrides):
     """A `TrainConfig`: defaults, then `PRESETS[preset]`, then `overrides`.

@@ -14,6 +14,8 @@ Studies:
   hierarchical softmax once per clustering strategy.
 * `bottleneck_ptb`: the softmax-bottleneck heads (Yang et al. 2018, Kanai et
   al. 2018, Ganea et al. 2019) on the Zaremba-small LSTM, equal epochs.
+* `adaptive_wikitext2`: the adaptive softmax (Grave et al. 2017) against the
+  full and the hierarchical softmax on WikiText-2, equal training time.
 """
 
 from __future__ import annotations
@@ -83,6 +85,19 @@ STUDIES["chen_ptb_long"] = {
     "rows": dict(STUDIES["chen_ptb"]["rows"]),
 }
 
+# Issue 21: Grave et al. (2017) on WikiText-2 (V = 33,278): cutoffs [2000,
+# 10000] (a head of the 2000 most frequent words, two tails), factor 4.
+STUDIES["adaptive_wikitext2"] = {
+    "preset": "adaptive_wikitext2",
+    "paper": "Grave, Joulin, Cissé, Grangier, Jégou (2017) (WikiText-2, equal time)",
+    "dataset": "wikitext2",
+    "rows": {
+        "softmax": ("full_softmax", {}),
+        "adaptive": ("adaptive", {"cutoffs": [2000, 10000], "factor": 4}),
+        "hsm": ("hierarchical", {"clustering": "frequency"}),
+    },
+}
+
 
 def study_config(study, row, **overrides):
     """The `TrainConfig` of `row` of `study` (`overrides` last)."""
@@ -98,12 +113,14 @@ def study_config(study, row, **overrides):
     return get_config(spec["preset"], head=head, head_options=dict(options), **fields)
 
 
-def row_command(study, row, data_dir, model_dir):
-    """The `examples/train_lm.py` command line that trains `row` alone."""
+def row_command(study, row, data_dir, model_dir, dataset=None):
+    """The `examples/train_lm.py` command line that trains `row` alone
+    (`dataset`: default the study's corpus, PTB unless it names another)."""
     spec = _study(study)
     head, options, *fields = spec["rows"][row]
+    dataset = dataset or spec.get("dataset", "ptb")
     args = ["python", "examples/train_lm.py", f"--preset={spec['preset']}",
-            "--dataset=ptb", f"--data_dir={data_dir}", f"--head={head}"]
+            f"--dataset={dataset}", f"--data_dir={data_dir}", f"--head={head}"]
     if options:
         args.append("--head_options=" + ",".join(f"{k}={v}" for k, v in options.items()))
     for name, value in (fields[0] if fields else {}).items():
@@ -158,7 +175,7 @@ def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", loop="tf
         workdir = os.path.join(runs_dir, row)
         results = train(config, workdir)
         entry = summarise(row, results)
-        entry["command"] = row_command(study, row, data_dir, workdir)
+        entry["command"] = row_command(study, row, data_dir, workdir, dataset)
         entry["loop"] = loop
         if overrides:
             entry["overrides"] = dict(overrides)
