@@ -35,8 +35,9 @@ after the other for every vocabulary size `V`:
     cutoffs)` with `div_value=4` (its default) and the cutoffs
     `[round(0.02 V), round(0.1 V), round(0.5 V)]` (deduplicated, kept in
     `(0, V)`): head clusters of 2%, 8%, 40% and 50% of a frequency-sorted
-    (Zipfian) vocabulary, the usual shape of its cutoffs. It is not an
-    exact softmax: it is listed as the approximate head users reach for.
+    (Zipfian) vocabulary, the usual shape of its cutoffs. It is a
+    different, factorised model (normalised exactly, not a full softmax):
+    it is listed as the large-vocabulary head users reach for.
 
 For both sides on one GPU: `--our-backend jax --torch-device cuda`. The
 device each side ran on is in the JSON (`devices`, each row's `device`,
