@@ -604,6 +604,73 @@ def section_adaptive_study(name="study_adaptive_wikitext2.json"):
         table(["row", "head", "test ppl", "test / softmax", "valid ppl", "train s", "epochs",
                "steps / s"], out),
         provenance(name, data)])
+def _machine_text(data):
+    """`data` with its `machine` dict as one line (for `provenance`)."""
+    m = data.get("machine")
+    if not isinstance(m, dict):
+        return data
+    text = f"{m.get('cpu')}, {m.get('cores')} of {m.get('cpu_count')} cores, " \
+           f"{m.get('memory_gib')} GiB; {m.get('date', '')[:10]}"
+    return dict(data, machine=text)
+
+
+def section_fused_lce(name="bench_linear_cross_entropy.json"):
+    """Fused linear cross-entropy against the dense logits and PyTorch (issue 20)."""
+    data = load(name)
+    if data is None:
+        return missing(name)
+    settings = data.get("settings", {})
+    ratios = {(e["v"], e["dtype"]): e for e in data.get("ratios", [])}
+    out = []
+    for r in data["rows"]:
+        cells = [f"{r['v']:,}", r["dtype"], r["row"]]
+        if "step_s" not in r:
+            why = str(r.get("skipped") or r.get("error") or "failed")[:60]
+            out.append(cells + [why, "–", "–", "–", "–"])
+            continue
+        ratio = ratios.get((r["v"], r["dtype"]), {}) if r["row"] == "ours" else {}
+        out.append(cells + [fmt(r["step_s"], 3), fmt(r["extra_mib"], 0),
+                            fmt(ratio.get("time_ours_over_keras_dense")),
+                            fmt(ratio.get("time_ours_over_torch_chunked")),
+                            fmt(ratio.get("extra_memory_ours_over_keras_dense"), 3)])
+    return "\n\n".join([
+        f"N = {settings.get('n')} tokens, d = {settings.get('d')}, "
+        f"{settings.get('threads')} threads; forward + backward with respect to h and W, "
+        "median of the timed calls, each row in a fresh process. *Extra MiB*: peak resident "
+        "size over the inputs and weights, minus the two gradients' size.",
+        table(["V", "dtype", "row", "s / step", "extra MiB", "ours / keras_dense time",
+               "ours / torch_chunked time", "ours / keras_dense extra memory"], out),
+        provenance(name, _machine_text(data))])
+
+
+def section_fused_causal_lm(name="bench_fused_causal_lm.json"):
+    """A keras-hub Gemma's training step, stock and fused (issue 20)."""
+    data = load(name)
+    if data is None:
+        return missing(name)
+    settings = data.get("settings", {})
+    caps = {c["row"]: c for c in data.get("memory_cap", [])}
+    out = []
+    for r in data["rows"]:
+        cap = caps.get(r["row"], {})
+        longest = cap.get("max_seq_len_under_cap")
+        longest = "–" if not cap else (f"{longest:,}" if longest else "none tried")
+        if "step_s" not in r:
+            out.append([r["row"], str(r.get("error") or "failed")[:60], "–", "–", longest])
+            continue
+        out.append([r["row"], fmt(r["step_s"], 3), fmt(r["peak_mib"], 0),
+                    fmt(r["peak_over_baseline_mib"], 0), longest])
+    model = settings.get("model", {})
+    return "\n\n".join([
+        f"`GemmaCausalLM`, V = {model.get('vocabulary_size', 0):,}, d = "
+        f"{model.get('hidden_dim')}, {model.get('num_layers')} layer(s), batch "
+        f"{settings.get('batch_size')} x {settings.get('seq_len')} tokens, "
+        f"{settings.get('threads')} threads; `train_on_batch`, median of the timed steps. "
+        f"Longest sequence: the longest of {settings.get('cap_seq_lens')} whose whole-process "
+        f"peak resident size stayed under {settings.get('memory_cap_gb')} GiB.",
+        table(["row", "s / step", "peak MiB", "MiB over the built model",
+               "longest sequence under the cap"], out),
+        provenance(name, _machine_text(data))])
 
 
 # ----------------------------------------------------------- README lines
@@ -713,6 +780,8 @@ def build(make_figures=True):
         "gpu_peers": section_peers("bench_peers_gpu.json"),
         "adaptive_bench": section_adaptive_bench(),
         "adaptive_study": section_adaptive_study(),
+        "fused_lce": section_fused_lce(),
+        "fused_causal_lm": section_fused_causal_lm(),
     }
     with open(TEMPLATE) as f:
         template = f.read()

@@ -306,3 +306,43 @@ def test_results_page_is_generated_from_the_committed_results():
     proc = subprocess.run([sys.executable, os.path.join(BENCH, "results_page.py"), "--check"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_linear_cross_entropy_benchmark_smoke(tmp_path):
+    """The four rows at tiny sizes, in one process (`--in_process`): each is
+    timed and measured, the rows compute the same loss, the ratios are set."""
+    pytest.importorskip("torch")
+    out = tmp_path / "lce.json"
+    _run("bench_linear_cross_entropy.py", "--tokens=32", "--dim=8", "--vocab_sizes=96",
+         "--dtypes=bfloat16", "--chunk_size=40", "--repeats=1", "--threads=1",
+         "--in_process", f"--out={out}", timeout=300)
+    result = json.loads(out.read_text())
+    rows = {r["row"]: r for r in result["rows"]}
+    assert set(rows) == {"keras_dense", "ours", "torch_chunked", "torch_dense"}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["step_s"] > 0 and r["grad_mib"] > 0 and r["dtype"] == "bfloat16", r
+    # bfloat16 inputs; the fused rows accumulate in float32.
+    assert rows["ours"]["loss"] == pytest.approx(rows["torch_chunked"]["loss"], rel=2e-2)
+    assert rows["ours"]["loss"] == pytest.approx(rows["keras_dense"]["loss"], rel=2e-2)
+    (ratio,) = result["ratios"]
+    assert ratio["time_ours_over_keras_dense"] > 0 and ratio["time_ours_over_torch_chunked"] > 0
+    assert result["command"].startswith("python ") and result["machine"]["cores"] >= 1
+
+
+def test_fused_causal_lm_benchmark_smoke(tmp_path):
+    """A tiny Gemma's fit step, stock and fused, and the memory-cap search
+    (`--in_process`, one sequence length under a cap no row reaches)."""
+    pytest.importorskip("keras_hub")
+    out = tmp_path / "causal_lm.json"
+    _run("bench_fused_causal_lm.py", "--vocabulary_size=256", "--seq_len=8", "--hidden_dim=8",
+         "--intermediate_dim=16", "--head_dim=4", "--steps=1", "--cap_seq_lens=8",
+         "--memory_cap_gb=64", "--threads=1", "--in_process", f"--out={out}", timeout=300)
+    result = json.loads(out.read_text())
+    rows = {r["row"]: r for r in result["rows"]}
+    assert set(rows) == {"stock", "fused"}
+    assert all(r["step_s"] > 0 and r["peak_mib"] > 0 for r in rows.values()), rows
+    # Same weights and data: the first step's loss is the same.
+    assert rows["fused"]["loss"] == pytest.approx(rows["stock"]["loss"], rel=1e-4)
+    assert result["ratios"]["time_fused_over_stock"] > 0
+    assert [c["max_seq_len_under_cap"] for c in result["memory_cap"]] == [8, 8]

@@ -1,0 +1,510 @@
+r"""Fused linear cross-entropy against the dense logits and PyTorch (issue 20).
+
+One step is the forward and backward pass of the mean cross-entropy of the
+logits `h W` (`h` `[N, d]`, `W` the `[d, V]` output matrix, targets `[N]`)
+with respect to `h` AND `W`, for every vocabulary size `V` of
+`--vocab_sizes` and input dtype of `--dtypes` (`float32`, `bfloat16`: `h`
+and `W` in that dtype). Rows (`--rows`), each in a fresh process:
+
+* `keras_dense`: the stock Keras path, `keras.ops.matmul(h, W)` (the
+  `[N, V]` logits) and `keras.losses.SparseCategoricalCrossentropy(
+  from_logits=True)`, gradients by the backend (`--backend`, TensorFlow by
+  default) in `--mode` (`steps.grad_step`; TensorFlow's default: `graph`,
+  `tf.function` without XLA, what Keras runs on a CPU);
+* `ours`: `keras_softmax_heads.losses.linear_cross_entropy(h, W, t)`
+  (`--chunk_size`, default the library's), same backend and mode;
+* `torch_chunked`: `torch.nn.functional.linear_cross_entropy(h, W.T, t,
+  options=torch.nn.LinearCrossEntropyOptions())`, PyTorch's chunked
+  implementation (`W.T`: PyTorch's `[V, d]` weight layout, built as such);
+* `torch_dense`: `F.cross_entropy(h @ W.T, t)` (eager PyTorch).
+
+The PyTorch rows import no Keras; gradients by `loss.backward()` (the
+chunked op supports only that), `.grad` cleared before every call. Every
+row sees the same values: `h ~ N(0, 1)`, `W ~ N(0, 1 / d)` (so the logits
+are about `N(0, 1)`), uniform targets, drawn in float32 with NumPy in
+blocks of columns (seeded per block) and rounded to the dtype; the `loss`
+of each row is recorded as a check that the rows compute the same thing.
+
+Time: one warm-up call (tracing / compilation; `first_s`), then
+`--repeats` timed calls; `step_s` is their median wall time, `best_s` the
+fastest.
+
+Memory, from the process' resident size (Linux `/proc/self/status`,
+`proc_memory.py`): the child first runs a tiny step of the same kind (to
+load the libraries' code), then allocates `h`, `W` and the targets, resets
+the peak counter (`VmHWM`, `/proc/self/clear_refs`) and reads the resident
+size, `baseline_mib`. The warm-up call counts towards the peak (TensorFlow's
+CPU allocator keeps the blocks of its first call for the next ones). Then:
+
+* `peak_mib`: the raw peak resident size over the warm-up and timed calls;
+* `peak_over_inputs_mib = peak_mib - baseline_mib`: what the step added to
+  the inputs and weights;
+* `grad_mib`: the size of the two gradients `dL/dh` and `dL/dW` in the
+  inputs' dtype (`N d + d V` elements), which every row must return;
+* `extra_mib = peak_over_inputs_mib - grad_mib`: the memory beyond the
+  weights and gradients (the `[N, V]` logits and their gradient for the
+  dense rows; tiles and per-token statistics for the fused ones). If the
+  peak counter cannot be reset, the baseline is the peak after allocating
+  the inputs (`peak_reset: false` in the row).
+
+Ratios per `(V, dtype)`: `time_ours_over_keras_dense`,
+`time_ours_over_torch_chunked` (median step times) and
+`extra_memory_ours_over_keras_dense` (`extra_mib`).
+
+Threads: `--threads` (default 2) is applied in every child: TensorFlow's
+intra-op pool (`tf.config.threading.set_intra_op_parallelism_threads`; the
+inter-op pool gets 1 thread: a step is one chain of ops), PyTorch's
+`torch.set_num_threads` (and `set_num_interop_threads(1)`), and
+`OMP_NUM_THREADS` (oneDNN's and PyTorch's OpenMP pools) in the child's
+environment. On JAX, XLA's CPU client is limited to one thread by
+`--xla_cpu_multi_thread_eigen=false` when `--threads=1`; other counts leave
+JAX's pool at its default (the CPUs the process may run on: pin the run
+with `taskset` to bound it).
+
+`--in_process` runs every row in the parent process instead (for smoke
+tests: seconds, but the memory readings then include the earlier rows').
+
+A row that fails (an error, or a child killed, e.g. out of memory) is
+recorded with its `error`; the others still run. Dense rows whose estimated
+extra memory (`DENSE_COPIES` float32 `[N, V]` buffers) exceeds
+`--memory_budget_gb` (default: 80% of the machine's available memory when
+the row starts) are recorded as `skipped` rather than run, so that an
+out-of-memory kill does not hit other processes of the machine.
+
+Usage:
+    OMP_NUM_THREADS=2 python benchmarks/bench_linear_cross_entropy.py \
+        --out=docs/results/bench_linear_cross_entropy.json   # the full table
+    python benchmarks/bench_linear_cross_entropy.py --quick --out=/tmp/lce.json
+    python benchmarks/bench_linear_cross_entropy.py --tokens=64 --dim=16 \
+        --vocab_sizes=128,256 --repeats=2 --threads=1
+"""
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
+import proc_memory  # benchmarks/proc_memory.py
+import select_backend  # benchmarks/select_backend.py
+from absl import app
+from absl import flags
+
+ROWS = ("keras_dense", "ours", "torch_chunked", "torch_dense")
+TORCH_ROWS = ("torch_chunked", "torch_dense")
+DTYPES = ("float32", "bfloat16")
+#: float32 `[N, V]` buffers alive at the dense rows' peak (estimate, for
+#: the memory-budget skip: logits, softmax / log-softmax, their gradient,
+#: plus a margin for the bfloat16 rows' casts).
+DENSE_COPIES = {"keras_dense": 5.0, "torch_dense": 4.0}
+#: Flops of a step per `N d V`: the logits and the two gradient products;
+#: the fused rows recompute the logits in the backward pass.
+FLOPS_PER_NDV = {"keras_dense": 6, "ours": 8, "torch_chunked": 6, "torch_dense": 6}
+BLOCK = 4096  # columns of W drawn at a time
+
+flags.DEFINE_enum("backend", select_backend.default_backend(), select_backend.BACKENDS,
+                  "Keras backend of the `keras_dense` and `ours` rows.")
+flags.DEFINE_string("mode", None, "Compilation mode of the Keras rows (select_backend.MODES; "
+                    "default: the backend's first default, TensorFlow `graph`).")
+flags.DEFINE_integer("tokens", 4096, "N, tokens per step.")
+flags.DEFINE_integer("dim", 1024, "d, the hidden size.")
+flags.DEFINE_list("vocab_sizes", ["32768", "131072", "262144"], "Vocabulary sizes V.")
+flags.DEFINE_list("dtypes", list(DTYPES), "Dtypes of h and W.")
+flags.DEFINE_list("rows", list(ROWS), "Rows to run.")
+flags.DEFINE_integer("chunk_size", None, "chunk_size of `ours` (default: the library's).")
+flags.DEFINE_integer("repeats", 3, "Timed calls per row (after one warm-up call).")
+flags.DEFINE_integer("threads", 2, "Threads of TensorFlow, PyTorch and OpenMP in each child.")
+flags.DEFINE_float("memory_budget_gb", None, "Skip dense rows estimated above this "
+                   "(default: 80% of MemAvailable when the row starts).")
+flags.DEFINE_float("assumed_gflops", None, "Float32 GFLOP/s of the machine for the runtime "
+                   "estimate (default: 40 per thread).")
+flags.DEFINE_bool("quick", False, "Smoke run: N=64, d=16, V=128,256, chunk 64, 2 repeats.")
+flags.DEFINE_bool("in_process", False, "Run every row in this process (smoke tests: no fresh "
+                  "process per row, so the memory readings are not meaningful).")
+flags.DEFINE_string("out", None, "Write the results to this JSON file.")
+flags.DEFINE_string("row", None, "Internal: run one row (with --vocab_sizes=V, --dtypes=D) "
+                    "and print its result.")
+FLAGS = flags.FLAGS
+
+
+# ----------------------------------------------------------------- inputs
+def fill_inputs(n, d, v, seed=0):
+    """Yields `(name, slice, float32 block)` of the inputs, the same in every row.
+
+    `h`: rows of `[n, d]`; `W`: column blocks `[d, BLOCK]` of `[d, V]`, each
+    from its own seed (so the PyTorch rows can build `W.T` block by block);
+    `t`: the `[n]` targets.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 0])
+    yield "h", slice(0, n), rng.standard_normal((n, d), dtype=np.float32)
+    for j0 in range(0, v, BLOCK):
+        j1 = min(v, j0 + BLOCK)
+        rng = np.random.default_rng([seed, 1, j0])
+        block = rng.standard_normal((d, j1 - j0), dtype=np.float32)
+        block *= d**-0.5
+        yield "W", slice(j0, j1), block
+    yield "t", slice(0, n), np.random.default_rng([seed, 2]).integers(0, v, n).astype(np.int32)
+
+
+def aligned_empty(shape, dtype):
+    """An uninitialised NumPy array on a 128-byte boundary (TensorFlow takes
+    only aligned buffers without a copy, and aborts on unaligned ones)."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + 128, np.uint8)
+    offset = (-raw.ctypes.data) % 128
+    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
+def numpy_inputs(n, d, v, dtype):
+    """`(h [n, d], W [d, v], t [n])` aligned NumPy arrays (`dtype`: via ml_dtypes)."""
+    import ml_dtypes
+    import numpy as np
+
+    np_dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    h = aligned_empty((n, d), np_dtype)
+    w = aligned_empty((d, v), np_dtype)
+    t = None
+    for name, where, block in fill_inputs(n, d, v):
+        if name == "h":
+            h[where] = block
+        elif name == "W":
+            w[:, where] = block
+        else:
+            t = aligned_empty((n,), np.int32)
+            t[...] = block
+    return h, w, t
+
+
+def torch_inputs(n, d, v, dtype):
+    """`(h [n, d], W^T [v, d], t [n] int64)` PyTorch tensors, the same values."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    h = torch.empty((n, d), dtype=torch_dtype)
+    w = torch.empty((v, d), dtype=torch_dtype)
+    t = None
+    for name, where, block in fill_inputs(n, d, v):
+        if name == "h":
+            h[where] = torch.from_numpy(block)
+        elif name == "W":
+            w[where] = torch.from_numpy(block.T.copy())
+        else:
+            t = torch.from_numpy(block).long()
+    return h, w, t
+
+
+# ------------------------------------------------------------------- rows
+def _set_threads(row, threads):
+    if row in TORCH_ROWS:
+        import torch
+
+        torch.set_num_threads(threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already started
+            pass
+        return threads
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        return tf.config.threading.get_intra_op_parallelism_threads()
+    return threads if keras.backend.backend() != "jax" or threads == 1 else None
+
+
+def keras_step(row, mode, chunk_size):
+    """`(step, make_inputs)` of a Keras row (`keras_dense` or `ours`)."""
+    import keras
+    import steps
+
+    from keras_softmax_heads.losses import linear_cross_entropy
+
+    scce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def loss_fn(h, w, t):
+        if row == "keras_dense":
+            return scce(t, keras.ops.matmul(h, w))
+        return linear_cross_entropy(h, w, t, chunk_size=chunk_size)
+
+    step = steps.grad_step(loss_fn, [], mode, wrt=(0, 1))
+
+    def make_inputs(n, d, v, dtype):
+        arrays = numpy_inputs(n, d, v, dtype)
+        tensors = []
+        for a in arrays:
+            try:  # no copy where the backend takes the buffer (float32, int32)
+                tensors.append(steps.host_tensor(a))
+            except BufferError:  # bfloat16: NumPy exports no DLPack for it
+                tensors.append(keras.ops.convert_to_tensor(a))
+        # The NumPy arrays stay alive with the tensors (some share them).
+        return tensors, arrays
+
+    return step, make_inputs
+
+
+def torch_step(row):
+    """`(step, make_inputs)` of a PyTorch row."""
+    import torch
+    import torch.nn.functional as F
+
+    def step(h, w, t):
+        h.grad = w.grad = None
+        if row == "torch_chunked":
+            loss = F.linear_cross_entropy(h, w, t,
+                                          options=torch.nn.LinearCrossEntropyOptions())
+        else:
+            loss = F.cross_entropy(h @ w.T, t)
+        loss.backward()
+        return float(loss.detach())
+
+    def make_inputs(n, d, v, dtype):
+        h, w, t = torch_inputs(n, d, v, dtype)
+        return [h.requires_grad_(True), w.requires_grad_(True), t], None
+
+    return step, make_inputs
+
+
+def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None):
+    """Measures one row in this process; returns its result dict."""
+    import gc
+
+    result = {"row": row, "n": n, "d": d, "v": v, "dtype": dtype}
+    if row in TORCH_ROWS:
+        import torch
+
+        step, make_inputs = torch_step(row)
+        result.update(framework=f"torch {torch.__version__}", mode="eager")
+    else:
+        import keras
+
+        from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
+
+        backend = keras.backend.backend()
+        mode = mode or select_backend.DEFAULT_MODES[backend][0]
+        chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
+        step, make_inputs = keras_step(row, mode, chunk_size)
+        result.update(framework=f"keras {keras.__version__} ({backend})", mode=mode)
+        if row == "ours":
+            result["chunk_size"] = chunk_size
+    result["threads"] = _set_threads(row, threads)
+    # A tiny step of the same kind first: loads the libraries' code, whose
+    # pages would otherwise count as the step's memory.
+    small, _ = make_inputs(8, min(d, 8), 16, dtype)
+    step(*small)
+    del small
+    data, keep = make_inputs(n, d, v, dtype)
+    gc.collect()
+    reset = proc_memory.reset_peak()
+    baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
+    t0 = time.perf_counter()
+    loss = step(*data)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        loss = step(*data)
+        times.append(time.perf_counter() - t0)
+    peak = proc_memory.status()["VmHWM"]
+    del keep
+    itemsize = 2 if dtype == "bfloat16" else 4
+    grad_bytes = (n * d + d * v) * itemsize
+    mib = 2.0**20
+    result.update(
+        loss=loss, first_s=first, step_s=statistics.median(times) if times else first,
+        best_s=min(times) if times else first, times_s=times,
+        baseline_mib=baseline / mib, peak_mib=peak / mib,
+        peak_over_inputs_mib=(peak - baseline) / mib, grad_mib=grad_bytes / mib,
+        extra_mib=(peak - baseline - grad_bytes) / mib, peak_reset=reset,
+    )
+    return result
+
+
+# ----------------------------------------------------------------- parent
+def machine():
+    """The machine, in a dict (CPU model, cores this process may use, versions)."""
+    model = platform.processor() or "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": model, "cores": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "os": platform.platform(), "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def dense_estimate_bytes(row, n, v):
+    """Estimated extra memory of a dense row (0 for the fused rows)."""
+    return DENSE_COPIES.get(row, 0.0) * n * v * 4
+
+
+def estimate_seconds(rows, n, d, vocab_sizes, dtypes, repeats, gflops):
+    """Rough wall time of a run: every row's flops over `gflops` (bfloat16
+    products are assumed to run at the float32 rate)."""
+    flops = sum(FLOPS_PER_NDV[r] * n * d * v for r in rows for v in vocab_sizes) * len(dtypes)
+    return flops * (repeats + 1) / (gflops * 1e9)
+
+
+def ratios_of(rows):
+    """Ratios of `ours` per `(V, dtype)`; None where a row is missing."""
+    by = {(r["v"], r["dtype"], r["row"]): r for r in rows if "step_s" in r}
+    out = []
+    for v, dtype in dict.fromkeys((r["v"], r["dtype"]) for r in rows):
+        ours = by.get((v, dtype, "ours"))
+        dense = by.get((v, dtype, "keras_dense"))
+        chunked = by.get((v, dtype, "torch_chunked"))
+
+        def over(a, b, key):
+            return a[key] / b[key] if a and b and b[key] > 0 else None
+
+        out.append({
+            "v": v, "dtype": dtype,
+            "time_ours_over_keras_dense": over(ours, dense, "step_s"),
+            "time_ours_over_torch_chunked": over(ours, chunked, "step_s"),
+            "extra_memory_ours_over_keras_dense": over(ours, dense, "extra_mib"),
+        })
+    return out
+
+
+def child_args(row, v, dtype, settings):
+    args = [f"--row={row}", f"--vocab_sizes={v}", f"--dtypes={dtype}",
+            f"--tokens={settings['n']}", f"--dim={settings['d']}",
+            f"--repeats={settings['repeats']}", f"--threads={settings['threads']}",
+            f"--backend={settings['backend']}"]
+    if settings.get("mode"):
+        args.append(f"--mode={settings['mode']}")
+    if settings.get("chunk_size"):
+        args.append(f"--chunk_size={settings['chunk_size']}")
+    return args
+
+
+def run_child(row, v, dtype, settings):
+    """Runs a row in a fresh process; a failure is a row with its `error`."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS=str(settings["threads"]),
+               KERAS_BACKEND=settings["backend"])
+    if settings["backend"] == "jax" and settings["threads"] == 1:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+    cmd = [sys.executable, os.path.abspath(__file__), *child_args(row, v, dtype, settings)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"row": row, "v": v, "dtype": dtype,
+            "error": fresh_process.error_text(proc.stderr + proc.stdout, proc.returncode)}
+
+
+def print_row(r):
+    head = f"{r['row']:14s} V={r['v']:<7d} {r['dtype']:9s}"
+    if "step_s" in r:
+        print(f"{head} {r['step_s']:9.3f} s  extra {r['extra_mib']:9.1f} MiB  "
+              f"(peak over inputs {r['peak_over_inputs_mib']:.1f}, loss {r['loss']:.5f})",
+              flush=True)
+    else:
+        print(f"{head} -- {r.get('skipped') or r.get('error')}", flush=True)
+
+
+def run(settings):
+    """Runs every (V, dtype, row) in a fresh process; returns the JSON dict."""
+    n, d = settings["n"], settings["d"]
+    rows = []
+    for v in settings["vocab_sizes"]:
+        for dtype in settings["dtypes"]:
+            for row in settings["rows"]:
+                budget = (settings["memory_budget_gb"] * 2**30 if settings["memory_budget_gb"]
+                          else 0.8 * proc_memory.available_bytes())
+                need = dense_estimate_bytes(row, n, v)
+                if need > budget:
+                    r = {"row": row, "v": v, "dtype": dtype, "n": n, "d": d,
+                         "skipped": f"estimated {need / 2**30:.1f} GiB > budget "
+                                    f"{budget / 2**30:.1f} GiB"}
+                elif settings.get("in_process"):
+                    try:
+                        r = run_row(row, n, d, v, dtype, settings["repeats"],
+                                    settings["threads"], settings["mode"],
+                                    settings["chunk_size"])
+                    except Exception as error:  # noqa: BLE001 (a row, not a crash)
+                        r = {"row": row, "v": v, "dtype": dtype,
+                             "error": f"{type(error).__name__}: {error}"[:300]}
+                else:
+                    r = run_child(row, v, dtype, settings)
+                rows.append(r)
+                print_row(r)
+    ratios = ratios_of(rows)
+    for e in ratios:
+        print(f"V={e['v']} {e['dtype']}: time ours/keras_dense "
+              f"{_fmt(e['time_ours_over_keras_dense'])}, ours/torch_chunked "
+              f"{_fmt(e['time_ours_over_torch_chunked'])}; extra memory ours/keras_dense "
+              f"{_fmt(e['extra_memory_ours_over_keras_dense'], 4)}")
+    return {
+        "command": "python benchmarks/bench_linear_cross_entropy.py "
+                   + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "machine": machine(),
+        "settings": settings,
+        "rows": rows,
+        "ratios": ratios,
+    }
+
+
+def _fmt(x, digits=2):
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def settings_from_flags():
+    if FLAGS.quick:
+        n, d, vocab_sizes, repeats, chunk = 64, 16, [128, 256], 2, FLAGS.chunk_size or 64
+    else:
+        n, d, repeats, chunk = FLAGS.tokens, FLAGS.dim, FLAGS.repeats, FLAGS.chunk_size
+        vocab_sizes = [int(x) for x in FLAGS.vocab_sizes]
+    bad = [x for x in FLAGS.rows if x not in ROWS] + [x for x in FLAGS.dtypes if x not in DTYPES]
+    if bad:
+        raise app.UsageError(f"Unknown rows / dtypes {bad}: rows {ROWS}, dtypes {DTYPES}")
+    return {"backend": FLAGS.backend, "mode": FLAGS.mode, "n": n, "d": d,
+            "vocab_sizes": vocab_sizes, "dtypes": list(FLAGS.dtypes), "rows": list(FLAGS.rows),
+            "chunk_size": chunk, "repeats": repeats, "threads": FLAGS.threads,
+            "memory_budget_gb": FLAGS.memory_budget_gb, "in_process": FLAGS.in_process}
+
+
+def main(argv):
+    del argv
+    select_backend.use(FLAGS.backend)
+    if FLAGS.row:
+        fresh_process.report(run_row(
+            FLAGS.row, FLAGS.tokens, FLAGS.dim, int(FLAGS.vocab_sizes[0]), FLAGS.dtypes[0],
+            FLAGS.repeats, FLAGS.threads, FLAGS.mode, FLAGS.chunk_size))
+        return
+    settings = settings_from_flags()
+    gflops = FLAGS.assumed_gflops or 40.0 * settings["threads"]
+    estimate = estimate_seconds(settings["rows"], settings["n"], settings["d"],
+                                settings["vocab_sizes"], settings["dtypes"],
+                                settings["repeats"], gflops)
+    print(f"N={settings['n']} d={settings['d']} V={settings['vocab_sizes']} "
+          f"dtypes={settings['dtypes']} threads={settings['threads']} backend="
+          f"{settings['backend']}; estimated {estimate / 60:.1f} min of steps at "
+          f"{gflops:.0f} GFLOP/s (plus process starts)", flush=True)
+    result = run(settings)
+    result["estimated_s"] = estimate
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)
