@@ -41,6 +41,7 @@ def test_head_robustness_smoke(tmp_path):
     assert "chen_ptb/nce/seed0" in stdout
 
 
+@pytest.mark.slow
 def test_parallel_study_smoke(tmp_path):
     """Two rows of a study in two processes (the arrays loop), merged into one summary."""
     out = tmp_path / "study.json"
@@ -270,6 +271,7 @@ def test_adaptive_benchmark_smoke(tmp_path):
     assert result["ratios"] == [{"v": 300, **{k: None for k in result["ratios"][0] if k != "v"}}]
 
 
+@pytest.mark.slow
 def test_adaptive_benchmark_rows_in_process(monkeypatch):
     """Our static and dynamic rows measure the same loss and exact
     log-likelihood (seeded weights); torch's `forward(...).output` is exact."""
@@ -330,6 +332,7 @@ def test_linear_cross_entropy_benchmark_smoke(tmp_path):
     assert result["command"].startswith("python ") and result["machine"]["cores"] >= 1
 
 
+@pytest.mark.slow
 def test_fused_causal_lm_benchmark_smoke(tmp_path):
     """A tiny Gemma's fit step, stock and fused, and the memory-cap search
     (`--in_process`, one sequence length under a cap no row reaches)."""
