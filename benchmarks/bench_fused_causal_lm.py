@@ -47,10 +47,8 @@ Usage:
         --cap_seq_lens=16,32 --memory_cap_gb=64 --threads=1   # smoke run
 """
 
-import datetime
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -200,20 +198,8 @@ def run_row(row, config, seq_len, batch_size, steps, threads, chunk_size=None,
 
 # ----------------------------------------------------------------- parent
 def machine():
-    model = platform.processor() or "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": model, "cores": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "os": platform.platform(), "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    """The machine, in a dict (`proc_memory.machine`)."""
+    return proc_memory.machine()
 
 
 def run_child(row, seq_len, steps, settings, memory_cap_gb=None):

@@ -79,10 +79,8 @@ Usage:
         --vocab_sizes=128,256 --repeats=2 --threads=1
 """
 
-import datetime
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -334,21 +332,8 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None):
 
 # ----------------------------------------------------------------- parent
 def machine():
-    """The machine, in a dict (CPU model, cores this process may use, versions)."""
-    model = platform.processor() or "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": model, "cores": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "os": platform.platform(), "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    """The machine, in a dict (`proc_memory.machine`)."""
+    return proc_memory.machine()
 
 
 def dense_estimate_bytes(row, n, v):

@@ -6,9 +6,14 @@ the corpora and the NumPy batching load on any Keras backend without it."""
 
 from __future__ import annotations
 
-from keras_softmax_heads.validation import check_int
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from keras_softmax_heads.validation import check_int
+
+if TYPE_CHECKING:  # annotations only: TensorFlow is imported where it is used
+    import tensorflow as tf
 
 
 #: Id arrays larger than this are not embedded as graph constants.

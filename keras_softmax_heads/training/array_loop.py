@@ -21,7 +21,6 @@ epoch are saved to
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -38,6 +37,8 @@ from keras_softmax_heads.training.evaluation import Evaluator
 from keras_softmax_heads.training.evaluation import compute_diagnostics
 from keras_softmax_heads.training.inputs import train_steps_per_epoch
 from keras_softmax_heads.training.records import jsonable
+from keras_softmax_heads.training.records import read_json as _read_json
+from keras_softmax_heads.training.records import write_json as _write_json
 
 
 def train_and_evaluate_arrays(config, workdir):
@@ -155,18 +156,3 @@ def _device():
 
         return str(jax.devices()[0].device_kind)
     return "cpu"
-
-
-def _read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _write_json(path, value):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(jsonable(value), f, indent=2)
-    os.replace(tmp, path)

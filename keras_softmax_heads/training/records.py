@@ -1,8 +1,11 @@
-"""JSON-ready run records: `jsonable` (shared by both training loops)."""
+"""JSON run records shared by the training loops and the studies:
+`jsonable`, `read_json`, `write_json` (atomic)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import numpy as np
 
@@ -22,3 +25,23 @@ def jsonable(value):
     if isinstance(value, np.ndarray):
         return jsonable(value.tolist())
     return value
+
+
+def read_json(path):
+    """The JSON at `path`, or None when it is absent or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path, value):
+    """Writes `jsonable(value)` to `path` as JSON, atomically (a temporary
+    file, then a rename)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(jsonable(value), f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)

@@ -21,12 +21,13 @@ Studies:
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import shlex
 
 from keras_softmax_heads.training.config import get_config
+from keras_softmax_heads.training.records import read_json
+from keras_softmax_heads.training.records import write_json
 
 #: Study name -> {"preset", "paper", "rows": {row name: (head, head options)}}.
 STUDIES = {
@@ -274,18 +275,9 @@ def _study(study):
 
 def read_summary(path):
     """The JSON at `path`, or None when it is absent or unreadable."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    return read_json(path)
 
 
 def write_summary(path, summary):
     """Writes `summary` to `path` as JSON, atomically (a temporary file, then a rename)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_json(path, summary)
