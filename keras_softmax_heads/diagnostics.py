@@ -50,14 +50,9 @@ def empirical_rank(matrix, tol=None):
         raise ValueError(
             f"empirical_rank expects a 2-D matrix. Received: shape={matrix.shape}"
         )
-    if tol is None:
-        tol = max(matrix.shape) * np.finfo(matrix.dtype).eps if matrix.size else 0.0
-        relative = True
-    else:
-        relative = False
     s = singular_values(matrix)
-    if relative:
-        tol = tol * (s.max() if s.size else 0.0)
+    if tol is None:
+        tol = (s.max() if s.size else 0.0) * max(matrix.shape) * np.finfo(s.dtype).eps
     return int(np.sum(s > tol))
 
 
@@ -65,14 +60,15 @@ def singular_values(matrix):
     """Singular values of a 2-D `matrix` (NumPy), in its dtype.
 
     On the JAX backend a float32 matrix's are computed by
-    `jax.numpy.linalg.svd` on JAX's default device (float64 stays on NumPy:
-    JAX computes in float32 unless x64 is enabled): on a GPU a `[10000, 10000]` matrix takes seconds where
-    LAPACK on a few CPU cores takes minutes. Otherwise NumPy's
+    `jax.numpy.linalg.svd` on JAX's default device: on a GPU a
+    `[10000, 10000]` matrix takes seconds where LAPACK on a few CPU cores
+    takes minutes (other dtypes stay on NumPy: JAX computes in float32
+    unless x64 is enabled). Otherwise NumPy's
     `np.linalg.svd`. The two agree to the matrix's precision
     (`tests/test_rank.py`).
     """
     matrix = np.asarray(matrix)
-    if keras.backend.backend() == "jax" and matrix.dtype in (np.float32, np.float16):
+    if keras.backend.backend() == "jax" and matrix.dtype == np.float32:
         import jax.numpy as jnp
 
         return np.asarray(jnp.linalg.svd(jnp.asarray(matrix), compute_uv=False))

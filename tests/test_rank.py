@@ -46,6 +46,7 @@ def test_empirical_rank_threshold_matches_press():
     assert diagnostics.empirical_rank(rng.normal(size=(50, 40))) == 40
     with pytest.raises(ValueError, match="2-D"):
         diagnostics.empirical_rank(np.zeros(3))
+    assert diagnostics.empirical_rank(np.outer(np.arange(1, 5), np.arange(1, 4))) == 1  # ints
     # The backend's SVD (JAX's on JAX) is NumPy's, and so is the rank.
     for matrix in (low, low.astype("float32"), rng.normal(size=(30, 45)).astype("float32")):
         np.testing.assert_allclose(diagnostics.singular_values(matrix),

@@ -145,8 +145,7 @@ def train_and_evaluate_arrays(config, workdir):
 def _run_settings(config_dict):
     """The fields that define what a run computes, up to those a run may
     change when it resumes (`RESUMABLE_FIELDS`, e.g. more `epochs`)."""
-    ignored = RESUMABLE_FIELDS | {"data_dir", "jit_compile", "steps_per_execution", "unroll"}
-    return {k: v for k, v in config_dict.items() if k not in ignored}
+    return {k: v for k, v in config_dict.items() if k not in RESUMABLE_FIELDS}
 
 
 def _device():

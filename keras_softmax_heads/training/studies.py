@@ -180,9 +180,7 @@ def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", loop="tf
         entry["loop"] = loop
         if overrides:
             entry["overrides"] = dict(overrides)
-        summary["rows"] = [r for r in summary["rows"] if r["row"] != row] + [entry]
-        summary["rows"].sort(key=lambda r: list(spec["rows"]).index(r["row"])
-                             if r["row"] in spec["rows"] else len(spec["rows"]))
+        _put_rows(summary, [entry])
         write_summary(out, summary)
     return summary
 
@@ -200,14 +198,21 @@ def merge_summaries(out, parts):
         part = read_summary(path)
         if part is None:
             continue
-        rows = {r["row"]: r for r in summary.get("rows", [])}
-        rows.update({r["row"]: r for r in part.get("rows", [])})
         summary.update({k: v for k, v in part.items() if k != "rows"})
-        order = list(_study(summary["study"])["rows"])
-        summary["rows"] = sorted(rows.values(), key=lambda r: (
-            order.index(r["row"]) if r["row"] in order else len(order), r["row"]))
+        _put_rows(summary, part.get("rows", []))
     write_summary(out, summary)
     return summary
+
+
+def _put_rows(summary, entries):
+    """Puts row summaries `entries` into `summary["rows"]` (replacing rows
+    of the same name), in the order of `summary["study"]`'s rows; rows the
+    study does not have come last, by name."""
+    order = list(_study(summary["study"])["rows"])
+    rows = {r["row"]: r for r in summary.get("rows", [])}
+    rows.update({r["row"]: r for r in entries})
+    summary["rows"] = sorted(rows.values(), key=lambda r: (
+        order.index(r["row"]) if r["row"] in order else len(order), r["row"]))
 
 
 def summarise(row, results):
