@@ -121,6 +121,9 @@ flags.DEFINE_float("memory_budget_gb", None, "Skip dense rows estimated above th
                    "(default: 80% of MemAvailable when the row starts).")
 flags.DEFINE_float("assumed_gflops", None, "Float32 GFLOP/s of the machine for the runtime "
                    "estimate (default: 40 per thread).")
+flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "Where the rows run. `gpu`: the Keras "
+                  "rows on JAX's GPU, the PyTorch rows on CUDA; memory from the device "
+                  "allocators (JAX `memory_stats`, `torch.cuda.max_memory_allocated`).")
 flags.DEFINE_bool("quick", False, "Smoke run: N=64, d=16, V=128,256, chunk 64, 2 repeats.")
 flags.DEFINE_bool("in_process", False, "Run every row in this process (smoke tests: no fresh "
                   "process per row, so the memory readings are not meaningful).")
@@ -223,7 +226,7 @@ def _set_threads(row, threads):
     return threads if keras.backend.backend() != "jax" or threads == 1 else None
 
 
-def keras_step(row, mode, chunk_size):
+def keras_step(row, mode, chunk_size, device="cpu"):
     """`(step, make_inputs)` of a Keras row (`keras_dense` or `ours`)."""
     import keras
     import steps
@@ -243,6 +246,9 @@ def keras_step(row, mode, chunk_size):
         arrays = numpy_inputs(n, d, v, dtype)
         tensors = []
         for a in arrays:
+            if device == "gpu":  # copied to the default (GPU) device
+                tensors.append(keras.ops.convert_to_tensor(a))
+                continue
             try:  # no copy where the backend takes the buffer (float32, int32)
                 tensors.append(steps.host_tensor(a))
             except BufferError:  # bfloat16: NumPy exports no DLPack for it
@@ -253,7 +259,7 @@ def keras_step(row, mode, chunk_size):
     return step, make_inputs
 
 
-def torch_step(row):
+def torch_step(row, device="cpu"):
     """`(step, make_inputs)` of a PyTorch row."""
     import torch
     import torch.nn.functional as F
@@ -270,12 +276,15 @@ def torch_step(row):
 
     def make_inputs(n, d, v, dtype):
         h, w, t = torch_inputs(n, d, v, dtype)
+        if device == "gpu":
+            h, w, t = h.cuda(), w.cuda(), t.cuda()
         return [h.requires_grad_(True), w.requires_grad_(True), t], None
 
     return step, make_inputs
 
 
-def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None):
+def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None,
+            device="cpu"):
     """Measures one row in this process; returns its result dict."""
     import gc
 
@@ -283,7 +292,7 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None):
     if row in TORCH_ROWS:
         import torch
 
-        step, make_inputs = torch_step(row)
+        step, make_inputs = torch_step(row, device)
         result.update(framework=f"torch {torch.__version__}", mode="eager")
     else:
         import keras
@@ -293,7 +302,7 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None):
         backend = keras.backend.backend()
         mode = mode or select_backend.DEFAULT_MODES[backend][0]
         chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
-        step, make_inputs = keras_step(row, mode, chunk_size)
+        step, make_inputs = keras_step(row, mode, chunk_size, device)
         result.update(framework=f"keras {keras.__version__} ({backend})", mode=mode)
         if row == "ours":
             result["chunk_size"] = chunk_size
@@ -305,8 +314,13 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None):
     del small
     data, keep = make_inputs(n, d, v, dtype)
     gc.collect()
-    reset = proc_memory.reset_peak()
-    baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
+    if device == "gpu":
+        result["device"] = gpu_name(row)
+        reset = True  # the device allocators' peaks (JAX's: the tiny step's, below the inputs')
+        baseline = gpu_memory(row)[0]
+    else:
+        reset = proc_memory.reset_peak()
+        baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
     t0 = time.perf_counter()
     loss = step(*data)
     first = time.perf_counter() - t0
@@ -315,7 +329,7 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None):
         t0 = time.perf_counter()
         loss = step(*data)
         times.append(time.perf_counter() - t0)
-    peak = proc_memory.status()["VmHWM"]
+    peak = gpu_memory(row)[1] if device == "gpu" else proc_memory.status()["VmHWM"]
     del keep
     itemsize = 2 if dtype == "bfloat16" else 4
     grad_bytes = (n * d + d * v) * itemsize
@@ -328,6 +342,34 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None):
         extra_mib=(peak - baseline - grad_bytes) / mib, peak_reset=reset,
     )
     return result
+
+
+def gpu_name(row):
+    if row in TORCH_ROWS:
+        import torch
+
+        return torch.cuda.get_device_name()
+    import jax
+
+    return jax.devices()[0].device_kind
+
+
+def gpu_memory(row):
+    """`(bytes in use, peak bytes in use)` of the GPU's allocator (PyTorch's
+    peak is reset at the first call)."""
+    if row in TORCH_ROWS:
+        import torch
+
+        torch.cuda.synchronize()
+        current, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+        if not getattr(gpu_memory, "reset", False):
+            torch.cuda.reset_peak_memory_stats()
+            gpu_memory.reset = True
+        return current, peak
+    import jax
+
+    stats = jax.devices()[0].memory_stats()
+    return stats["bytes_in_use"], stats["peak_bytes_in_use"]
 
 
 # ----------------------------------------------------------------- parent
@@ -378,6 +420,8 @@ def child_args(row, v, dtype, settings):
         args.append(f"--mode={settings['mode']}")
     if settings.get("chunk_size"):
         args.append(f"--chunk_size={settings['chunk_size']}")
+    if settings.get("device", "cpu") != "cpu":
+        args.append(f"--device={settings['device']}")
     return args
 
 
@@ -424,7 +468,7 @@ def run(settings):
                     try:
                         r = run_row(row, n, d, v, dtype, settings["repeats"],
                                     settings["threads"], settings["mode"],
-                                    settings["chunk_size"])
+                                    settings["chunk_size"], settings.get("device", "cpu"))
                     except Exception as error:  # noqa: BLE001 (a row, not a crash)
                         r = {"row": row, "v": v, "dtype": dtype,
                              "error": f"{type(error).__name__}: {error}"[:300]}
@@ -464,7 +508,8 @@ def settings_from_flags():
     return {"backend": FLAGS.backend, "mode": FLAGS.mode, "n": n, "d": d,
             "vocab_sizes": vocab_sizes, "dtypes": list(FLAGS.dtypes), "rows": list(FLAGS.rows),
             "chunk_size": chunk, "repeats": repeats, "threads": FLAGS.threads,
-            "memory_budget_gb": FLAGS.memory_budget_gb, "in_process": FLAGS.in_process}
+            "memory_budget_gb": FLAGS.memory_budget_gb, "in_process": FLAGS.in_process,
+            "device": FLAGS.device}
 
 
 def main(argv):
@@ -473,7 +518,7 @@ def main(argv):
     if FLAGS.row:
         fresh_process.report(run_row(
             FLAGS.row, FLAGS.tokens, FLAGS.dim, int(FLAGS.vocab_sizes[0]), FLAGS.dtypes[0],
-            FLAGS.repeats, FLAGS.threads, FLAGS.mode, FLAGS.chunk_size))
+            FLAGS.repeats, FLAGS.threads, FLAGS.mode, FLAGS.chunk_size, FLAGS.device))
         return
     settings = settings_from_flags()
     gflops = FLAGS.assumed_gflops or 40.0 * settings["threads"]

@@ -620,6 +620,7 @@ def section_fused_lce(name="bench_linear_cross_entropy.json"):
     if data is None:
         return missing(name)
     settings = data.get("settings", {})
+    gpu = settings.get("device") == "gpu"
     ratios = {(e["v"], e["dtype"]): e for e in data.get("ratios", [])}
     out = []
     for r in data["rows"]:
@@ -633,14 +634,40 @@ def section_fused_lce(name="bench_linear_cross_entropy.json"):
                             fmt(ratio.get("time_ours_over_keras_dense")),
                             fmt(ratio.get("time_ours_over_torch_chunked")),
                             fmt(ratio.get("extra_memory_ours_over_keras_dense"), 3)])
+    where = (f"{_gpu_name(data)}, Keras rows on JAX ({settings.get('backend')})"
+             if gpu else f"{settings.get('threads')} threads")
+    memory = ("the GPU allocator's peak (JAX `memory_stats`, `torch.cuda`)" if gpu
+              else "peak resident size")
     return "\n\n".join([
         f"N = {settings.get('n')} tokens, d = {settings.get('d')}, "
-        f"{settings.get('threads')} threads; forward + backward with respect to h and W, "
-        "median of the timed calls, each row in a fresh process. *Extra MiB*: peak resident "
-        "size over the inputs and weights, minus the two gradients' size.",
+        f"{where}; forward + backward with respect to h and W, "
+        f"median of the timed calls, each row in a fresh process. *Extra MiB*: {memory} "
+        "over the inputs and weights, minus the two gradients' size.",
         table(["V", "dtype", "row", "s / step", "extra MiB", "ours / keras_dense time",
                "ours / torch_chunked time", "ours / keras_dense extra memory"], out),
         provenance(name, _machine_text(data))])
+
+
+def _gpu_name(data):
+    names = {r.get("device") for r in data.get("rows", []) if r.get("device")}
+    return " / ".join(sorted(names)) or "GPU"
+
+
+def section_fused_lce_gpu():
+    """The same table on a lent GPU (issue 20): `docs/results/lce_gpu/`."""
+    parts = []
+    for title, name in [
+        ("float32 and the first bfloat16 rows (tiles upcast to float32 before their products)",
+         "lce_gpu/bench_linear_cross_entropy_gpu.json"),
+        ("bfloat16 with the products in bfloat16 on float32 accumulators (current code)",
+         "lce_gpu/bench_linear_cross_entropy_gpu_bf16_products.json"),
+        ("Cut Cross-Entropy's Gemma 2 (2B) shape, first run",
+         "lce_gpu/bench_linear_cross_entropy_gpu_gemma2.json"),
+        ("Gemma 2 (2B) shape, bfloat16 products (current code)",
+         "lce_gpu/bench_linear_cross_entropy_gpu_gemma2_bf16_products.json"),
+    ]:
+        parts.append(f"**{title}**\n\n{section_fused_lce(name)}")
+    return "\n\n".join(parts)
 
 
 def section_fused_causal_lm(name="bench_fused_causal_lm.json"):
@@ -781,6 +808,7 @@ def build(make_figures=True):
         "adaptive_bench": section_adaptive_bench(),
         "adaptive_study": section_adaptive_study(),
         "fused_lce": section_fused_lce(),
+        "fused_lce_gpu": section_fused_lce_gpu(),
         "fused_causal_lm": section_fused_causal_lm(),
     }
     with open(TEMPLATE) as f:

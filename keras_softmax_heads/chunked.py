@@ -180,6 +180,28 @@ def _matmul_fn(dtype):
     return ops.matmul
 
 
+def _low_precision_matmul(*tensors):
+    """For bfloat16 / float16 inputs on JAX: `(a, b) -> a @ b` taking both in
+    the inputs' dtype and returning the exact float32 products
+    (`preferred_element_type`: the GPU's low-precision matrix units,
+    accumulated in float32, no rounding of the result). None elsewhere: the
+    tiles are then upcast to float32 before their products (the one
+    backend-specific product, measured on the GPU: `docs/chunked.md`)."""
+    low = {keras.backend.standardize_dtype(t.dtype) for t in tensors if t is not None}
+    if keras.backend.backend() != "jax" or len(low) != 1 or low - {"bfloat16", "float16"}:
+        return None
+    import jax.numpy as jnp
+
+    (dtype,) = low
+
+    def matmul(a, b):
+        return jnp.matmul(
+            ops.cast(a, dtype), ops.cast(b, dtype), preferred_element_type=jnp.float32
+        )
+
+    return matmul
+
+
 def _loop(count, body, state):
     """`body(i, state)` for `i` in `range(count)` (a static count): one call
     with a Python 0 for a single tile, else `ops.fori_loop`."""
@@ -224,6 +246,7 @@ def _pointwise_nll(
     """
     acc = _accumulation_dtype(h, kernel)
     matmul = _matmul_fn(acc)
+    low_matmul = _low_precision_matmul(h, kernel)
     d, vocab = kernel_geometry(h, kernel, kernel_transposed)
     size = tile_width(vocab, chunk_size)
     num_tiles = -(-vocab // size)
@@ -245,11 +268,16 @@ def _pointwise_nll(
         in the accumulation dtype. For the identity transform `mask` (the
         tail tile's) rides on the bias add."""
         if kernel_transposed:
-            w = ops.cast(ops.slice(kernel, [start, 0], [size, d]), acc)
-            z = matmul(h_acc, ops.transpose(w))
+            w = ops.slice(kernel, [start, 0], [size, d])
         else:
-            w = ops.cast(ops.slice(kernel, [0, start], [d, size]), acc)
-            z = matmul(h_acc, w)
+            w = ops.slice(kernel, [0, start], [d, size])
+        if low_matmul is None:
+            w = ops.cast(w, acc)
+        product = low_matmul or matmul
+        if kernel_transposed:
+            z = product(h_acc, ops.transpose(w))
+        else:
+            z = product(h_acc, w)
         shift = None
         if has_bias:
             shift = ops.cast(ops.slice(bias, [start], [size]), acc)
@@ -267,7 +295,8 @@ def _pointwise_nll(
         h, kernel = args[0], args[1]
         bias = args[2] if has_bias else None
         params = list(args[2 + int(has_bias) :])
-        h_acc = ops.cast(h, acc)
+        # With `low_matmul`, h stays in its dtype (the products take it so).
+        h_acc = h if low_matmul else ops.cast(h, acc)
         tail_mask = None
         if overlap:
             tail_mask = ops.convert_to_tensor(
@@ -392,22 +421,31 @@ def _pointwise_nll(
                     ]
                 else:
                     dz = dg
+                # A tile's kernel / bias gradient columns are complete here:
+                # stored in the kernel's / bias' own dtype.
+                product = low_matmul or matmul
                 if kernel_transposed:  # w: [size, d]
-                    dh = dh + matmul(dz, w)
-                    dw = matmul(ops.transpose(dz), h_acc)
-                    dkernel = ops.slice_update(dkernel, [start, 0], dw)
+                    dh = dh + product(dz, w)
+                    dw = product(ops.transpose(dz), h_acc)
+                    dkernel = ops.slice_update(
+                        dkernel, [start, 0], ops.cast(dw, dkernel.dtype)
+                    )
                 else:  # w: [d, size]
-                    dh = dh + matmul(dz, ops.transpose(w))
-                    dkernel = ops.slice_update(dkernel, [0, start], matmul(h_t, dz))
+                    dh = dh + product(dz, ops.transpose(w))
+                    dkernel = ops.slice_update(
+                        dkernel, [0, start], ops.cast(product(h_t, dz), dkernel.dtype)
+                    )
                 if has_bias:
-                    dbias = ops.slice_update(dbias, [start], ops.sum(dz, axis=0))
+                    dbias = ops.slice_update(
+                        dbias, [start], ops.cast(ops.sum(dz, axis=0), dbias.dtype)
+                    )
                 return dh, dparams, dkernel, dbias
 
             state = (
-                ops.zeros_like(h_acc),
+                ops.zeros_like(h, dtype=acc),
                 [ops.zeros(p.shape, acc) for p in params],
-                ops.zeros(kernel.shape, acc),
-                ops.zeros((vocab,), acc) if has_bias else ops.zeros((), acc),
+                ops.zeros(kernel.shape, kernel.dtype),
+                ops.zeros((vocab,), bias.dtype) if has_bias else ops.zeros((), acc),
             )
             if overlap:
                 state = backward_tile(state, tail_start, tail_mask, overlap)
@@ -455,19 +493,21 @@ def _tensorflow_pointwise_nll(
     """TensorFlow fast path of `_pointwise_nll` (same arguments and result).
 
     `tf.while_loop` with `parallel_iterations=1` (one tile alive at a time in
-    graph mode) and the kernel's gradient stacked from a `TensorArray` of
-    word-major tiles: measured faster and leaner than the `keras.ops` loop on
-    TensorFlow, whose `slice_update` of the `[d, V]` gradient copies it in
-    graph mode (`docs/chunked.md`). Tested against `_pointwise_nll`.
+    graph mode), and each tile's kernel and bias gradient written in place
+    into a loop-carried buffer of the kernel's shape and dtype with
+    `tf.raw_ops.TensorStridedSliceUpdate` (TensorFlow forwards the buffer:
+    no copy per tile, no stacked or transposed copy at the end). Measured
+    faster and leaner than the `keras.ops` loop on TensorFlow, whose
+    `slice_update` of the `[d, V]` gradient copies it in graph mode
+    (`docs/chunked.md`). Tested against `_pointwise_nll`.
 
     Tiling (`size = tile_width(V, chunk_size)`): `ceil(V / size)` tiles of
-    `size` columns; tile `i` starts at
-    `min(i * size, V - size)`, so every tile has the same static shape and
-    the last one, when `size` does not divide `V`, overlaps its neighbour by
-    `skip = num_tiles * size - V` columns. Those leading columns are masked
-    (score `-inf`: no probability, no gradient), and the last tile's kernel
-    gradient rows are rolled by `-skip` so that the stacked `[num_tiles *
-    size, d]` gradient holds word `v` in row `v` (zeros past `V`).
+    `size` columns; tile `i` starts at `min(i * size, V - size)`, so every
+    tile has the same static shape and the last one, when `size` does not
+    divide `V`, overlaps its neighbour by `skip = num_tiles * size - V`
+    columns. Those leading columns are masked (score `-inf`: no
+    probability, no gradient). The backward pass runs the tiles last to
+    first, so the full tile overwrites the masked tile's zero columns.
     """
     import tensorflow as tf
 
@@ -606,9 +646,21 @@ def _tensorflow_pointwise_nll(
                 upstream = upstream[:, 0]
             rows = tf.range(n)
             watched = params + variables
+            # In-place tile writes: a strided-slice update in graph mode
+            # (XLA wants its bounds constant), a dynamic-update-slice under
+            # XLA (`jit_compile=True`, TPUs).
+            in_xla = tf.__internal__.get_enclosing_xla_context() is not None
 
-            def backward_body(i, dh, dparams, dvars, w_array, b_array):
-                start, skip = tile_geometry(i)
+            def write(buffer, begin, end, value):
+                if in_xla:
+                    return ops.slice_update(buffer, begin, value)
+                return tf.raw_ops.TensorStridedSliceUpdate(
+                    input=buffer, begin=begin, end=end,
+                    strides=[1] * len(begin), value=value,
+                )
+
+            def backward_body(i, dh, dparams, dvars, dkernel, dbias):
+                start, skip = tile_geometry(num_tiles - 1 - i)
                 z, w, mask = tile_linear(h_acc, kernel, bias, start, skip)
                 if transform_fn is not None:
                     with tf.GradientTape(watch_accessed_variables=False) as tape:
@@ -648,42 +700,33 @@ def _tensorflow_pointwise_nll(
                     dh = dh + tf.matmul(dz, w)
                 else:  # w: [d, size]
                     dh = dh + tf.matmul(dz, w, transpose_b=True)
-                # The kernel's gradient is built word-major, [size, d], in
-                # both layouts, so that the tiles stack into [V, d].
-                dw = tf.matmul(dz, h_acc, transpose_a=True)
-                db = tf.reduce_sum(dz, axis=0)
-                if masked:  # the last tile's own rows first (no-op elsewhere)
-                    dw = tf.roll(dw, -skip, axis=0)
-                    db = tf.roll(db, -skip, axis=0)
-                return (
-                    i + 1,
-                    dh,
-                    dparams,
-                    dvars,
-                    w_array.write(i, dw),
-                    b_array.write(i, db),
-                )
+                # Each tile's kernel (and bias) gradient columns are complete
+                # after this tile: written in place into the gradient buffer
+                # in the kernel's own layout and dtype (TensorFlow forwards
+                # the loop-carried buffer to `TensorStridedSliceUpdate`).
+                db = tf.cast(tf.reduce_sum(dz, axis=0), dbias.dtype)
+                if kernel_transposed:  # dkernel: [V, d]
+                    dw = tf.matmul(dz, h_acc, transpose_a=True)
+                    begin, end = [start, 0], [start + size, d]
+                else:  # dkernel: [d, V]
+                    dw = tf.matmul(h_acc, dz, transpose_a=True)
+                    begin, end = [0, start], [d, start + size]
+                dkernel = write(dkernel, begin, end, tf.cast(dw, dkernel.dtype))
+                dbias = write(dbias, [start], [start + size], db)
+                return i + 1, dh, dparams, dvars, dkernel, dbias
 
-            dh, dparams, dvars, w_array, b_array = loop(
+            # The tiles run last to first: the overlapping last tile writes
+            # its (zero) masked columns before the full tile they belong to.
+            dh, dparams, dvars, dkernel, dbias = loop(
                 backward_body,
                 (
                     tf.zeros_like(h_acc),
                     [tf.zeros(tf.shape(p), acc) for p in params],
                     [tf.zeros(v.shape, acc) for v in variables],
-                    tf.TensorArray(acc, size=num_tiles, element_shape=[size, d]),
-                    tf.TensorArray(acc, size=num_tiles, element_shape=[size]),
+                    tf.zeros(kernel.shape, kernel.dtype),
+                    tf.zeros([vocab], bias.dtype if has_bias else acc),
                 ),
             )
-            # [tiles, size, d] -> [tiles * size, d] -> the first V rows: a
-            # reshape and a leading-axis slice, which TensorFlow does without
-            # a copy. Only the [d, V] layout pays one transpose.
-            dkernel = tf.reshape(w_array.stack(), [padded, d])
-            dbias = tf.reshape(b_array.stack(), [padded])
-            if masked:
-                dkernel = tf.slice(dkernel, [0, 0], [vocab, d])
-                dbias = tf.slice(dbias, [0], [vocab])
-            if not kernel_transposed:
-                dkernel = tf.transpose(dkernel)
             grads = [tf.cast(dh, h.dtype), tf.cast(dkernel, kernel.dtype)]
             if has_bias:
                 grads.append(tf.cast(dbias, bias.dtype))
@@ -722,9 +765,10 @@ def chunked_pointwise_nll(
     PLIF with its own custom gradient, a monotonic MLP).
 
     Scores are accumulated in float32 (float64 if `h` or `kernel` is
-    float64). bfloat16 / float16 `h` and `kernel` are upcast tile by tile, so
-    the scores are the exact float32 products of the low-precision inputs;
-    the gradients are returned in the inputs' dtypes.
+    float64). With bfloat16 / float16 `h` and `kernel` the scores are the
+    exact float32 products of the low-precision inputs (on JAX computed in
+    that dtype with float32 results, elsewhere from tiles upcast to
+    float32); the gradients are returned in the inputs' dtypes.
 
     Peak extra memory: `O(N * chunk_size + d * chunk_size)` for the tiles,
     plus the kernel's gradient (`[d, V]`, like the kernel) in the backward

@@ -125,3 +125,28 @@ def test_paper_comparisons_script_smoke(tmp_path):
     a, b = trained.head.get_config()["clusters"], inference.head.get_config()["clusters"]
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert trained.head.clustering == "kmeans"
+
+
+def test_run_study_keeps_rows_written_meanwhile(tmp_path, monkeypatch):
+    """Rows of one study run in parallel processes (one per core) share the
+    summary file: a row that another process wrote while this one trained
+    is kept (the summary is re-read, under a lock, when a row is written)."""
+    from keras_softmax_heads.training import loop
+
+    out = str(tmp_path / "study.json")
+    studies.write_summary(out, {"study": "chen_ptb", "rows": [{"row": "nce", "x": 1}]})
+
+    def fake_train(config, workdir):
+        # Another process finishes its row while this one trains.
+        studies.merge_summaries(out, [])
+        other = studies.read_summary(out)
+        other["rows"].append({"row": "sampling", "x": 2})
+        studies.write_summary(out, other)
+        return {"row_of": workdir}
+
+    monkeypatch.setattr(loop, "train_and_evaluate", fake_train)
+    monkeypatch.setattr(studies, "summarise", lambda row, results: {"row": row})
+    summary = studies.run_study("chen_ptb", "unused", str(tmp_path / "runs"), out,
+                                rows=["softmax"])
+    assert [r["row"] for r in summary["rows"]] == ["softmax", "sampling", "nce"]
+    assert studies.read_summary(out) == summary

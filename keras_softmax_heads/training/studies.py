@@ -165,12 +165,11 @@ def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", loop="tf
     rows = list(spec["rows"]) if rows is None else list(rows)
     for row in rows:
         study_config(study, row)  # unknown rows fail before any training
-    summary = read_summary(out) or {}
-    summary.update({
+    header = {
         "study": study, "paper": spec["paper"], "preset": spec["preset"],
         "machine": machine_description(), "dataset": dataset,
-    })
-    summary.setdefault("rows", [])
+    }
+    summary = None
     for row in rows:
         config = study_config(study, row, dataset=dataset, data_dir=data_dir, **overrides)
         workdir = os.path.join(runs_dir, row)
@@ -180,9 +179,10 @@ def run_study(study, data_dir, runs_dir, out, rows=None, dataset="ptb", loop="tf
         entry["loop"] = loop
         if overrides:
             entry["overrides"] = dict(overrides)
-        _put_rows(summary, [entry])
-        write_summary(out, summary)
-    return summary
+        # Re-read at write time: other processes (one per core) may have
+        # added their rows to `out` while this one trained.
+        summary = _add_rows(out, header, [entry])
+    return summary if summary is not None else _add_rows(out, header, [])
 
 
 def merge_summaries(out, parts):
@@ -193,14 +193,39 @@ def merge_summaries(out, parts):
     keep their study's order. Parts that are absent are skipped. Returns
     the merged summary.
     """
-    summary = read_summary(out) or {}
+    header, entries = {}, []
     for path in parts:
         part = read_summary(path)
         if part is None:
             continue
-        summary.update({k: v for k, v in part.items() if k != "rows"})
-        _put_rows(summary, part.get("rows", []))
-    write_summary(out, summary)
+        header.update({k: v for k, v in part.items() if k != "rows"})
+        entries += part.get("rows", [])
+    return _add_rows(out, header, entries)
+
+
+def _add_rows(out, header, entries):
+    """Reads the summary at `out`, updates its `header` fields, puts the row
+    summaries `entries` into it and writes it back, under an exclusive lock
+    on `out + ".lock"` (POSIX `fcntl`; without it, unlocked), so that rows
+    written by concurrent processes are kept. Returns the summary."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        fcntl = None
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out + ".lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            summary = read_summary(out) or {}
+            summary.update(header)
+            summary.setdefault("rows", [])
+            if "study" in summary:
+                _put_rows(summary, entries)
+            write_summary(out, summary)
+        finally:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_UN)
     return summary
 
 
