@@ -808,6 +808,7 @@ def build(make_figures=True):
         "adaptive_bench": section_adaptive_bench(),
         "adaptive_study": section_adaptive_study(),
         "fused_lce": section_fused_lce(),
+        "fused_lce_xla": section_fused_lce("bench_linear_cross_entropy_xla.json"),
         "fused_lce_gpu": section_fused_lce_gpu(),
         "fused_causal_lm": section_fused_causal_lm(),
     }

@@ -495,11 +495,12 @@ def _tensorflow_pointwise_nll(
     `tf.while_loop` with `parallel_iterations=1` (one tile alive at a time in
     graph mode), and each tile's kernel and bias gradient written in place
     into a loop-carried buffer of the kernel's shape and dtype with
-    `tf.raw_ops.TensorStridedSliceUpdate` (TensorFlow forwards the buffer:
-    no copy per tile, no stacked or transposed copy at the end). Measured
-    faster and leaner than the `keras.ops` loop on TensorFlow, whose
-    `slice_update` of the `[d, V]` gradient copies it in graph mode
-    (`docs/chunked.md`). Tested against `_pointwise_nll`.
+    `tf.raw_ops.TensorStridedSliceUpdate` in graph mode (`slice_update`
+    under XLA): no stacked or transposed copy at the end; graph mode still
+    copies the buffer at each write, so its peak holds two (`docs/chunked.md`).
+    Measured faster and leaner than the `keras.ops` loop on TensorFlow,
+    whose `slice_update` (an `XlaDynamicUpdateSlice` kernel) is slower in
+    graph mode. Tested against `_pointwise_nll`.
 
     Tiling (`size = tile_width(V, chunk_size)`): `ceil(V / size)` tiles of
     `size` columns; tile `i` starts at `min(i * size, V - size)`, so every
@@ -701,9 +702,8 @@ def _tensorflow_pointwise_nll(
                 else:  # w: [d, size]
                     dh = dh + tf.matmul(dz, w, transpose_b=True)
                 # Each tile's kernel (and bias) gradient columns are complete
-                # after this tile: written in place into the gradient buffer
-                # in the kernel's own layout and dtype (TensorFlow forwards
-                # the loop-carried buffer to `TensorStridedSliceUpdate`).
+                # after this tile: written into their place in the gradient buffer
+                # in the kernel's own layout and dtype.
                 db = tf.cast(tf.reduce_sum(dz, axis=0), dbias.dtype)
                 if kernel_transposed:  # dkernel: [V, d]
                     dw = tf.matmul(dz, h_acc, transpose_a=True)
