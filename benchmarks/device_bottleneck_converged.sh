@@ -8,12 +8,7 @@
 # (STUDY: bottleneck_ptb_converged, or bottleneck_ptb_regularized)
 set -uo pipefail
 out=${1:?OUT_DIR}; seconds=${2:-470}; study=${3:-bottleneck_ptb_converged}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE=false \
-    PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
-nvidia-smi -L
-python3 -c "import jax, keras; print(jax.devices(), jax.__version__, keras.__version__)" || exit 1
+source benchmarks/device_env.sh
 runs=.gpu_runs/$study
 mkdir -p $runs
 timeout $seconds python3 benchmarks/parallel_study.py --study=$study \

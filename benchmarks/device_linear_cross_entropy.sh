@@ -7,12 +7,8 @@
 # usage: benchmarks/device_linear_cross_entropy.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE=false \
-    PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
-nvidia-smi -L
-python3 -c "import jax, keras, torch; print(jax.devices(), jax.__version__, keras.__version__, torch.__version__)" || exit 1
+source benchmarks/device_env.sh
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.is_available())"
 bench="python3 benchmarks/bench_linear_cross_entropy.py --backend=jax --device=gpu --memory_budget_gb=100 --repeats=5"
 # The CPU table's shapes.
 $bench --tokens=4096 --dim=1024 --vocab_sizes=32768,131072,262144 --dtypes=float32,bfloat16 \
