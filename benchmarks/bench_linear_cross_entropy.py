@@ -325,7 +325,7 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None,
     if device == "gpu":
         result["device"] = gpu_name(row)
         reset = True  # the device allocators' peaks (JAX's: the tiny step's, below the inputs')
-        baseline = gpu_memory(row)[0]
+        baseline = gpu_memory(row, reset_peak=True)[0]
     else:
         reset = proc_memory.reset_peak()
         baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
@@ -362,17 +362,16 @@ def gpu_name(row):
     return jax.devices()[0].device_kind
 
 
-def gpu_memory(row):
-    """`(bytes in use, peak bytes in use)` of the GPU's allocator (PyTorch's
-    peak is reset at the first call)."""
+def gpu_memory(row, reset_peak=False):
+    """`(bytes in use, peak bytes in use)` of the GPU's allocator; with
+    `reset_peak`, PyTorch's peak counter is then reset (JAX has none to reset)."""
     if row in TORCH_ROWS:
         import torch
 
         torch.cuda.synchronize()
         current, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
-        if not getattr(gpu_memory, "reset", False):
+        if reset_peak:
             torch.cuda.reset_peak_memory_stats()
-            gpu_memory.reset = True
         return current, peak
     import jax
 

@@ -245,8 +245,10 @@ def _pointwise_nll(
     `[V, d]`) kernel gradient with `ops.slice_update`.
     """
     acc = _accumulation_dtype(h, kernel)
-    matmul = _matmul_fn(acc)
     low_matmul = _low_precision_matmul(h, kernel)
+    # The tiles' products: in the inputs' low-precision dtype with float32
+    # results where the backend has that, else on float32 (float64) tiles.
+    product = low_matmul or _matmul_fn(acc)
     d, vocab = kernel_geometry(h, kernel, kernel_transposed)
     size = tile_width(vocab, chunk_size)
     num_tiles = -(-vocab // size)
@@ -273,7 +275,6 @@ def _pointwise_nll(
             w = ops.slice(kernel, [0, start], [d, size])
         if low_matmul is None:
             w = ops.cast(w, acc)
-        product = low_matmul or matmul
         if kernel_transposed:
             z = product(h_acc, ops.transpose(w))
         else:
@@ -423,7 +424,6 @@ def _pointwise_nll(
                     dz = dg
                 # A tile's kernel / bias gradient columns are complete here:
                 # stored in the kernel's / bias' own dtype.
-                product = low_matmul or matmul
                 if kernel_transposed:  # w: [size, d]
                     dh = dh + product(dz, w)
                     dw = product(ops.transpose(dz), h_acc)
@@ -704,7 +704,6 @@ def _tensorflow_pointwise_nll(
                 # Each tile's kernel (and bias) gradient columns are complete
                 # after this tile: written into their place in the gradient buffer
                 # in the kernel's own layout and dtype.
-                db = tf.cast(tf.reduce_sum(dz, axis=0), dbias.dtype)
                 if kernel_transposed:  # dkernel: [V, d]
                     dw = tf.matmul(dz, h_acc, transpose_a=True)
                     begin, end = [start, 0], [start + size, d]
@@ -712,7 +711,9 @@ def _tensorflow_pointwise_nll(
                     dw = tf.matmul(h_acc, dz, transpose_a=True)
                     begin, end = [0, start], [d, start + size]
                 dkernel = write(dkernel, begin, end, tf.cast(dw, dkernel.dtype))
-                dbias = write(dbias, [start], [start + size], db)
+                if has_bias:
+                    db = tf.cast(tf.reduce_sum(dz, axis=0), dbias.dtype)
+                    dbias = write(dbias, [start], [start + size], db)
                 return i + 1, dh, dparams, dvars, dkernel, dbias
 
             # The tiles run last to first: the overlapping last tile writes
@@ -724,7 +725,7 @@ def _tensorflow_pointwise_nll(
                     [tf.zeros(tf.shape(p), acc) for p in params],
                     [tf.zeros(v.shape, acc) for v in variables],
                     tf.zeros(kernel.shape, kernel.dtype),
-                    tf.zeros([vocab], bias.dtype if has_bias else acc),
+                    tf.zeros([vocab], bias.dtype) if has_bias else tf.zeros([], acc),
                 ),
             )
             grads = [tf.cast(dh, h.dtype), tf.cast(dkernel, kernel.dtype)]
