@@ -20,7 +20,10 @@ size (`proc_memory.py`): after the model is built and the batch allocated,
 the peak counter is reset and the resident size read (`baseline_mib`);
 `peak_mib` is the raw peak resident size over the warm-up and timed steps
 (the optimizer's slots are created in the warm-up step and count), and
-`peak_over_baseline_mib` their difference.
+`peak_over_baseline_mib` their difference. `eval_rows`: the same for the
+evaluation step, each in its own fresh process: `test_on_batch` (the stock
+model's: logits, its compiled loss and accuracy; the fused model's: the
+fused evaluation, `loss`, `token_accuracy`, `perplexity` without logits).
 
 Longest sequence under a memory cap (`--memory_cap_gb`): for each row, the
 sequence lengths of `--cap_seq_lens` are tried in increasing order, each in
@@ -88,6 +91,8 @@ flags.DEFINE_bool("in_process", False, "Run every row and probe in this process 
                   "the memory readings then include the earlier rows', and no watch).")
 flags.DEFINE_string("out", None, "Write the results to this JSON file.")
 flags.DEFINE_string("row", None, "Internal: run one row at --seq_len and print its result.")
+flags.DEFINE_enum("step", "train", ["train", "evaluate"],
+                  "Internal: the step --row measures (train_on_batch or test_on_batch).")
 FLAGS = flags.FLAGS
 
 
@@ -156,8 +161,9 @@ def set_threads(threads):
 
 
 def run_row(row, config, seq_len, batch_size, steps, threads, chunk_size=None,
-            memory_cap_bytes=None):
-    """Measures one row in this process; returns its result dict."""
+            memory_cap_bytes=None, step="train"):
+    """Measures one row's training (or, `step="evaluate"`, evaluation) step
+    in this process; returns its result dict."""
     import gc
 
     import keras
@@ -173,27 +179,30 @@ def run_row(row, config, seq_len, batch_size, steps, threads, chunk_size=None,
          "padding_mask": np.ones((batch_size, seq_len), "int32")}
     y = rng.integers(0, v, (batch_size, seq_len)).astype("int32")
     sample_weight = np.ones((batch_size, seq_len), "float32")
+    step_fn = lm.test_on_batch if step == "evaluate" else lm.train_on_batch
     gc.collect()
     reset = proc_memory.reset_peak()
     baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
     t0 = time.perf_counter()
-    logs = lm.train_on_batch(x, y, sample_weight=sample_weight, return_dict=True)
+    logs = step_fn(x, y, sample_weight=sample_weight, return_dict=True)
     first = time.perf_counter() - t0
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        logs = lm.train_on_batch(x, y, sample_weight=sample_weight, return_dict=True)
+        logs = step_fn(x, y, sample_weight=sample_weight, return_dict=True)
         times.append(time.perf_counter() - t0)
     peak = proc_memory.status()["VmHWM"]
     mib = 2.0**20
-    return {
-        "row": row, "seq_len": seq_len, "batch_size": batch_size,
+    result = {
+        "row": row, "step": step, "seq_len": seq_len, "batch_size": batch_size,
         "backend": keras.backend.backend(), "threads": used_threads,
-        "loss": float(logs["loss"]), "first_s": first,
+        "loss": float(logs["loss"]), "logs": {k: float(v) for k, v in logs.items()},
+        "first_s": first,
         "step_s": statistics.median(times) if times else first, "times_s": times,
         "baseline_mib": baseline / mib, "peak_mib": peak / mib,
         "peak_over_baseline_mib": (peak - baseline) / mib, "peak_reset": reset,
     }
+    return result
 
 
 # ----------------------------------------------------------------- parent
@@ -202,16 +211,16 @@ def machine():
     return proc_memory.machine()
 
 
-def run_child(row, seq_len, steps, settings, memory_cap_gb=None):
+def run_child(row, seq_len, steps, settings, memory_cap_gb=None, step="train"):
     """One row in a fresh process; a failure is a row with its `error`."""
     if settings.get("in_process"):
         try:
             return run_row(row, settings["model"], seq_len, settings["batch_size"], steps,
-                           settings["threads"], settings.get("chunk_size"))
+                           settings["threads"], settings.get("chunk_size"), step=step)
         except Exception as error:  # noqa: BLE001 (a row, not a crash)
             return {"row": row, "seq_len": seq_len,
                     "error": f"{type(error).__name__}: {error}"[:300]}
-    args = [f"--row={row}", f"--seq_len={seq_len}", f"--steps={steps}",
+    args = [f"--row={row}", f"--step={step}", f"--seq_len={seq_len}", f"--steps={steps}",
             f"--threads={settings['threads']}", f"--backend={settings['backend']}",
             f"--batch_size={settings['batch_size']}"]
     args += [f"--{key}={value}" for key, value in settings["model"].items()]
@@ -263,7 +272,8 @@ def main(argv):
     if FLAGS.row:
         cap = FLAGS.memory_cap_gb * 2**30 if FLAGS.memory_cap_gb else None
         fresh_process.report(run_row(FLAGS.row, config, FLAGS.seq_len, FLAGS.batch_size,
-                                     FLAGS.steps, FLAGS.threads, FLAGS.chunk_size, cap))
+                                     FLAGS.steps, FLAGS.threads, FLAGS.chunk_size, cap,
+                                     step=FLAGS.step))
         return
     bad = [r for r in FLAGS.rows if r not in ROWS]
     if bad:
@@ -278,16 +288,17 @@ def main(argv):
     }
     print(f"GemmaCausalLM {config}, batch {FLAGS.batch_size} x {FLAGS.seq_len}, "
           f"{FLAGS.threads} threads, {FLAGS.backend}", flush=True)
-    rows = []
+    rows, eval_rows = [], []
     for row in FLAGS.rows:
-        r = run_child(row, FLAGS.seq_len, FLAGS.steps, settings)
-        rows.append(r)
-        if "step_s" in r:
-            print(f"{row:6s} {r['step_s']:8.3f} s/step  peak {r['peak_mib']:8.0f} MiB  "
-                  f"(+{r['peak_over_baseline_mib']:.0f} over the built model)  "
-                  f"loss {r['loss']:.4f}", flush=True)
-        else:
-            print(f"{row:6s} -- {r['error']}", flush=True)
+        for step, out in (("train", rows), ("evaluate", eval_rows)):
+            r = run_child(row, FLAGS.seq_len, FLAGS.steps, settings, step=step)
+            out.append(r)
+            if "step_s" in r:
+                print(f"{row:6s} {step:8s} {r['step_s']:8.3f} s/step  peak "
+                      f"{r['peak_mib']:8.0f} MiB  (+{r['peak_over_baseline_mib']:.0f} over "
+                      f"the built model)  {r['logs']}", flush=True)
+            else:
+                print(f"{row:6s} {step:8s} -- {r['error']}", flush=True)
     cap_rows = []
     if settings["cap_seq_lens"]:
         print(f"Longest sequence under {FLAGS.memory_cap_gb} GiB of peak resident size:")
@@ -302,6 +313,14 @@ def main(argv):
                   "peak_over_baseline_fused_over_stock":
                       by["fused"]["peak_over_baseline_mib"]
                       / max(by["stock"]["peak_over_baseline_mib"], 1e-9)}
+    by_eval = {r["row"]: r for r in eval_rows if "step_s" in r}
+    if set(ROWS) <= set(by_eval):
+        ratios.update(
+            eval_time_fused_over_stock=by_eval["fused"]["step_s"] / by_eval["stock"]["step_s"],
+            eval_peak_over_baseline_fused_over_stock=(
+                by_eval["fused"]["peak_over_baseline_mib"]
+                / max(by_eval["stock"]["peak_over_baseline_mib"], 1e-9)))
+    if ratios:
         print(", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
@@ -309,7 +328,7 @@ def main(argv):
                 "command": "python benchmarks/bench_fused_causal_lm.py "
                            + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                 "machine": machine(), "settings": settings, "rows": rows,
-                "ratios": ratios, "memory_cap": cap_rows,
+                "eval_rows": eval_rows, "ratios": ratios, "memory_cap": cap_rows,
             }, f, indent=1)
 
 

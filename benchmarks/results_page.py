@@ -687,6 +687,13 @@ def section_fused_causal_lm(name="bench_fused_causal_lm.json"):
             continue
         out.append([r["row"], fmt(r["step_s"], 3), fmt(r["peak_mib"], 0),
                     fmt(r["peak_over_baseline_mib"], 0), longest])
+    evals = []
+    for r in data.get("eval_rows", []):
+        if "step_s" not in r:
+            evals.append([r["row"], str(r.get("error") or "failed")[:60], "–", "–"])
+            continue
+        logs = ", ".join(f"{k} {v:.4g}" for k, v in sorted(r.get("logs", {}).items()))
+        evals.append([r["row"], fmt(r["step_s"], 3), fmt(r["peak_over_baseline_mib"], 0), logs])
     model = settings.get("model", {})
     return "\n\n".join([
         f"`GemmaCausalLM`, V = {model.get('vocabulary_size', 0):,}, d = "
@@ -696,8 +703,12 @@ def section_fused_causal_lm(name="bench_fused_causal_lm.json"):
         f"Longest sequence: the longest of {settings.get('cap_seq_lens')} whose whole-process "
         f"peak resident size stayed under {settings.get('memory_cap_gb')} GiB.",
         table(["row", "s / step", "peak MiB", "MiB over the built model",
-               "longest sequence under the cap"], out),
-        provenance(name, _machine_text(data))])
+               "longest sequence under the cap"], out)]
+        + ([f"The evaluation step (`test_on_batch`, each row in a fresh process; the fused "
+            f"model's is its default fused evaluation, without logits):",
+            table(["row", "s / step", "MiB over the built model", "logs"], evals)]
+           if evals else [])
+        + [provenance(name, _machine_text(data))])
 
 
 # ----------------------------------------------------------- README lines

@@ -212,8 +212,53 @@ def linear_cross_entropy(
     >>> bool(np.isclose(float(loss), dense[keep].mean(), atol=1e-5))
     True
     """
-    reduction, ignore_index, eps, z_loss, cap = _check_options(
+    reduction = _check_options(
         reduction, ignore_index, label_smoothing, z_loss, logit_soft_cap
+    )[0]
+    terms = _token_terms(
+        hidden, kernel, targets, bias, kernel_transposed=kernel_transposed,
+        sample_weight=sample_weight, ignore_index=ignore_index,
+        label_smoothing=label_smoothing, z_loss=z_loss,
+        logit_soft_cap=logit_soft_cap, chunk_size=chunk_size,
+        implementation=implementation, vocab_parallel=vocab_parallel,
+    )
+    out = _reduce(terms["loss"], terms["weights"], reduction)
+    if not (return_lse or return_argmax):
+        return out
+    aux = {}
+    if return_lse:
+        aux["lse"] = terms["lse"]
+    if return_argmax:
+        aux["argmax"] = terms["argmax"]
+        aux["accuracy"] = ops.stop_gradient(
+            _weighted_mean(terms["correct"], terms["weights"])
+        )
+    return out, aux
+
+
+def _reduce(loss, weights, reduction):
+    """`linear_cross_entropy`'s reduction of the per-token `loss`."""
+    if reduction == "none":
+        return loss * weights
+    if reduction == "sum":
+        return ops.sum(loss * weights)
+    return _weighted_mean(loss, weights)
+
+
+def _token_terms(
+    hidden, kernel, targets, bias=None, *, kernel_transposed=False,
+    sample_weight=None, ignore_index=None, label_smoothing=0.0, z_loss=0.0,
+    logit_soft_cap=None, chunk_size=DEFAULT_CHUNK_SIZE, implementation="auto",
+    vocab_parallel="auto",
+):
+    """The per-token terms of `linear_cross_entropy` (same arguments), one
+    tiled pass: a dict of tensors of the targets' shape: `"loss"` (the
+    unweighted loss, smoothing and z-loss included, 0 on ignored tokens),
+    `"nll"` (`lse - g_target`, 0 on ignored tokens), `"lse"`, `"weights"`
+    (`sample_weight` broadcast, 0 on ignored tokens), `"argmax"` (int32) and
+    `"correct"` (`argmax == target`, float, no gradient)."""
+    _, ignore_index, eps, z_loss, cap = _check_options(
+        "mean", ignore_index, label_smoothing, z_loss, logit_soft_cap
     )
     chunk_size = check_chunk_size(chunk_size)
     hidden = ops.convert_to_tensor(hidden)
@@ -291,6 +336,7 @@ def linear_cross_entropy(
     if z_loss:
         loss = loss + z_loss * ops.square(lse)
     loss = nan_if_invalid(loss, targets, vocab)
+    nll = nan_if_invalid(nll, targets, vocab)
 
     weights = ops.ones_like(loss)
     if sample_weight is not None:
@@ -301,22 +347,10 @@ def linear_cross_entropy(
     if ignored is not None:
         weights = ops.where(ignored, ops.zeros_like(weights), weights)
         loss = ops.where(ignored, ops.zeros_like(loss), loss)
-    if reduction == "none":
-        out = loss * weights
-    elif reduction == "sum":
-        out = ops.sum(loss * weights)
-    else:
-        out = _weighted_mean(loss, weights)
-    if not (return_lse or return_argmax):
-        return out
-    aux = {}
-    if return_lse:
-        aux["lse"] = lse
-    if return_argmax:
-        aux["argmax"] = argmax
-        correct = ops.cast(ops.equal(argmax, targets), weights.dtype)
-        aux["accuracy"] = ops.stop_gradient(_weighted_mean(correct, weights))
-    return out, aux
+        nll = ops.where(ignored, ops.zeros_like(nll), nll)
+    correct = ops.stop_gradient(ops.cast(ops.equal(argmax, targets), weights.dtype))
+    return {"loss": loss, "nll": nll, "lse": lse, "weights": weights,
+            "argmax": argmax, "correct": correct}
 
 
 def vocab_parallel_layout(kernel, kernel_transposed):
@@ -665,22 +699,30 @@ class FusedLossCausalLM:
     `W + (alpha / r) A B`, as in the stock reverse call. The compiled
     metrics are skipped in training (they would see hidden states: the
     training logs hold the loss; compile with `weighted_metrics=[]` to have
-    none); `evaluate`, `predict` and `generate` are unchanged (logits; the
-    compiled loss). On JAX under a `keras.distribution` that shards the
-    output matrix on its vocabulary axis, the loss is vocabulary-parallel
-    (`linear_cross_entropy(vocab_parallel="auto")`).
+    none). `evaluate` (with `fit`'s validation and `test_on_batch`) also
+    runs without the logits by default (`fused_evaluate=True`): one tiled
+    pass per step gives the
+    fused loss (as trained) and the logs `loss`, `token_accuracy` (argmax
+    == target, weighted) and `perplexity` (`exp` of the token-weighted mean
+    negative log-likelihood over the whole evaluation; `loss` is Keras'
+    average of the batches' losses, weighted by batch size); the compiled
+    metrics, which need logits, are skipped. `fused_evaluate=False` keeps
+    the stock `evaluate` (logits, compiled loss and metrics). `predict` and
+    `generate` are unchanged (logits). On JAX under a `keras.distribution`
+    that shards the output matrix on its vocabulary axis, the loss is
+    vocabulary-parallel (`linear_cross_entropy(vocab_parallel="auto")`).
 
     `fused_loss` (a dict of `linear_cross_entropy` options: `chunk_size`,
     `label_smoothing`, `z_loss`, `ignore_index`, `reduction`,
-    `vocab_parallel`, ...) is a constructor argument and part of
-    `get_config`; `logit_soft_cap` comes from the model (a different value
-    is an error). The default reduction, `"mean"`, averages over the
-    weighted tokens (`sum(w loss) / sum(w)`), as Keras'
-    `reduction="mean_with_sample_weight"` does, whereas Keras' default
-    compiled loss (`"sum_over_batch_size"`) divides by all tokens, padding
-    included: training and validation losses differ by that factor when
-    there is padding unless the compiled loss uses
-    `"mean_with_sample_weight"`.
+    `vocab_parallel`, ...) and `fused_evaluate` (bool, default True) are
+    constructor arguments and part of `get_config`; `logit_soft_cap` comes
+    from the model (a different value is an error). The default reduction,
+    `"mean"`, averages over the weighted tokens (`sum(w loss) / sum(w)`), as
+    Keras' `reduction="mean_with_sample_weight"` does, whereas Keras'
+    default compiled loss (`"sum_over_batch_size"`) divides by all tokens,
+    padding included: with `fused_evaluate=False`, training and validation
+    losses differ by that factor when there is padding unless the compiled
+    loss uses `"mean_with_sample_weight"`.
 
     For models whose logits are `token_embedding(backbone(x), reverse=True)`
     (GPT-2, Gemma / Gemma 2, Llama, Mistral, ...). Not for a quantized
@@ -690,8 +732,15 @@ class FusedLossCausalLM:
     saved one, to register it).
     """
 
-    def __init__(self, *args, fused_loss=None, **kwargs):
+    _fused_evaluating = False  # True inside `evaluate` (fused_evaluate)
+    _fused_eval_terms = None  # the test step's per-token terms
+
+    def __init__(self, *args, fused_loss=None, fused_evaluate=True, **kwargs):
         super().__init__(*args, **kwargs)
+        if not isinstance(fused_evaluate, bool):
+            raise ValueError(
+                f"`fused_evaluate` must be True or False. Received: fused_evaluate={fused_evaluate!r}"
+            )
         options = dict(fused_loss or {})
         for key in ("sample_weight", "kernel_transposed", "bias", "return_lse",
                     "return_argmax"):
@@ -722,9 +771,34 @@ class FusedLossCausalLM:
                 )
             del options["logit_soft_cap"]
         self.fused_loss = options
+        self.fused_evaluate = fused_evaluate
+        if fused_evaluate:
+            # The evaluation metrics (token-weighted over the whole run).
+            self.token_accuracy_tracker = keras.metrics.Mean(name="token_accuracy")
+            self.token_nll_tracker = keras.metrics.Mean(name="token_nll")
+
+    def evaluate(self, *args, **kwargs):
+        """Keras' `evaluate` (also what `fit` runs for validation); with
+        `fused_evaluate` (the default) through the fused loss, without the
+        logits: the logs hold `loss`, `token_accuracy` and `perplexity`."""
+        return self._fused_test(super().evaluate, *args, **kwargs)
+
+    def test_on_batch(self, *args, **kwargs):
+        """Keras' `test_on_batch`, fused as `evaluate` is (they share the
+        compiled test step)."""
+        return self._fused_test(super().test_on_batch, *args, **kwargs)
+
+    def _fused_test(self, method, *args, **kwargs):
+        if not self.fused_evaluate:
+            return method(*args, **kwargs)
+        previous, self._fused_evaluating = self._fused_evaluating, True
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self._fused_evaluating = previous
 
     def call(self, inputs, training=None, mask=None):
-        if training:
+        if training or self._fused_evaluating:
             return self.backbone(inputs, training=training)
         return super().call(inputs, training=training, mask=mask)
 
@@ -754,18 +828,37 @@ class FusedLossCausalLM:
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
                      training=True):
-        if not training:  # logits: the compiled loss
+        if not (training or self._fused_evaluating):  # logits: the compiled loss
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
         kernel, transposed, cap = self.fused_projection()
-        loss = linear_cross_entropy(
-            y_pred, kernel, y, sample_weight=sample_weight,
-            kernel_transposed=transposed, logit_soft_cap=cap, **self.fused_loss,
-        )
+        if training:
+            loss = linear_cross_entropy(
+                y_pred, kernel, y, sample_weight=sample_weight,
+                kernel_transposed=transposed, logit_soft_cap=cap, **self.fused_loss,
+            )
+        else:  # fused evaluation: the same loss, and what the metrics need
+            options = dict(self.fused_loss)
+            reduction = options.pop("reduction", "mean")
+            terms = _token_terms(
+                y_pred, kernel, y, sample_weight=sample_weight,
+                kernel_transposed=transposed, logit_soft_cap=cap, **options,
+            )
+            loss = _reduce(terms["loss"], terms["weights"], reduction)
+            # Read by `compute_metrics`, next in the same (traced) test step.
+            self._fused_eval_terms = terms
         for extra in self.losses:
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
         return loss
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        if self._fused_evaluating:
+            terms, self._fused_eval_terms = self._fused_eval_terms, None
+            if terms is not None:
+                self.token_accuracy_tracker.update_state(
+                    terms["correct"], sample_weight=terms["weights"])
+                self.token_nll_tracker.update_state(
+                    ops.stop_gradient(terms["nll"]), sample_weight=terms["weights"])
+            return self.get_metrics_result()
         vocab = self.backbone.token_embedding.input_dim
         if y_pred is None or y_pred.shape[-1] == vocab:  # logits
             return super().compute_metrics(x, y, y_pred, sample_weight)
@@ -775,10 +868,19 @@ class FusedLossCausalLM:
 
     def get_metrics_result(self):
         """The metrics' results, without the compiled metrics while they
-        have seen no logits (training only)."""
+        have seen no logits (training only). In fused evaluation: `loss`,
+        `token_accuracy` and `perplexity` (`exp` of the token-weighted mean
+        negative log-likelihood over the whole evaluation)."""
+        own = [getattr(self, "token_accuracy_tracker", None),
+               getattr(self, "token_nll_tracker", None)]
+        if self._fused_evaluating:
+            results = {m.name: m.result() for m in self.metrics if m.name == "loss"}
+            results["token_accuracy"] = own[0].result()
+            results["perplexity"] = ops.exp(own[1].result())
+            return results
         results = {}
         for metric in self.metrics:
-            if getattr(metric, "built", True) is False:
+            if getattr(metric, "built", True) is False or any(metric is m for m in own):
                 continue
             result = metric.result()
             if isinstance(result, dict):
@@ -790,6 +892,7 @@ class FusedLossCausalLM:
     def get_config(self):
         config = super().get_config()
         config["fused_loss"] = dict(self.fused_loss)
+        config["fused_evaluate"] = self.fused_evaluate
         return config
 
 

@@ -348,4 +348,9 @@ def test_fused_causal_lm_benchmark_smoke(tmp_path):
     # Same weights and data: the first step's loss is the same.
     assert rows["fused"]["loss"] == pytest.approx(rows["stock"]["loss"], rel=1e-4)
     assert result["ratios"]["time_fused_over_stock"] > 0
+    # The evaluation step: fused (no logits) and stock agree on the loss.
+    evals = {r["row"]: r for r in result["eval_rows"]}
+    assert set(evals["fused"]["logs"]) == {"loss", "token_accuracy", "perplexity"}
+    assert evals["fused"]["loss"] == pytest.approx(evals["stock"]["loss"], rel=1e-4)
+    assert result["ratios"]["eval_time_fused_over_stock"] > 0
     assert [c["max_seq_len_under_cap"] for c in result["memory_cap"]] == [8, 8]

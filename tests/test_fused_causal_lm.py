@@ -117,10 +117,11 @@ def _pair(name, lora=None, fused_loss=None):
 
 class ReverseCalls:
     """Counts `ReversibleEmbedding(h, reverse=True)` calls (traced or eager)
-    made inside the models' `train_step` (JAX / PyTorch also trace the
-    inference call symbolically once, to build the model, outside it)."""
+    made inside the models' `train_step` (or `step`: "test_step"; JAX /
+    PyTorch also trace the inference call symbolically once, to build the
+    model, outside it)."""
 
-    def __init__(self, monkeypatch, *models):
+    def __init__(self, monkeypatch, *models, step="train_step"):
         self.count = 0
         self.steps = 0
         inside = []
@@ -132,7 +133,7 @@ class ReverseCalls:
             return original(layer, inputs, reverse=reverse)
 
         for model in models:
-            def train_step(*args, _step=model.train_step, **kwargs):
+            def wrapped_step(*args, _step=getattr(model, step), **kwargs):
                 inside.append(True)
                 self.steps += 1
                 try:
@@ -140,7 +141,7 @@ class ReverseCalls:
                 finally:
                     inside.pop()
 
-            monkeypatch.setattr(model, "train_step", train_step)
+            monkeypatch.setattr(model, step, wrapped_step)
         monkeypatch.setattr(keras.layers.ReversibleEmbedding, "call", call)
         self.undo = monkeypatch.undo
 
@@ -218,8 +219,25 @@ def test_fit_matches_stock_without_logits(name, monkeypatch, tmp_path):
     logits = ops.convert_to_numpy(fused.predict(x, verbose=0))
     np.testing.assert_allclose(logits, ops.convert_to_numpy(stock.predict(x, verbose=0)),
                                rtol=1e-4, atol=1e-5)
+    # Fused evaluation (the default): the exact loss, token accuracy and
+    # perplexity, without the logits (`test_on_batch` first: it shares
+    # `evaluate`'s compiled step).
+    calls = ReverseCalls(monkeypatch, fused, step="test_step")
+    on_batch = fused.test_on_batch(x, y, sample_weight=sw, return_dict=True)
     result = fused.evaluate(x, y, sample_weight=sw, verbose=0, return_dict=True)
+    assert on_batch == pytest.approx(result)
+    assert calls.steps > 0
+    assert calls.count == 0, "the fused evaluation step formed the logits"
+    calls.undo()
+    assert set(result) == {"loss", "token_accuracy", "perplexity"}
     np.testing.assert_allclose(result["loss"], _dense_loss(logits, y, sw), rtol=1e-5)
+    np.testing.assert_allclose(result["perplexity"], np.exp(_dense_loss(logits, y, sw)),
+                               rtol=1e-5)
+    correct = (logits.argmax(-1) == y) * sw
+    np.testing.assert_allclose(result["token_accuracy"], correct.sum() / sw.sum(), rtol=1e-6)
+    # predict still returns the logits after it.
+    np.testing.assert_allclose(ops.convert_to_numpy(fused.predict(x, verbose=0)), logits,
+                               rtol=1e-6, atol=1e-6)
 
     # generate (greedy) is the stock model's.
     prompt = {"token_ids": x["token_ids"][:2].copy(),
@@ -246,6 +264,7 @@ def test_fit_matches_stock_without_logits(name, monkeypatch, tmp_path):
     loaded = keras.saving.load_model(path)
     assert type(loaded) is type(fused)
     assert loaded.fused_loss == fused.fused_loss
+    assert loaded.fused_evaluate is True
     assert loaded.fused_projection()[1:] == fused.fused_projection()[1:]
     np.testing.assert_array_equal(ops.convert_to_numpy(loaded.predict(x, verbose=0)), logits)
     # keras-hub's CausalLM overrides `compile`, so `load_model` does not
@@ -302,3 +321,38 @@ def test_soft_cap_option_must_match_the_model():
         fused_class(backbone=backbone, preprocessor=None, fused_loss={"logit_soft_cap": 30.0})
     with pytest.raises(ValueError, match="vocab_parallel"):
         fused_class(backbone=backbone, preprocessor=None, fused_loss={"vocab_parallel": "yes"})
+
+
+def test_stock_evaluate_and_validation(monkeypatch):
+    """`fused_evaluate=False`: `evaluate` is the stock model's (logits, the
+    compiled loss and metrics); with the default, `fit`'s validation is
+    fused and token-weighted over all batches."""
+    x, y, sw = _data()
+    fused, stock = _pair("gpt2")
+    backbone = fused.backbone.__class__.from_config(fused.backbone.get_config())
+    plain = ksh.fused.fused_causal_lm(keras_hub.models.GPT2CausalLM)(
+        backbone=backbone, preprocessor=None, fused_evaluate=False)
+    plain.set_weights(fused.get_weights())
+    assert plain.get_config()["fused_evaluate"] is False
+    plain.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="mean_with_sample_weight"),
+        weighted_metrics=["sparse_categorical_accuracy"])
+    calls = ReverseCalls(monkeypatch, plain, step="test_step")
+    result = plain.evaluate(x, y, sample_weight=sw, verbose=0, return_dict=True)
+    assert calls.count > 0  # logits
+    calls.undo()
+    logits = ops.convert_to_numpy(stock.predict(x, verbose=0))
+    assert set(result) == {"loss", "sparse_categorical_accuracy"}
+    np.testing.assert_allclose(result["loss"], _dense_loss(logits, y, sw), rtol=1e-5)
+
+    # Validation over two batches of unequal weight: the perplexity is the
+    # token-weighted one of the whole set.
+    history = fused.fit(x, y, sample_weight=sw, batch_size=B, epochs=1, verbose=0,
+                        validation_data=(x, y, sw), validation_batch_size=2).history
+    logits = ops.convert_to_numpy(fused.predict(x, verbose=0))
+    assert sorted(history) == ["loss", "val_loss", "val_perplexity", "val_token_accuracy"]
+    np.testing.assert_allclose(history["val_perplexity"][0], np.exp(_dense_loss(logits, y, sw)),
+                               rtol=1e-5)
+    with pytest.raises(ValueError, match="Received: fused_evaluate=1"):
+        ksh.fused.fused_causal_lm(keras_hub.models.GPT2CausalLM)(
+            backbone=backbone, preprocessor=None, fused_evaluate=1)

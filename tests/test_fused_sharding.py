@@ -7,7 +7,8 @@ flag must be set before JAX starts).
 Checks that one distributed `fit` step of a fused Gemma 2 style model (tied
 `[V, d]` embedding sharded `("model", "batch")`) and of an untied Llama
 (`reverse_embeddings` `[d, V]` sharded `("batch", "model")`) gives the
-unsharded model's loss and gradients, and reports, from the compiled HLO of
+unsharded model's loss and gradients (and the fused `evaluate` after it its
+perplexity and token accuracy), and reports, from the compiled HLO of
 the fused loss + gradients on a sharded kernel, what the partitioner does
 with the tiled loop (see `docs/chunked.md`, "Sharding").
 """
@@ -54,6 +55,9 @@ def test_vocab_sharded_fit_matches_unsharded(devices):
             assert (r["vocab_parallel_used"] > 0) == (form == "vocab_parallel"), r
             assert r["loss_rel_err"] < 1e-5, r
             assert r["grad_max_err"] < 1e-4 * r["grad_scale"], r
+            # Fused evaluation (after the step) equals the unsharded one.
+            assert r["eval_ppl_rel_err"] < 1e-5, r
+            assert r["eval_accuracy"][0] == r["eval_accuracy"][1], r
     full = f"f32[{V_HLO},{D_HLO}]"
     hlo = result["hlo"]
     n = str(devices)
@@ -143,6 +147,7 @@ def _child(devices):
         reference = make(factory)
         initial = reference.get_weights()
         loss_ref, g_ref = step(reference)
+        eval_ref = reference.evaluate(x, y, sample_weight=sw, verbose=0, return_dict=True)
         result[name] = {}
         for form, options in (("vocab_parallel", {}), ("gathered", {"vocab_parallel": False})):
             layout = factory()[0].__class__.get_layout_map(mesh)
@@ -156,7 +161,9 @@ def _child(devices):
                 applies = ksh.fused.vocab_parallel_layout(kernel, transposed) is not None
                 calls.clear()
                 loss, g = step(sharded)  # traced under the distribution
-            used = len(calls)
+                used = len(calls)
+                evaluated = sharded.evaluate(x, y, sample_weight=sw, verbose=0,
+                                             return_dict=True)  # fused, sharded
             result[name][form] = {
                 "kernel_spec": list(kernel.value.sharding.spec) + [None] * (
                     2 - len(kernel.value.sharding.spec)),
@@ -168,6 +175,8 @@ def _child(devices):
                 "loss_rel_err": abs(loss - loss_ref) / abs(loss_ref),
                 "grad_max_err": max(float(np.abs(a - b).max()) for a, b in zip(g, g_ref)),
                 "grad_scale": max(float(np.abs(b).max()) for b in g_ref),
+                "eval_ppl_rel_err": abs(evaluated["perplexity"] / eval_ref["perplexity"] - 1),
+                "eval_accuracy": [evaluated["token_accuracy"], eval_ref["token_accuracy"]],
             }
     result["hlo"] = {str(n): _hlo(n) for n in sorted({1, 2, devices})}
     print(json.dumps(result, default=str))

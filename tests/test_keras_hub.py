@@ -129,7 +129,16 @@ def test_fused_causal_lm_trains_without_logits():
     history = lm.fit(x, y, sample_weight=sw, epochs=5, verbose=0).history
     assert history["loss"][-1] < history["loss"][0]
     assert set(history) == {"loss"}  # the metrics are skipped on hidden states
-    assert "sparse_categorical_accuracy" in lm.evaluate(x, y, sample_weight=sw,
-                                                       verbose=0, return_dict=True)
+    # Fused evaluation: the trained loss (z-loss included), the perplexity
+    # of the NLL alone, the token accuracy; the compiled metric needs logits.
+    result = lm.evaluate(x, y, sample_weight=sw, verbose=0, return_dict=True)
+    logits = ops.convert_to_numpy(lm.predict(x, verbose=0)).astype("float64")
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    nll = lse - np.take_along_axis(logits, y[..., None], -1)[..., 0]
+    np.testing.assert_allclose(result["perplexity"], np.exp((nll * sw).sum() / sw.sum()),
+                               rtol=1e-5)
+    np.testing.assert_allclose(result["loss"], ((nll + 1e-4 * lse**2) * sw).sum() / sw.sum(),
+                               rtol=1e-5)
+    assert "sparse_categorical_accuracy" not in result
     config = lm.get_config()
     assert config["fused_loss"] == {"chunk_size": 32, "z_loss": 1e-4}
