@@ -621,6 +621,8 @@ def section_fused_lce(name="bench_linear_cross_entropy.json"):
         return missing(name)
     settings = data.get("settings", {})
     gpu = settings.get("device") == "gpu"
+    backend = settings.get("backend", "tensorflow")
+    mode = settings.get("mode") or {"tensorflow": "graph", "jax": "xla"}.get(backend, "eager")
     ratios = {(e["v"], e["dtype"]): e for e in data.get("ratios", [])}
     out = []
     for r in data["rows"]:
@@ -635,7 +637,7 @@ def section_fused_lce(name="bench_linear_cross_entropy.json"):
                             fmt(ratio.get("time_ours_over_torch_chunked")),
                             fmt(ratio.get("extra_memory_ours_over_keras_dense"), 3)])
     where = (f"{_gpu_name(data)}, Keras rows on JAX ({settings.get('backend')})"
-             if gpu else f"{settings.get('threads')} threads")
+             if gpu else f"{settings.get('threads')} threads, Keras rows on {backend} ({mode})")
     memory = ("the GPU allocator's peak (JAX `memory_stats`, `torch.cuda`)" if gpu
               else "peak resident size")
     return "\n\n".join([
@@ -820,6 +822,7 @@ def build(make_figures=True):
         "adaptive_study": section_adaptive_study(),
         "fused_lce": section_fused_lce(),
         "fused_lce_xla": section_fused_lce("bench_linear_cross_entropy_xla.json"),
+        "fused_lce_jax": section_fused_lce("bench_linear_cross_entropy_jax.json"),
         "fused_lce_gpu": section_fused_lce_gpu(),
         "fused_causal_lm": section_fused_causal_lm(),
     }

@@ -701,12 +701,11 @@ class FusedLossCausalLM:
     training logs hold the loss; compile with `weighted_metrics=[]` to have
     none). `evaluate` (with `fit`'s validation and `test_on_batch`) also
     runs without the logits by default (`fused_evaluate=True`): one tiled
-    pass per step gives the
-    fused loss (as trained) and the logs `loss`, `token_accuracy` (argmax
-    == target, weighted) and `perplexity` (`exp` of the token-weighted mean
-    negative log-likelihood over the whole evaluation; `loss` is Keras'
-    average of the batches' losses, weighted by batch size); the compiled
-    metrics, which need logits, are skipped. `fused_evaluate=False` keeps
+    pass per step gives the fused loss (as trained) and the logs `loss`,
+    `token_accuracy` (argmax == target, weighted) and `perplexity` (`exp`
+    of the token-weighted mean negative log-likelihood over the whole
+    evaluation; `loss` is Keras' average of the batches' losses, weighted by
+    batch size); the compiled metrics, which need logits, are skipped. `fused_evaluate=False` keeps
     the stock `evaluate` (logits, compiled loss and metrics). `predict` and
     `generate` are unchanged (logits). On JAX under a `keras.distribution`
     that shards the output matrix on its vocabulary axis, the loss is
