@@ -7,9 +7,10 @@ norms), a text-only Gemma 3 with a final soft cap (tied) and Llama (untied
 For each: `fit` through the fused loss equals `fit` of the stock CausalLM
 with the same weights (loss history, the first step's gradients, the weights
 after two steps), training never calls the output projection
-(`token_embedding(h, reverse=True)`, the `[batch, seq, V]` logits),
-`evaluate` reports the exact loss, `predict` / `generate` are the stock
-model's, and a `.keras` round trip predicts the same and resumes `fit`.
+(`token_embedding(h, reverse=True)`, the `[batch, seq, V]` logits), nor
+does the fused evaluation (`evaluate`, `test_on_batch`, `fit`'s validation),
+which reports the exact loss, perplexity and token accuracy, `predict` /
+`generate` are the stock model's, and a `.keras` round trip predicts the same and resumes `fit`.
 LoRA on the tied embedding (`backbone.enable_lora`) trains through the
 merged matrix, as the stock model does.
 """
@@ -211,33 +212,42 @@ def test_fit_matches_stock_without_logits(name, monkeypatch, tmp_path):
     _assert_close_lists(g_fused, g_stock, 1e-4, names)
     assert max(float(np.abs(g).max()) for g in g_fused) > 1e-3
 
-    # A second step, then evaluate: the exact loss of the logits.
-    h_fused = fused.fit(x, y, sample_weight=sw, batch_size=B, verbose=0, shuffle=False).history
+    # A second step, with validation, then the fused evaluation (the
+    # default): the exact loss, token accuracy and perplexity, without the
+    # logits, over two batches of unequal weight (`fit`'s validation calls
+    # `evaluate`; `test_on_batch` shares its compiled step).
+    calls = ReverseCalls(monkeypatch, fused, step="test_step")
+    half = B // 2
+    h_fused = fused.fit(x, y, sample_weight=sw, batch_size=B, verbose=0, shuffle=False,
+                        validation_data=(x, y, sw), validation_batch_size=half).history
     h_stock = stock.fit(x, y, sample_weight=sw, batch_size=B, verbose=0, shuffle=False).history
     np.testing.assert_allclose(h_fused["loss"], h_stock["loss"], rtol=1e-4)
     _assert_close_lists(_weights(fused), _weights(stock), 1e-5, names)
-    logits = ops.convert_to_numpy(fused.predict(x, verbose=0))
-    np.testing.assert_allclose(logits, ops.convert_to_numpy(stock.predict(x, verbose=0)),
-                               rtol=1e-4, atol=1e-5)
-    # Fused evaluation (the default): the exact loss, token accuracy and
-    # perplexity, without the logits (`test_on_batch` first: it shares
-    # `evaluate`'s compiled step).
-    calls = ReverseCalls(monkeypatch, fused, step="test_step")
-    on_batch = fused.test_on_batch(x, y, sample_weight=sw, return_dict=True)
-    result = fused.evaluate(x, y, sample_weight=sw, verbose=0, return_dict=True)
-    assert on_batch == pytest.approx(result)
+    halves = [slice(0, half), slice(half, B)]
+    on_batch = [fused.test_on_batch({k: v[s] for k, v in x.items()}, y[s], sample_weight=sw[s],
+                                    return_dict=True) for s in halves]
+    result = fused.evaluate(x, y, sample_weight=sw, batch_size=half, verbose=0,
+                            return_dict=True)
     assert calls.steps > 0
     assert calls.count == 0, "the fused evaluation step formed the logits"
     calls.undo()
+    logits = ops.convert_to_numpy(fused.predict(x, verbose=0))
+    np.testing.assert_allclose(logits, ops.convert_to_numpy(stock.predict(x, verbose=0)),
+                               rtol=1e-4, atol=1e-5)
     assert set(result) == {"loss", "token_accuracy", "perplexity"}
-    np.testing.assert_allclose(result["loss"], _dense_loss(logits, y, sw), rtol=1e-5)
-    np.testing.assert_allclose(result["perplexity"], np.exp(_dense_loss(logits, y, sw)),
-                               rtol=1e-5)
+    batch_losses = [_dense_loss(logits[s], y[s], sw[s]) for s in halves]
+    assert batch_losses[0] != pytest.approx(batch_losses[1])
+    for r, expected in zip(on_batch, batch_losses):
+        np.testing.assert_allclose(r["loss"], expected, rtol=1e-5)
+    # Keras' `loss`: the batches' losses averaged by batch size; the
+    # perplexity: token-weighted over the whole set.
+    np.testing.assert_allclose(result["loss"], np.mean(batch_losses), rtol=1e-5)
+    perplexity = np.exp(_dense_loss(logits, y, sw))
+    np.testing.assert_allclose(result["perplexity"], perplexity, rtol=1e-5)
+    np.testing.assert_allclose(h_fused["val_perplexity"], [perplexity], rtol=1e-5)
     correct = (logits.argmax(-1) == y) * sw
     np.testing.assert_allclose(result["token_accuracy"], correct.sum() / sw.sum(), rtol=1e-6)
-    # predict still returns the logits after it.
-    np.testing.assert_allclose(ops.convert_to_numpy(fused.predict(x, verbose=0)), logits,
-                               rtol=1e-6, atol=1e-6)
+    assert sorted(h_fused) == ["loss", "val_loss", "val_perplexity", "val_token_accuracy"]
 
     # generate (greedy) is the stock model's.
     prompt = {"token_ids": x["token_ids"][:2].copy(),
@@ -323,36 +333,7 @@ def test_soft_cap_option_must_match_the_model():
         fused_class(backbone=backbone, preprocessor=None, fused_loss={"vocab_parallel": "yes"})
 
 
-def test_stock_evaluate_and_validation(monkeypatch):
-    """`fused_evaluate=False`: `evaluate` is the stock model's (logits, the
-    compiled loss and metrics); with the default, `fit`'s validation is
-    fused and token-weighted over all batches."""
-    x, y, sw = _data()
-    fused, stock = _pair("gpt2")
-    backbone = fused.backbone.__class__.from_config(fused.backbone.get_config())
-    plain = ksh.fused.fused_causal_lm(keras_hub.models.GPT2CausalLM)(
-        backbone=backbone, preprocessor=None, fused_evaluate=False)
-    plain.set_weights(fused.get_weights())
-    assert plain.get_config()["fused_evaluate"] is False
-    plain.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction="mean_with_sample_weight"),
-        weighted_metrics=["sparse_categorical_accuracy"])
-    calls = ReverseCalls(monkeypatch, plain, step="test_step")
-    result = plain.evaluate(x, y, sample_weight=sw, verbose=0, return_dict=True)
-    assert calls.count > 0  # logits
-    calls.undo()
-    logits = ops.convert_to_numpy(stock.predict(x, verbose=0))
-    assert set(result) == {"loss", "sparse_categorical_accuracy"}
-    np.testing.assert_allclose(result["loss"], _dense_loss(logits, y, sw), rtol=1e-5)
-
-    # Validation over two batches of unequal weight: the perplexity is the
-    # token-weighted one of the whole set.
-    history = fused.fit(x, y, sample_weight=sw, batch_size=B, epochs=1, verbose=0,
-                        validation_data=(x, y, sw), validation_batch_size=2).history
-    logits = ops.convert_to_numpy(fused.predict(x, verbose=0))
-    assert sorted(history) == ["loss", "val_loss", "val_perplexity", "val_token_accuracy"]
-    np.testing.assert_allclose(history["val_perplexity"][0], np.exp(_dense_loss(logits, y, sw)),
-                               rtol=1e-5)
+def test_fused_evaluate_must_be_bool():
+    backbone, cls = _gpt2()
     with pytest.raises(ValueError, match="Received: fused_evaluate=1"):
-        ksh.fused.fused_causal_lm(keras_hub.models.GPT2CausalLM)(
-            backbone=backbone, preprocessor=None, fused_evaluate=1)
+        ksh.fused.fused_causal_lm(cls)(backbone=backbone, preprocessor=None, fused_evaluate=1)

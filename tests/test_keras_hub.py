@@ -140,5 +140,13 @@ def test_fused_causal_lm_trains_without_logits():
     np.testing.assert_allclose(result["loss"], ((nll + 1e-4 * lse**2) * sw).sum() / sw.sum(),
                                rtol=1e-5)
     assert "sparse_categorical_accuracy" not in result
+    # fused_evaluate=False: the stock evaluate (logits, the compiled metric).
+    plain = fused_class.from_config({**lm.get_config(), "fused_evaluate": False})
+    plain.set_weights(lm.get_weights())
+    plain.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  weighted_metrics=["sparse_categorical_accuracy"])
+    stock = plain.evaluate(x, y, sample_weight=sw, verbose=0, return_dict=True)
+    assert set(stock) == {"loss", "sparse_categorical_accuracy"}
+    assert stock["sparse_categorical_accuracy"] == pytest.approx(result["token_accuracy"])
     config = lm.get_config()
     assert config["fused_loss"] == {"chunk_size": 32, "z_loss": 1e-4}
