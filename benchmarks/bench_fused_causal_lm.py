@@ -193,7 +193,7 @@ def run_row(row, config, seq_len, batch_size, steps, threads, chunk_size=None,
         times.append(time.perf_counter() - t0)
     peak = proc_memory.status()["VmHWM"]
     mib = 2.0**20
-    result = {
+    return {
         "row": row, "step": step, "seq_len": seq_len, "batch_size": batch_size,
         "backend": keras.backend.backend(), "threads": used_threads,
         "loss": float(logs["loss"]), "logs": {k: float(v) for k, v in logs.items()},
@@ -202,7 +202,6 @@ def run_row(row, config, seq_len, batch_size, steps, threads, chunk_size=None,
         "baseline_mib": baseline / mib, "peak_mib": peak / mib,
         "peak_over_baseline_mib": (peak - baseline) / mib, "peak_reset": reset,
     }
-    return result
 
 
 # ----------------------------------------------------------------- parent

@@ -705,9 +705,9 @@ class FusedLossCausalLM:
     `token_accuracy` (argmax == target, weighted) and `perplexity` (`exp`
     of the token-weighted mean negative log-likelihood over the whole
     evaluation; `loss` is Keras' average of the batches' losses, weighted by
-    batch size); the compiled metrics, which need logits, are skipped. `fused_evaluate=False` keeps
-    the stock `evaluate` (logits, compiled loss and metrics). `predict` and
-    `generate` are unchanged (logits). On JAX under a `keras.distribution`
+    batch size); the compiled metrics, which need logits, are skipped.
+    `fused_evaluate=False` keeps the stock `evaluate` (logits, compiled loss
+    and metrics). `predict` and `generate` are unchanged (logits). On JAX under a `keras.distribution`
     that shards the output matrix on its vocabulary axis, the loss is
     vocabulary-parallel (`linear_cross_entropy(vocab_parallel="auto")`).
 
@@ -830,20 +830,15 @@ class FusedLossCausalLM:
         if not (training or self._fused_evaluating):  # logits: the compiled loss
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
         kernel, transposed, cap = self.fused_projection()
-        if training:
-            loss = linear_cross_entropy(
-                y_pred, kernel, y, sample_weight=sample_weight,
-                kernel_transposed=transposed, logit_soft_cap=cap, **self.fused_loss,
-            )
-        else:  # fused evaluation: the same loss, and what the metrics need
-            options = dict(self.fused_loss)
-            reduction = options.pop("reduction", "mean")
-            terms = _token_terms(
-                y_pred, kernel, y, sample_weight=sample_weight,
-                kernel_transposed=transposed, logit_soft_cap=cap, **options,
-            )
-            loss = _reduce(terms["loss"], terms["weights"], reduction)
-            # Read by `compute_metrics`, next in the same (traced) test step.
+        options = dict(self.fused_loss)
+        reduction = _check_options(options.pop("reduction", "mean"), None, 0.0, 0.0, None)[0]
+        # `linear_cross_entropy`'s two steps, keeping the per-token terms.
+        terms = _token_terms(
+            y_pred, kernel, y, sample_weight=sample_weight,
+            kernel_transposed=transposed, logit_soft_cap=cap, **options,
+        )
+        loss = _reduce(terms["loss"], terms["weights"], reduction)
+        if not training:  # read by `compute_metrics`, next in the same test step
             self._fused_eval_terms = terms
         for extra in self.losses:
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
@@ -856,7 +851,7 @@ class FusedLossCausalLM:
                 self.token_accuracy_tracker.update_state(
                     terms["correct"], sample_weight=terms["weights"])
                 self.token_nll_tracker.update_state(
-                    ops.stop_gradient(terms["nll"]), sample_weight=terms["weights"])
+                    terms["nll"], sample_weight=terms["weights"])
             return self.get_metrics_result()
         vocab = self.backbone.token_embedding.input_dim
         if y_pred is None or y_pred.shape[-1] == vocab:  # logits

@@ -10,7 +10,8 @@ after two steps), training never calls the output projection
 (`token_embedding(h, reverse=True)`, the `[batch, seq, V]` logits), nor
 does the fused evaluation (`evaluate`, `test_on_batch`, `fit`'s validation),
 which reports the exact loss, perplexity and token accuracy, `predict` /
-`generate` are the stock model's, and a `.keras` round trip predicts the same and resumes `fit`.
+`generate` are the stock model's, and a `.keras` round trip predicts the
+same and resumes `fit`.
 LoRA on the tied embedding (`backbone.enable_lora`) trains through the
 merged matrix, as the stock model does.
 """
