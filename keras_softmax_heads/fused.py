@@ -35,8 +35,8 @@ from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_stats
 from keras_softmax_heads.chunked import kernel_geometry
 from keras_softmax_heads.functional import soft_cap
-from keras_softmax_heads.heads.head_utils import check_targets
-from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.validation import check_targets
+from keras_softmax_heads.validation import nan_if_invalid
 
 #: Input dtypes whose scores can be accumulated (in float32, or float64).
 ACCUMULABLE_DTYPES = ("float16", "bfloat16", "float32", "float64")

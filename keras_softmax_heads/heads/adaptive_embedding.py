@@ -20,7 +20,7 @@ from keras_softmax_heads.heads.head_utils import adaptive_band_dims
 from keras_softmax_heads.heads.head_utils import add_constant_weight
 from keras_softmax_heads.heads.head_utils import check_cutoffs
 from keras_softmax_heads.heads.head_utils import check_factor
-from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.heads.head_utils import frequency_order
 from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.samplers import counts_to_config

@@ -46,10 +46,10 @@ from keras_softmax_heads.heads.head_utils import build_context_checks
 from keras_softmax_heads.heads.head_utils import check_cutoffs
 from keras_softmax_heads.heads.head_utils import check_factor
 from keras_softmax_heads.heads.head_utils import check_static_shapes
-from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.heads.head_utils import frequency_order
-from keras_softmax_heads.heads.head_utils import is_concrete
-from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.validation import is_concrete
+from keras_softmax_heads.validation import nan_if_invalid
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.samplers import counts_to_config

@@ -88,9 +88,9 @@ from keras_softmax_heads.clustering import CLUSTERING_STRATEGIES
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.head_utils import add_constant_weight
 from keras_softmax_heads.heads.head_utils import check_static_shapes
-from keras_softmax_heads.heads.head_utils import check_targets
-from keras_softmax_heads.heads.head_utils import is_concrete
-from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.validation import check_targets
+from keras_softmax_heads.validation import is_concrete
+from keras_softmax_heads.validation import nan_if_invalid
 from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.validation import check_int
 

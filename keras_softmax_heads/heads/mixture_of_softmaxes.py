@@ -7,8 +7,8 @@ from keras import ops
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.chunked import chunked_mixture_nll
-from keras_softmax_heads.heads.head_utils import check_targets
-from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.validation import check_targets
+from keras_softmax_heads.validation import nan_if_invalid
 from keras_softmax_heads.heads.mixture_head import MixtureHead
 from keras_softmax_heads.heads.mixture_head import is_int
 

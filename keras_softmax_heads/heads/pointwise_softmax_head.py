@@ -4,8 +4,8 @@ import keras
 from keras import ops
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
-from keras_softmax_heads.heads.head_utils import check_targets
-from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.validation import check_targets
+from keras_softmax_heads.validation import nan_if_invalid
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 
 

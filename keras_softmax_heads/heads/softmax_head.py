@@ -28,9 +28,9 @@ import keras
 from keras import ops
 
 from keras_softmax_heads.heads.head_utils import build_context_checks
-from keras_softmax_heads.heads.head_utils import check_targets
+from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.heads.head_utils import gather_targets
-from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.validation import nan_if_invalid
 from keras_softmax_heads.validation import check_embedding_layer
 
 

@@ -18,8 +18,8 @@ import keras
 from keras import ops
 
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
-from keras_softmax_heads.heads.head_utils import check_targets
-from keras_softmax_heads.heads.head_utils import nan_if_invalid
+from keras_softmax_heads.validation import check_targets
+from keras_softmax_heads.validation import nan_if_invalid
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
