@@ -339,3 +339,27 @@ def test_new_config_of_a_head_without_data_is_not_pending():
     ):
         clone = type(head).from_config(head.get_config())
         clone(h)  # does not raise
+
+
+# ------------------------------------- 0.3.0 files (before the re-layout)
+@pytest.mark.multibackend
+@pytest.mark.parametrize("name", ["heads", "head_model"])
+def test_v0_3_files_load_with_the_same_outputs(name):
+    """`.keras` files written by 0.3.0 (`tests/data/make_v0_3_fixture.py`,
+    every head) load and give the outputs 0.3.0 gave: identical on
+    TensorFlow, where they were written, within float32 rounding elsewhere."""
+    expected = np.load(os.path.join(DATA, f"v0_3_{name}.npz"))
+    model = keras.saving.load_model(os.path.join(DATA, f"v0_3_{name}.keras"))
+    if name == "heads":
+        outputs = model.predict(expected["x"], verbose=0)
+        names = sorted(set(expected.files) - {"x"})
+        assert sorted(outputs) == names
+    else:
+        outputs = {"log_probs": model.predict(expected["tokens"], verbose=0)}
+        names = ["log_probs"]
+    for key in names:
+        got = np.asarray(outputs[key])
+        if keras.backend.backend() == "tensorflow":
+            np.testing.assert_array_equal(got, expected[key], err_msg=key)
+        else:
+            np.testing.assert_allclose(got, expected[key], rtol=2e-6, atol=2e-6, err_msg=key)
