@@ -62,11 +62,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 import os
 import time
 
 import numpy as np
+
+from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_positive
 
 MODEL_NAMES = ("softmax", "mos", "lms", "plif", "sigsoftmax")
 
@@ -95,19 +97,13 @@ MODE_MATCHING_PNG = "mode_matching.png"
 KL_PNG = "kl_divergence.png"
 
 
-def _positive_int(value, name):
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    return int(value)
-
-
-def _int_tuple(values, name):
+def _int_tuple(values, name, minimum=1):
     if isinstance(values, (int, np.integer)):
         values = (values,)
     values = tuple(values)
     if not values:
         raise ValueError(f"`{name}` must not be empty. Received: {name}={values!r}")
-    return tuple(_positive_int(v, name) for v in values)
+    return tuple(check_int(name, v, minimum=minimum) for v in values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,24 +161,17 @@ class SyntheticBottleneckConfig:
             )
         object.__setattr__(self, "models", models)
         object.__setattr__(self, "dims", _int_tuple(self.dims, "dims"))
-        vocab_sizes = _int_tuple(self.vocab_sizes, "vocab_sizes")
-        if min(vocab_sizes) < 2:
-            raise ValueError(
-                f"Every vocabulary size must be >= 2. Received: vocab_sizes={vocab_sizes}"
-            )
-        object.__setattr__(self, "vocab_sizes", vocab_sizes)
-        if not (self.alpha > 0 and math.isfinite(self.alpha)):
-            raise ValueError(f"`alpha` must be a positive number. Received: alpha={self.alpha}")
+        object.__setattr__(
+            self, "vocab_sizes", _int_tuple(self.vocab_sizes, "vocab_sizes", minimum=2)
+        )
+        check_positive("alpha", self.alpha)
         for name in ("num_contexts", "epochs", "mos_components", "lms_units", "plif_knots"):
-            object.__setattr__(self, name, _positive_int(getattr(self, name), name))
-        if self.batch_size is not None:
-            object.__setattr__(self, "batch_size", _positive_int(self.batch_size, "batch_size"))
-        if not self.learning_rate > 0:
-            raise ValueError(
-                f"`learning_rate` must be positive. Received: learning_rate={self.learning_rate}"
-            )
-        if not self.plif_bound > 0:
-            raise ValueError(f"`plif_bound` must be positive. Received: plif_bound={self.plif_bound}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=1))
+        object.__setattr__(
+            self, "batch_size", check_int("batch_size", self.batch_size, minimum=1, allow_none=True)
+        )
+        check_positive("learning_rate", self.learning_rate)
+        check_positive("plif_bound", self.plif_bound)
 
     @property
     def num_runs(self):
@@ -214,12 +203,9 @@ def dirichlet_problem(num_contexts, vocab_size, alpha, seed=0):
     >>> bool(np.array_equal(p, dirichlet_problem(3, 4, alpha=1.0, seed=0)))
     True
     """
-    num_contexts = _positive_int(num_contexts, "num_contexts")
-    vocab_size = _positive_int(vocab_size, "vocab_size")
-    if vocab_size < 2:
-        raise ValueError(f"`vocab_size` must be >= 2. Received: vocab_size={vocab_size}")
-    if not (alpha > 0 and math.isfinite(alpha)):
-        raise ValueError(f"`alpha` must be a positive number. Received: alpha={alpha}")
+    num_contexts = check_int("num_contexts", num_contexts, minimum=1)
+    vocab_size = check_int("vocab_size", vocab_size, minimum=2)
+    check_positive("alpha", alpha)
     rng = np.random.default_rng(seed)
     probs = rng.dirichlet(np.full(vocab_size, float(alpha)), size=num_contexts)
     # Renormalise away the last ulp of rounding.

@@ -19,6 +19,7 @@ from keras_softmax_heads.data.load import DATASET_NAMES
 from keras_softmax_heads import models
 from keras_softmax_heads.heads import registry as head_registry
 from keras_softmax_heads.training.distribute import DISTRIBUTION_STRATEGIES
+from keras_softmax_heads.validation import check_int
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop")
 LOSS_REDUCTIONS = ("mean", "sum_over_time")
@@ -319,22 +320,13 @@ def get_config(preset=None, **overrides):
 
 def validate_config(config):
     """Raises `ValueError` for inconsistent settings; returns the config."""
-    def positive(name, allow_none=False):
-        value = getattr(config, name)
-        if value is None and allow_none:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-
-    if isinstance(config.eval_warmup, bool) or not isinstance(config.eval_warmup, int) \
-            or config.eval_warmup < 0:
-        raise ValueError(f"`eval_warmup` must be an integer >= 0. Received: {config.eval_warmup!r}")
+    check_int("eval_warmup", config.eval_warmup, minimum=0)
     for name in ("embedding_dim", "hidden_size", "num_layers", "batch_size",
                  "bptt", "epochs", "steps_per_execution", "keep_checkpoints"):
-        positive(name)
+        check_int(name, getattr(config, name), minimum=1)
     for name in ("steps_per_epoch", "eval_batch_size", "eval_bptt", "eval_steps",
                  "checkpoint_every", "kill_after_steps", "chunk_size"):
-        positive(name, allow_none=True)
+        check_int(name, getattr(config, name), minimum=1, allow_none=True)
     if config.model not in models.MODELS:
         raise ValueError(f"Unknown model. Expected one of {sorted(models.MODELS)}. Received: model={config.model!r}")
     head_registry.canonical_head_name(config.head)
