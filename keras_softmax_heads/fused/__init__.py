@@ -18,14 +18,8 @@ See `docs/chunked.md`, "Fused linear + cross-entropy from hidden states".
 from keras_softmax_heads.fused.causal_lm import FusedLossCausalLM
 from keras_softmax_heads.fused.causal_lm import fused_causal_lm
 from keras_softmax_heads.fused.cross_entropy import REDUCTIONS
-from keras_softmax_heads.fused.cross_entropy import check_loss_options
 from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
-from keras_softmax_heads.fused.cross_entropy import reduce_loss
-from keras_softmax_heads.fused.cross_entropy import token_terms
-from keras_softmax_heads.fused.cross_entropy import weighted_mean
 from keras_softmax_heads.fused.loss import LinearCrossEntropy
-from keras_softmax_heads.fused.vocab_parallel import VOCAB_PARALLEL_OPTIONS
-from keras_softmax_heads.fused.vocab_parallel import pointwise_stats
 from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_stats
 from keras_softmax_heads.validation import ACCUMULABLE_DTYPES
@@ -35,14 +29,8 @@ __all__ = [
     "FusedLossCausalLM",
     "LinearCrossEntropy",
     "REDUCTIONS",
-    "VOCAB_PARALLEL_OPTIONS",
-    "check_loss_options",
     "fused_causal_lm",
     "linear_cross_entropy",
-    "pointwise_stats",
-    "reduce_loss",
-    "token_terms",
     "vocab_parallel_layout",
     "vocab_parallel_stats",
-    "weighted_mean",
 ]
