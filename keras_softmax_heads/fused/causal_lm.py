@@ -19,8 +19,9 @@ class FusedLossCausalLM:
     """Mixin for a keras-hub `CausalLM` class: `fit` and `evaluate` run
     through `linear_cross_entropy`, without the `[batch, seq, V]` logits.
 
-    Use `fused_causal_lm(cls)` to get the subclass. In training (and in
-    fused evaluation) `call` returns the backbone's hidden states
+    Use `fused_causal_lm(cls)` to get the subclass (call it before loading
+    a saved one: it registers the class). In training (and in fused
+    evaluation) `call` returns the backbone's hidden states
     `[batch, seq, d]`, and `compute_loss` (Keras' public hook) applies
     `linear_cross_entropy` to them with the projection the stock
     `token_embedding(h, reverse=True)` applies (`fused_projection()`), the
