@@ -130,13 +130,13 @@ def _child(devices):
 
     # Counts the vocabulary-parallel form's (traced) calls.
     calls = []
-    parallel_stats = ksh.fused.vocab_parallel_stats
+    parallel_stats = ksh.fused.vocab_parallel.vocab_parallel_stats
 
     def counted(*args, **kwargs):
         calls.append(1)
         return parallel_stats(*args, **kwargs)
 
-    ksh.fused.vocab_parallel_stats = counted
+    ksh.fused.vocab_parallel.vocab_parallel_stats = counted
     mesh = keras.distribution.DeviceMesh(
         (1, devices), ("batch", "model"), keras.distribution.list_devices()[:devices])
     result = {"devices": devices}

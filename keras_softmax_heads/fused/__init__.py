@@ -1,0 +1,36 @@
+"""Fused linear + cross-entropy: the exact loss of `softmax(g(h W + b))`
+without the `[N, V]` logits, from a model's final hidden states.
+
+Modules:
+
+* `cross_entropy`: the function `linear_cross_entropy`, its per-token terms
+  (`token_terms`), reductions (`reduce_loss`) and option checks.
+* `loss`: `LinearCrossEntropy`, the function as a `keras.losses.Loss`.
+* `vocab_parallel`: the vocabulary-parallel form on JAX
+  (`vocab_parallel_layout`, `vocab_parallel_stats`) and `pointwise_stats`,
+  the one place that chooses it.
+* `causal_lm`: the keras-hub integration, `fused_causal_lm(CausalLMClass)`
+  and its mixin `FusedLossCausalLM`.
+
+See `docs/chunked.md`, "Fused linear + cross-entropy from hidden states".
+"""
+
+from keras_softmax_heads.fused.causal_lm import FusedLossCausalLM
+from keras_softmax_heads.fused.causal_lm import fused_causal_lm
+from keras_softmax_heads.fused.cross_entropy import REDUCTIONS
+from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
+from keras_softmax_heads.fused.loss import LinearCrossEntropy
+from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_layout
+from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_stats
+from keras_softmax_heads.validation import ACCUMULABLE_DTYPES
+
+__all__ = [
+    "ACCUMULABLE_DTYPES",
+    "FusedLossCausalLM",
+    "LinearCrossEntropy",
+    "REDUCTIONS",
+    "fused_causal_lm",
+    "linear_cross_entropy",
+    "vocab_parallel_layout",
+    "vocab_parallel_stats",
+]

@@ -1,0 +1,293 @@
+"""`linear_cross_entropy`: the exact cross-entropy of `softmax(g(h W + b))`
+without the `[N, V]` logits.
+
+The function, its per-token terms (`token_terms`, one tiled pass of
+`chunked.chunked_pointwise_stats`) and its reductions (`reduce_loss`). How
+it works, the options and their cost: `docs/chunked.md`, "Fused linear +
+cross-entropy from hidden states".
+"""
+
+import keras
+from keras import ops
+
+from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
+from keras_softmax_heads.chunked import check_chunk_size
+from keras_softmax_heads.chunked import kernel_geometry
+from keras_softmax_heads.functional import soft_cap
+from keras_softmax_heads.fused.vocab_parallel import pointwise_stats
+from keras_softmax_heads.validation import check_choice
+from keras_softmax_heads.validation import check_float_dtype
+from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_number
+from keras_softmax_heads.validation import check_targets
+from keras_softmax_heads.validation import nan_if_invalid
+
+#: Reductions of `linear_cross_entropy`.
+REDUCTIONS = ("none", "sum", "mean")
+
+
+def check_loss_options(reduction="mean", ignore_index=None, label_smoothing=0.0,
+                       z_loss=0.0, logit_soft_cap=None):
+    """The options of `linear_cross_entropy`, checked and normalised.
+
+    Returns `(reduction, ignore_index, label_smoothing, z_loss,
+    logit_soft_cap)`: the reduction one of `REDUCTIONS` (None is `"none"`),
+    `ignore_index` an int or None, `label_smoothing` a float in `[0, 1]`,
+    `z_loss` a float `>= 0`, `logit_soft_cap` a float `> 0` or None.
+    Raises `ValueError` naming the first bad option.
+    """
+    reduction = check_choice(
+        "reduction", "none" if reduction is None else reduction, REDUCTIONS
+    )
+    ignore_index = check_int("ignore_index", ignore_index, allow_none=True)
+    label_smoothing = check_number("label_smoothing", label_smoothing, low=0, high=1)
+    z_loss = check_number("z_loss", z_loss, low=0)
+    logit_soft_cap = check_number(
+        "logit_soft_cap", logit_soft_cap, low=0, low_open=True, allow_none=True
+    )
+    return reduction, ignore_index, label_smoothing, z_loss, logit_soft_cap
+
+
+def weighted_mean(values, weights):
+    """`sum(w v) / sum(w)`, 0 when the weights sum to 0."""
+    total_w = ops.sum(weights)
+    positive = total_w > 0
+    return ops.where(
+        positive, ops.sum(values * weights) / ops.where(positive, total_w, 1.0), 0.0
+    )
+
+
+def linear_cross_entropy(
+    hidden,
+    kernel,
+    targets,
+    bias=None,
+    *,
+    kernel_transposed=False,
+    sample_weight=None,
+    ignore_index=None,
+    label_smoothing=0.0,
+    z_loss=0.0,
+    logit_soft_cap=None,
+    reduction="mean",
+    chunk_size=DEFAULT_CHUNK_SIZE,
+    return_lse=False,
+    return_argmax=False,
+    implementation="auto",
+    vocab_parallel="auto",
+):
+    """Exact cross-entropy of `softmax(g(hidden @ kernel + bias))`, tiled.
+
+    Per token, with `z = h W + b`, `g = logit_soft_cap * tanh(z / cap)` (or
+    `g = z`), `lse = logsumexp_v g_v` and `eps = label_smoothing`:
+
+        loss = (1 - eps) (lse - g_target) + eps (lse - mean_v g_v)
+               + z_loss * lse**2
+
+    (the cross-entropy with Keras' smoothed targets
+    `(1 - eps) onehot + eps / V`, in closed form). The `[N, V]` scores are
+    never formed: the vocabulary is processed in tiles of at most
+    `chunk_size` words in float32 (float64 for float64 inputs), and the
+    backward pass recomputes them (`chunked.chunked_pointwise_stats`).
+    Gradients reach `hidden`, `kernel` and `bias` and are exact per token
+    for every reduction, weight and mask (they are computed from the
+    upstream cotangent in the backward pass).
+
+    Args:
+        hidden: float tensor `[..., d]` (float16, bfloat16, float32 or
+            float64), the final hidden states.
+        kernel: `[d, V]`, or `[V, d]` with `kernel_transposed=True` (a tied
+            embedding matrix; no transposed copy is made). A tensor or a
+            Keras variable.
+        targets: integer word ids `[...]` (the leading shape of `hidden`),
+            in `[0, V)` or equal to `ignore_index`.
+        bias: `[V]` or None.
+        kernel_transposed: bool, `kernel` is `[V, d]`.
+        sample_weight: None or float weights of shape `targets.shape` (or a
+            prefix of it, broadcast over the trailing axes).
+        ignore_index: None or an integer id whose tokens get weight 0 and no
+            gradient (e.g. `-100`, or the padding id).
+        label_smoothing: float in `[0, 1]`.
+        z_loss: float >= 0, the weight of `lse**2` (PaLM's z-loss).
+        logit_soft_cap: None or a positive float: the scores are
+            `cap * tanh(z / cap)` (Gemma 2) for every term.
+        reduction: `"mean"` (default: the weighted mean over the
+            non-ignored tokens, `sum(w * loss) / sum(w)`, 0 if that is 0),
+            `"sum"` (`sum(w * loss)`) or `"none"` (`w * loss` per token,
+            shape `targets.shape`; 0 on ignored tokens).
+        chunk_size: maximum vocabulary tile width (`chunked.tile_width`);
+            need not divide `V`.
+        return_lse: also return the per-token `lse` (`[...]`,
+            differentiable).
+        return_argmax: also return the per-token argmax word (int32, first
+            on ties) and the token accuracy (the weighted mean of
+            `argmax == target` over the non-ignored tokens).
+        implementation: `"auto"` or `"ops"`, as in
+            `chunked.chunked_pointwise_nll`.
+        vocab_parallel: `"auto"` (default), True or False. On JAX, under a
+            `keras.distribution` whose layout shards the `kernel` variable
+            on its vocabulary axis (keras-hub's Gemma / Llama layout maps),
+            `"auto"` and True run the tiled pass on each device's own
+            vocabulary shard (`jax.shard_map`) and combine the per-token
+            statistics across that mesh axis (max, sums): no device gathers
+            the `[V, d]` matrix or its gradient. Without a bias only.
+            `"auto"` falls back to the single-device form otherwise (where
+            XLA's partitioner gathers the whole matrix on every device);
+            True raises instead.
+
+    Returns:
+        The loss (float32; float64 for float64 inputs), reduced as
+        `reduction` says. With `return_lse` or `return_argmax`: a tuple
+        `(loss, aux)`, `aux` a dict with `"lse"` and / or `"argmax"` and
+        `"accuracy"`.
+
+    Raises:
+        ValueError: eagerly, for a target outside `[0, V)` that is not
+            `ignore_index` (the message names the first one and its index;
+            in a TensorFlow graph a `tf.debugging` assertion; under XLA such
+            tokens give a NaN loss), a kernel whose `d` does not match
+            `hidden`, a non-floating dtype, or a bad option.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_softmax_heads.losses import linear_cross_entropy
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.normal(size=(2, 3, 8)).astype("float32")
+    >>> emb = rng.normal(size=(37, 8)).astype("float32")   # tied [V, d]
+    >>> y = np.array([[1, 5, -100], [36, 0, 7]])
+    >>> loss = linear_cross_entropy(h, emb, y, kernel_transposed=True,
+    ...                             ignore_index=-100, chunk_size=16)
+    >>> log_p = ops.convert_to_numpy(ops.log_softmax(h @ emb.T, axis=-1))
+    >>> keep = y != -100
+    >>> dense = -np.take_along_axis(log_p, np.where(keep, y, 0)[..., None], -1)[..., 0]
+    >>> bool(np.isclose(float(loss), dense[keep].mean(), atol=1e-5))
+    True
+    """
+    reduction = check_loss_options(
+        reduction, ignore_index, label_smoothing, z_loss, logit_soft_cap
+    )[0]
+    terms = token_terms(
+        hidden, kernel, targets, bias, kernel_transposed=kernel_transposed,
+        sample_weight=sample_weight, ignore_index=ignore_index,
+        label_smoothing=label_smoothing, z_loss=z_loss,
+        logit_soft_cap=logit_soft_cap, chunk_size=chunk_size,
+        implementation=implementation, vocab_parallel=vocab_parallel,
+    )
+    out = reduce_loss(terms["loss"], terms["weights"], reduction)
+    if not (return_lse or return_argmax):
+        return out
+    aux = {}
+    if return_lse:
+        aux["lse"] = terms["lse"]
+    if return_argmax:
+        aux["argmax"] = terms["argmax"]
+        aux["accuracy"] = ops.stop_gradient(
+            weighted_mean(terms["correct"], terms["weights"])
+        )
+    return out, aux
+
+
+def reduce_loss(loss, weights, reduction):
+    """`linear_cross_entropy`'s reduction of the per-token `loss` with the
+    per-token `weights`: `"none"` (`w * loss`), `"sum"` or `"mean"`
+    (`weighted_mean`)."""
+    if reduction == "none":
+        return loss * weights
+    if reduction == "sum":
+        return ops.sum(loss * weights)
+    return weighted_mean(loss, weights)
+
+
+def token_terms(
+    hidden, kernel, targets, bias=None, *, kernel_transposed=False,
+    sample_weight=None, ignore_index=None, label_smoothing=0.0, z_loss=0.0,
+    logit_soft_cap=None, chunk_size=DEFAULT_CHUNK_SIZE, implementation="auto",
+    vocab_parallel="auto",
+):
+    """The per-token terms of `linear_cross_entropy` (same arguments), one
+    tiled pass: a dict of tensors of the targets' shape: `"loss"` (the
+    unweighted loss, smoothing and z-loss included, 0 on ignored tokens),
+    `"nll"` (`lse - g_target`, 0 on ignored tokens), `"lse"`, `"weights"`
+    (`sample_weight` broadcast, 0 on ignored tokens), `"argmax"` (int32) and
+    `"correct"` (`argmax == target`, float, no gradient)."""
+    _, ignore_index, eps, z_loss, cap = check_loss_options(
+        "mean", ignore_index, label_smoothing, z_loss, logit_soft_cap
+    )
+    chunk_size = check_chunk_size(chunk_size)
+    hidden, kernel, bias, vocab = _projection(hidden, kernel, bias, kernel_transposed)
+    targets, ignored = _targets(targets, vocab, ignore_index)
+    transform_fn = None
+    if cap is not None:
+        transform_fn = lambda z: soft_cap(z, cap)  # noqa: E731
+    nll, lse, score_sum, argmax = pointwise_stats(
+        hidden, kernel, bias, targets, transform_fn=transform_fn,
+        chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+        implementation=implementation, vocab_parallel=vocab_parallel,
+    )
+    loss = nll
+    if eps:
+        loss = (1.0 - eps) * nll + eps * (lse - score_sum / vocab)
+    if z_loss:
+        loss = loss + z_loss * ops.square(lse)
+    loss = nan_if_invalid(loss, targets, vocab)
+    nll = nan_if_invalid(nll, targets, vocab)
+
+    weights = ops.ones_like(loss)
+    if sample_weight is not None:
+        sample_weight = ops.cast(ops.convert_to_tensor(sample_weight), loss.dtype)
+        while len(sample_weight.shape) < len(loss.shape):
+            sample_weight = ops.expand_dims(sample_weight, -1)
+        weights = ops.broadcast_to(sample_weight, ops.shape(loss))
+    if ignored is not None:
+        weights = ops.where(ignored, ops.zeros_like(weights), weights)
+        loss = ops.where(ignored, ops.zeros_like(loss), loss)
+        nll = ops.where(ignored, ops.zeros_like(nll), nll)
+    correct = ops.stop_gradient(ops.cast(ops.equal(argmax, targets), weights.dtype))
+    return {"loss": loss, "nll": nll, "lse": lse, "weights": weights,
+            "argmax": argmax, "correct": correct}
+
+
+def _projection(hidden, kernel, bias, kernel_transposed):
+    """`(hidden, kernel, bias, V)`: the tensors (variables kept), checked."""
+    hidden = ops.convert_to_tensor(hidden)
+    if not isinstance(kernel, keras.Variable):
+        kernel = ops.convert_to_tensor(kernel)
+    if bias is not None and not isinstance(bias, keras.Variable):
+        bias = ops.convert_to_tensor(bias)
+    check_float_dtype("hidden", hidden)
+    check_float_dtype("kernel", kernel)
+    if bias is not None:
+        check_float_dtype("bias", bias)
+    _, vocab = kernel_geometry(hidden, kernel, kernel_transposed)
+    if bias is not None and tuple(bias.shape) != (vocab,):
+        raise ValueError(
+            f"`bias` must have shape ({vocab},) (the kernel's V). "
+            f"Received: bias.shape={tuple(bias.shape)}"
+        )
+    return hidden, kernel, bias, vocab
+
+
+def _targets(targets, vocab, ignore_index):
+    """`(targets, ignored)`: int32 ids in `[0, V)` (ignored tokens set to 0,
+    checked as `validation.check_targets` does) and the boolean mask of the
+    ignored tokens (None without `ignore_index`)."""
+    targets = ops.convert_to_tensor(targets)
+    dtype = keras.backend.standardize_dtype(targets.dtype)
+    if "int" not in dtype:
+        raise ValueError(
+            f"`targets` must be integer word ids. Received: targets with dtype={dtype}"
+        )
+    targets = ops.cast(targets, "int32")
+    ignored = None
+    if ignore_index is not None:
+        ignored = ops.equal(targets, ignore_index)
+        targets = ops.where(ignored, ops.zeros_like(targets), targets)
+    try:
+        targets = check_targets(targets, vocab)
+    except ValueError as error:
+        if ignore_index is None:
+            raise
+        raise ValueError(f"{error} (ignore_index={ignore_index})") from None
+    return targets, ignored

@@ -1,0 +1,172 @@
+"""The vocabulary-parallel form of the fused loss (JAX), and its dispatch.
+
+`pointwise_stats` is the one place where the fused loss chooses between the
+single-device tiled pass (`chunked.chunked_pointwise_stats`) and its
+vocabulary-parallel form (`vocab_parallel_stats`, JAX under a
+`keras.distribution` that shards the output matrix on V). See
+`docs/chunked.md`, "Vocabulary sharding (JAX)".
+"""
+
+import keras
+from keras import ops
+
+from keras_softmax_heads.chunked import chunked_pointwise_stats
+from keras_softmax_heads.validation import check_choice
+
+#: Values of the `vocab_parallel` option.
+VOCAB_PARALLEL_OPTIONS = ("auto", True, False)
+
+
+def check_vocab_parallel(vocab_parallel):
+    """`vocab_parallel` if it is `"auto"`, True or False, else raises."""
+    return check_choice("vocab_parallel", vocab_parallel, VOCAB_PARALLEL_OPTIONS)
+
+
+def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
+                    kernel_transposed, implementation, vocab_parallel="auto"):
+    """`chunked.chunked_pointwise_stats`, vocabulary-parallel where it applies.
+
+    Args:
+        hidden, kernel, bias, targets, transform_fn, chunk_size,
+        kernel_transposed, implementation: as in
+            `chunked.chunked_pointwise_stats`.
+        vocab_parallel: `"auto"`, True or False. `"auto"` and True run
+            `vocab_parallel_stats` when `vocab_parallel_layout` finds a
+            sharded vocabulary axis and there is no bias; otherwise
+            `"auto"` runs the single-device pass and True raises.
+
+    Returns:
+        `(nll, lse, score_sum, argmax)`, each of the targets' shape.
+    """
+    check_vocab_parallel(vocab_parallel)
+    layout = None
+    if vocab_parallel:
+        layout = vocab_parallel_layout(kernel, kernel_transposed)
+        if layout is not None and bias is not None:
+            layout = None
+        if layout is None and vocab_parallel is True:
+            raise ValueError(
+                "vocab_parallel=True needs the JAX backend, no bias, and a "
+                "`kernel` variable that the current keras.distribution shards "
+                "on its vocabulary axis (evenly)."
+            )
+    if layout is not None:
+        return vocab_parallel_stats(
+            hidden, kernel, targets, layout, transform_fn=transform_fn,
+            chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+            implementation=implementation,
+        )
+    return chunked_pointwise_stats(
+        hidden,
+        kernel,
+        bias,
+        targets,
+        transform_fn=transform_fn,
+        chunk_size=chunk_size,
+        kernel_transposed=kernel_transposed,
+        implementation=implementation,
+    )
+
+
+def vocab_parallel_layout(kernel, kernel_transposed):
+    """`(device_mesh, vocab_axis, batch_axis)` when the vocabulary-parallel
+    form applies: the JAX backend, a current `keras.distribution`, and a
+    `kernel` variable whose layout shards its vocabulary axis (dividing V)
+    over a mesh axis of size > 1. None otherwise."""
+    if keras.backend.backend() != "jax" or not isinstance(kernel, keras.Variable):
+        return None
+    distribution = keras.distribution.distribution()
+    if distribution is None or len(kernel.shape) != 2:
+        return None
+    layout = distribution.get_variable_layout(kernel)
+    axes = tuple(getattr(layout, "axes", None) or ())
+    if len(axes) != 2:
+        return None
+    vocab_axis = axes[0] if kernel_transposed else axes[1]
+    mesh = layout.device_mesh
+    if vocab_axis is None or mesh is None or vocab_axis not in mesh.axis_names:
+        return None
+    size = mesh.shape[list(mesh.axis_names).index(vocab_axis)]
+    vocab = kernel.shape[0] if kernel_transposed else kernel.shape[1]
+    if size <= 1 or vocab % size:
+        return None
+    batch_axis = getattr(distribution, "batch_dim_name", None)
+    if batch_axis == vocab_axis or batch_axis not in mesh.axis_names:
+        batch_axis = None
+    return mesh, vocab_axis, batch_axis
+
+
+def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
+                         chunk_size, kernel_transposed, implementation):
+    """`chunked_pointwise_stats` with the kernel sharded on V (JAX only).
+
+    Each device runs the tiled pass on its `[V / n, d]` shard, with the
+    targets shifted to its range (a target elsewhere contributes no target
+    score), then the statistics are combined across the vocabulary mesh
+    axis: `lse = m + log(psum(exp(lse_k - m)))` (`m = pmax(lse_k)`, no
+    gradient), target score and score sum by `psum`, the argmax by `pmax` of
+    each shard's best score (then the smallest id). Gradients flow through
+    the collectives and each shard's own backward pass: the kernel gradient
+    stays sharded.
+
+    Args:
+        hidden: `[..., d]`; kernel: `[d, V]` (or `[V, d]`,
+            `kernel_transposed`); targets: `[...]` int32 in `[0, V)`.
+        layout: what `vocab_parallel_layout(kernel, kernel_transposed)`
+            returned (not None).
+        transform_fn, chunk_size, kernel_transposed, implementation: as in
+            `chunked.chunked_pointwise_stats`.
+
+    Returns:
+        `(nll, lse, score_sum, argmax)`, each of the targets' shape.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    mesh, vocab_axis, batch_axis = layout
+    jax_mesh = mesh.backend_mesh
+    d = hidden.shape[-1]
+    lead = ops.shape(targets)
+    h = ops.reshape(hidden, (-1, d))
+    t = ops.reshape(targets, (-1,))
+    rows = h.shape[0]
+    if batch_axis is not None and (
+        rows is None or rows % mesh.shape[list(mesh.axis_names).index(batch_axis)]
+    ):
+        batch_axis = None
+    kernel = ops.convert_to_tensor(kernel)
+    kernel_spec = (PartitionSpec(vocab_axis, None) if kernel_transposed
+                   else PartitionSpec(None, vocab_axis))
+    row_spec = PartitionSpec(batch_axis)
+
+    def local(h, w, t):
+        v_local = w.shape[0] if kernel_transposed else w.shape[1]
+        start = jax.lax.axis_index(vocab_axis) * v_local
+        shifted = t - start
+        inside = (shifted >= 0) & (shifted < v_local)
+        nll, lse, score_sum, argmax = chunked_pointwise_stats(
+            h, w, None, jnp.where(inside, shifted, 0), transform_fn=transform_fn,
+            chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+            implementation=implementation,
+        )
+        peak = jax.lax.pmax(jax.lax.stop_gradient(lse), vocab_axis)
+        total_lse = peak + jnp.log(jax.lax.psum(jnp.exp(lse - peak), vocab_axis))
+        target = jax.lax.psum(jnp.where(inside, lse - nll, 0.0), vocab_axis)
+        score_sum = jax.lax.psum(score_sum, vocab_axis)
+        # The argmax: each shard's best score, recomputed from its row.
+        row = jnp.take(w, argmax, axis=0) if kernel_transposed else jnp.take(w, argmax, axis=1).T
+        best = jnp.sum(h.astype(lse.dtype) * row.astype(lse.dtype), axis=-1)
+        if transform_fn is not None:
+            best = transform_fn(best)
+        best = jax.lax.stop_gradient(best)
+        top = jax.lax.pmax(best, vocab_axis)
+        ids = jnp.where(best == top, argmax + start, jnp.iinfo("int32").max)
+        argmax = jax.lax.pmin(ids.astype("int32"), vocab_axis)
+        return total_lse - target, total_lse, score_sum, argmax
+
+    out = jax.shard_map(
+        local, mesh=jax_mesh, in_specs=(PartitionSpec(batch_axis, None), kernel_spec, row_spec),
+        out_specs=(row_spec,) * 4, check_vma=False,
+    )(h, kernel, t)
+    return tuple(ops.reshape(x, lead) for x in out)
