@@ -42,11 +42,6 @@ def random_clusters(vocab_size, num_clusters, seed=0):
     return assignment
 
 
-def _split_evenly(n, parts):
-    """Start offsets splitting `n` items into `parts` contiguous runs."""
-    return (np.arange(parts, dtype=np.int64) * n) // parts
-
-
 def frequency_clusters(counts, num_clusters):
     """Frequency binning: clusters of (approximately) equal unigram mass.
 
@@ -83,39 +78,49 @@ def frequency_clusters(counts, num_clusters):
     num_clusters = check_num_clusters(num_clusters, vocab_size)
     order = np.argsort(-counts, kind="stable")
     sorted_counts = counts[order]
-    labels = np.empty(vocab_size, dtype=np.int64)
+    head, tail_mass = _singletons(sorted_counts, num_clusters)
+    tail_clusters = num_clusters - head
+    sizes = _tail_sizes(sorted_counts[head:], tail_mass, tail_clusters)
+    labels = np.concatenate(
+        [np.arange(head), head + np.repeat(np.arange(tail_clusters), sizes)]
+    )
+    assignment = np.empty(vocab_size, dtype=np.int32)
+    assignment[order] = labels
+    return assignment
 
-    # 1. Heavy words get their own cluster while they reach the target.
+
+def _singletons(sorted_counts, num_clusters):
+    """`(head, tail_mass)`: how many of the heaviest words get a cluster of
+    their own (each while its count reaches `remaining mass / remaining
+    clusters`) and the mass left to the others."""
     head = 0
     remaining_mass = float(sorted_counts.sum())
     while num_clusters - head > 1:
         target = remaining_mass / (num_clusters - head)
         if remaining_mass <= 0 or sorted_counts[head] < target:
             break
-        labels[head] = head
         remaining_mass -= float(sorted_counts[head])
         head += 1
+    return head, remaining_mass
 
-    # 2. Bin the tail by the midpoints of the words' mass intervals.
-    tail = sorted_counts[head:]
-    tail_clusters = num_clusters - head
+
+def _tail_sizes(tail, tail_mass, tail_clusters):
+    """Sizes of `tail_clusters` contiguous, non-empty runs of the sorted
+    `tail` counts, cut where the midpoints of the words' mass intervals
+    cross multiples of `sum(tail) / tail_clusters` (an even split by rank
+    when no mass is left, `tail_mass <= 0`)."""
     n = tail.size
-    if remaining_mass > 0:
+    if tail_mass > 0:
         cumulative = np.cumsum(tail)
         midpoints = cumulative - 0.5 * tail
         width = cumulative[-1] / tail_clusters
         cuts = np.arange(1, tail_clusters, dtype=np.float64) * width
         starts = np.concatenate([[0], np.searchsorted(midpoints, cuts, side="left")])
-    else:  # Only zero-count words are left: split them evenly by rank.
-        starts = _split_evenly(n, tail_clusters)
+    else:
+        starts = (np.arange(tail_clusters, dtype=np.int64) * n) // tail_clusters
     # Guarantee non-empty clusters even under float rounding (a no-op in
     # exact arithmetic because every tail word is lighter than `width`).
     starts = starts.astype(np.int64)
     for j in range(1, tail_clusters):
         starts[j] = min(max(starts[j], starts[j - 1] + 1), n - (tail_clusters - j))
-    sizes = np.diff(np.concatenate([starts, [n]]))
-    labels[head:] = head + np.repeat(np.arange(tail_clusters), sizes)
-
-    assignment = np.empty(vocab_size, dtype=np.int32)
-    assignment[order] = labels
-    return assignment
+    return np.diff(np.concatenate([starts, [n]]))

@@ -71,11 +71,15 @@ class Backbone(keras.layers.Layer):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        embedding = config.get("embedding")
-        if isinstance(embedding, dict):
-            config["embedding"] = keras.layers.deserialize(embedding)
-        elif isinstance(embedding, keras.layers.Layer):
-            config["embedding"] = embedding.__class__.from_config(
-                embedding.get_config()
-            )
+        config["embedding"] = _embedding_from_config(config.get("embedding"))
         return cls(**config)
+
+
+def _embedding_from_config(embedding):
+    """The embedding layer of a config: deserialised from its dict, a fresh
+    copy of a layer object (a config straight from `get_config()`), or None."""
+    if isinstance(embedding, dict):
+        return keras.layers.deserialize(embedding)
+    if isinstance(embedding, keras.layers.Layer):
+        return embedding.__class__.from_config(embedding.get_config())
+    return embedding
