@@ -35,24 +35,25 @@ gives the log of either, the log-Q correction of sampled softmax.
 """
 
 import math
-import numbers
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_softmax_heads.validation import arrays
+from keras_softmax_heads.validation import check_choice
+from keras_softmax_heads.validation import check_number
+
 SAMPLERS = ("uniform", "log_uniform", "unigram")
 """The sampling distributions understood by `CandidateSampler`."""
 
 
-def _summary(values, limit=8):
-    flat = np.asarray(values).ravel()
-    text = ", ".join(str(v) for v in flat[:limit].tolist())
-    return f"[{text}{', ...' if flat.size > limit else ''}]"
-
-
 def check_counts(counts, vocab_size):
-    """Validates word counts: 1-D, numeric, finite, `>= 0`, length `V`.
+    """Word counts of a layer: `None`, or `V` finite numbers `>= 0`.
+
+    `keras_softmax_heads.validation.arrays.check_counts` with `None`
+    allowed (a layer without counts); all-zero counts are accepted here
+    (`unigram_probs` refuses them when it needs a distribution).
 
     Args:
         counts: array-like of `V` training counts, or `None`.
@@ -66,29 +67,7 @@ def check_counts(counts, vocab_size):
     >>> check_counts([3, 0, 1], 3)
     array([3., 0., 1.])
     """
-    if counts is None:
-        return None
-    array = np.asarray(counts)
-    if array.dtype == object or not (
-        np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_
-    ):
-        raise ValueError(
-            "`counts` must be a 1-D array of numbers (one count per word). "
-            f"Received: counts with dtype={array.dtype}"
-        )
-    if array.ndim != 1 or array.size != vocab_size:
-        raise ValueError(
-            "`counts` must have one entry per word (length vocab_size). "
-            f"Received: counts.shape={array.shape}, vocab_size={vocab_size}"
-        )
-    array = array.astype(np.float64)
-    bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
-    if bad.size:
-        raise ValueError(
-            "`counts` must be finite and non-negative. Received: "
-            f"counts[{int(bad[0])}]={array[bad[0]]:g} (bad word ids {_summary(bad)})"
-        )
-    return array
+    return arrays.check_counts(counts, vocab_size, allow_none=True)
 
 
 def counts_to_config(counts, stored=None):
@@ -128,25 +107,13 @@ def counts_to_config(counts, stored=None):
 
 
 def check_sampler(sampler, allowed=SAMPLERS):
-    if sampler not in allowed:
-        raise ValueError(
-            f"`sampler` must be one of {allowed}. Received: sampler={sampler!r}"
-        )
-    return sampler
+    """`sampler` if it is one of `allowed`, else raises `ValueError`."""
+    return check_choice("sampler", sampler, allowed)
 
 
 def check_distortion(distortion):
-    if (
-        isinstance(distortion, bool)
-        or not isinstance(distortion, numbers.Real)
-        or not math.isfinite(distortion)
-        or distortion < 0
-    ):
-        raise ValueError(
-            "`distortion` must be a finite number >= 0. "
-            f"Received: distortion={distortion!r}"
-        )
-    return float(distortion)
+    """The unigram exponent: a finite number `>= 0`, as a float."""
+    return check_number("distortion", distortion, low=0)
 
 
 def log_uniform_probs(vocab_size):

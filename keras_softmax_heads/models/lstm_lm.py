@@ -3,8 +3,10 @@
 import keras
 from keras import ops
 
+from keras_softmax_heads.models.backbone import Backbone
 from keras_softmax_heads.validation import check_input_embedding
 from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_positive
 from keras_softmax_heads.validation import check_rate
 
 
@@ -28,7 +30,7 @@ class _CarriedState:
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
-class LSTMLanguageModel(keras.layers.Layer):
+class LSTMLanguageModel(Backbone):
     """LSTM language-model backbone: tokens -> context vectors `h`.
 
     Embedding -> dropout -> `num_layers` LSTMs (dropout between them) ->
@@ -129,9 +131,7 @@ class LSTMLanguageModel(keras.layers.Layer):
         self.embedding_dim = check_int("embedding_dim", embedding_dim, 1)
         self.hidden_size = check_int("hidden_size", hidden_size, 1)
         self.num_layers = check_int("num_layers", num_layers, 1)
-        if output_dim is not None:
-            check_int("output_dim", output_dim, 1)
-        self._projection_dim = output_dim
+        self._projection_dim = check_int("output_dim", output_dim, 1, allow_none=True)
         self.embedding_dropout = check_rate("embedding_dropout", embedding_dropout)
         self.hidden_dropout = check_rate("hidden_dropout", hidden_dropout)
         self.output_dropout = check_rate("output_dropout", output_dropout)
@@ -142,19 +142,8 @@ class LSTMLanguageModel(keras.layers.Layer):
                     "A stateful LSTMLanguageModel needs a fixed `batch_size` "
                     "(per replica). Received: batch_size=None"
                 )
-        if batch_size is not None:
-            check_int("batch_size", batch_size, 1)
-        self.batch_size = batch_size
-        if init_scale is not None and (
-            isinstance(init_scale, bool)
-            or not isinstance(init_scale, (int, float))
-            or init_scale <= 0
-        ):
-            raise ValueError(
-                f"`init_scale` must be a positive float or None. "
-                f"Received: init_scale={init_scale!r}"
-            )
-        self.init_scale = None if init_scale is None else float(init_scale)
+        self.batch_size = check_int("batch_size", batch_size, 1, allow_none=True)
+        self.init_scale = check_positive("init_scale", init_scale, allow_none=True)
         self.unit_forget_bias = bool(unit_forget_bias)
         self.unroll = bool(unroll)
 
@@ -197,11 +186,6 @@ class LSTMLanguageModel(keras.layers.Layer):
         self._carry = _CarriedState()
 
     # ------------------------------------------------------------ properties
-    @property
-    def token_embedding(self):
-        """The input `keras.layers.Embedding` (pass it to a head to tie)."""
-        return self.embedding
-
     @property
     def output_dim(self):
         """Size `d` of the context vectors."""
@@ -289,40 +273,20 @@ class LSTMLanguageModel(keras.layers.Layer):
         return tuple(input_shape) + (self.output_dim,)
 
     # ------------------------------------------------------------ serialising
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocab_size": self.vocab_size,
-                "embedding_dim": self.embedding_dim,
-                "hidden_size": self.hidden_size,
-                "num_layers": self.num_layers,
-                "output_dim": self._projection_dim,
-                "embedding_dropout": self.embedding_dropout,
-                "hidden_dropout": self.hidden_dropout,
-                "output_dropout": self.output_dropout,
-                "stateful": self.stateful,
-                "batch_size": self.batch_size,
-                "init_scale": self.init_scale,
-                "unit_forget_bias": self.unit_forget_bias,
-                "unroll": self.unroll,
-                # The layer itself, not its dict: Keras then serialises it
-                # once and records it, so that a head tied to it is restored
-                # tied (shared object) when a saved model is loaded.
-                "embedding": self.embedding,
-            }
-        )
-        return config
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        embedding = config.get("embedding")
-        if isinstance(embedding, dict):
-            config["embedding"] = keras.layers.deserialize(embedding)
-        elif isinstance(embedding, keras.layers.Layer):
-            # A config straight from get_config(): a fresh copy, not a share.
-            config["embedding"] = embedding.__class__.from_config(
-                embedding.get_config()
-            )
-        return cls(**config)
+    def backbone_config(self):
+        """The constructor arguments except `embedding` (`Backbone.get_config`)."""
+        return {
+            "vocab_size": self.vocab_size,
+            "embedding_dim": self.embedding_dim,
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers,
+            "output_dim": self._projection_dim,
+            "embedding_dropout": self.embedding_dropout,
+            "hidden_dropout": self.hidden_dropout,
+            "output_dropout": self.output_dropout,
+            "stateful": self.stateful,
+            "batch_size": self.batch_size,
+            "init_scale": self.init_scale,
+            "unit_forget_bias": self.unit_forget_bias,
+            "unroll": self.unroll,
+        }

@@ -3,13 +3,14 @@
 import keras
 from keras import ops
 
+from keras_softmax_heads.models.backbone import Backbone
 from keras_softmax_heads.validation import check_input_embedding
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_rate
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
-class NgramLanguageModel(keras.layers.Layer):
+class NgramLanguageModel(Backbone):
     """Feed-forward n-gram LM backbone: `n - 1` context words -> `h`.
 
     Chen, Grangier and Auli (2016, section 2.1): each of the `n - 1` previous
@@ -79,9 +80,9 @@ class NgramLanguageModel(keras.layers.Layer):
                 "`hidden_sizes` needs at least one tanh layer. "
                 f"Received: hidden_sizes={hidden_sizes!r}"
             )
-        for size in hidden_sizes:
-            check_int("hidden_sizes entry", size, 1)
-        self.hidden_sizes = [int(s) for s in hidden_sizes]
+        self.hidden_sizes = [
+            check_int(f"hidden_sizes[{i}]", size, 1) for i, size in enumerate(hidden_sizes)
+        ]
         self.dropout = check_rate("dropout", dropout)
         if embedding is None:
             embedding = keras.layers.Embedding(
@@ -97,21 +98,9 @@ class NgramLanguageModel(keras.layers.Layer):
         ]
 
     @property
-    def token_embedding(self):
-        """The input `keras.layers.Embedding` (pass it to a head to tie)."""
-        return self.embedding
-
-    @property
     def output_dim(self):
         """Size `d_k` of the context vectors."""
         return self.hidden_sizes[-1]
-
-    def reset_states(self):
-        """No carried state; present for interface symmetry with the LSTM."""
-
-    @property
-    def carried_state_variables(self):
-        return []
 
     def build(self, input_shape):
         context = input_shape[-1]
@@ -145,32 +134,12 @@ class NgramLanguageModel(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim,)
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocab_size": self.vocab_size,
-                "order": self.order,
-                "embedding_dim": self.embedding_dim,
-                "hidden_sizes": list(self.hidden_sizes),
-                "dropout": self.dropout,
-                # The layer itself, not its dict: Keras then serialises it
-                # once and records it, so that a head tied to it is restored
-                # tied (shared object) when a saved model is loaded.
-                "embedding": self.embedding,
-            }
-        )
-        return config
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        embedding = config.get("embedding")
-        if isinstance(embedding, dict):
-            config["embedding"] = keras.layers.deserialize(embedding)
-        elif isinstance(embedding, keras.layers.Layer):
-            # A config straight from get_config(): a fresh copy, not a share.
-            config["embedding"] = embedding.__class__.from_config(
-                embedding.get_config()
-            )
-        return cls(**config)
+    def backbone_config(self):
+        """The constructor arguments except `embedding` (`Backbone.get_config`)."""
+        return {
+            "vocab_size": self.vocab_size,
+            "order": self.order,
+            "embedding_dim": self.embedding_dim,
+            "hidden_sizes": list(self.hidden_sizes),
+            "dropout": self.dropout,
+        }
