@@ -1,8 +1,9 @@
 """One place for argument checks, at the bottom of the package's layering.
 
 `arguments`: Python values (integers, numbers within bounds, bools,
-choices, seeds, embeddings); `tensors`: tensor arguments (word ids in
-range, floating dtypes). Every check names the argument and echoes the bad
+choices, seeds, embeddings); `arrays`: array-valued arguments (word
+counts, integer arrays, token ids); `tensors`: tensor arguments (word ids
+in range, floating dtypes). Every check names the argument and echoes the bad
 value (`"... Received: seed=-1"`). This package imports nothing from the
 rest of `keras_softmax_heads`.
 """
@@ -24,3 +25,7 @@ from keras_softmax_heads.validation.tensors import graph_target_check
 from keras_softmax_heads.validation.tensors import is_concrete
 from keras_softmax_heads.validation.tensors import nan_if_invalid
 from keras_softmax_heads.validation.tensors import target_error_message
+from keras_softmax_heads.validation.arrays import check_counts
+from keras_softmax_heads.validation.arrays import check_ids
+from keras_softmax_heads.validation.arrays import check_int_array
+from keras_softmax_heads.validation.arrays import summarize
