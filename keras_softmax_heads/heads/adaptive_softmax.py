@@ -263,7 +263,9 @@ class AdaptiveSoftmax(SoftmaxHead):
 
     Returns:
         float32 log-probabilities `[..., V]` in word-id order;
-        `log_likelihood(inputs, targets)`: float32 of shape `targets.shape`.
+        `log_likelihood(inputs, targets)`: the exact `log p(targets |
+        inputs)`, float32 of shape `targets.shape`, each tail scored for its
+        own tokens only.
 
     Example:
 

@@ -14,27 +14,31 @@ from keras_softmax_heads.clustering import CLUSTERING_STRATEGIES
 from keras_softmax_heads.heads.head_utils import add_constant_weight
 from keras_softmax_heads.heads.head_utils import check_static_shapes
 from keras_softmax_heads.heads.head_utils import config_vocab_size
-from keras_softmax_heads.heads.hierarchical_kernels import DYNAMIC_MAX_TILE  # noqa: F401 (re-export)
-from keras_softmax_heads.heads.hierarchical_kernels import DYNAMIC_TILE_SCORES  # noqa: F401 (re-export)
-from keras_softmax_heads.heads.hierarchical_kernels import SIZE_CLASS_RATIO  # noqa: F401 (re-export)
-from keras_softmax_heads.heads.hierarchical_kernels import TOP_CLASS_RATIO  # noqa: F401 (re-export)
 from keras_softmax_heads.heads.hierarchical_kernels import dynamic_plan
 from keras_softmax_heads.heads.hierarchical_kernels import dynamic_within_cluster
 from keras_softmax_heads.heads.hierarchical_kernels import num_static_tiles
-from keras_softmax_heads.heads.hierarchical_kernels import ops_dynamic_within_cluster  # noqa: F401 (re-export)
-from keras_softmax_heads.heads.hierarchical_kernels import pack_tiles  # noqa: F401 (re-export)
 from keras_softmax_heads.heads.hierarchical_kernels import placeholder_layout
-from keras_softmax_heads.heads.hierarchical_kernels import size_class_widths  # noqa: F401 (re-export)
-from keras_softmax_heads.heads.hierarchical_kernels import slots_of_tokens  # noqa: F401 (re-export)
 from keras_softmax_heads.heads.hierarchical_kernels import split_large_clusters
 from keras_softmax_heads.heads.hierarchical_kernels import static_within_cluster
-from keras_softmax_heads.heads.hierarchical_kernels import tf_dynamic_within_cluster  # noqa: F401 (re-export)
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
+
+# The kernels' public names stay importable from here (tests, benchmarks).
+from keras_softmax_heads.heads.hierarchical_kernels import (  # noqa: F401 (re-export)
+    DYNAMIC_MAX_TILE,
+    DYNAMIC_TILE_SCORES,
+    SIZE_CLASS_RATIO,
+    TOP_CLASS_RATIO,
+    ops_dynamic_within_cluster,
+    pack_tiles,
+    size_class_widths,
+    slots_of_tokens,
+    tf_dynamic_within_cluster,
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
@@ -90,8 +94,9 @@ class HierarchicalSoftmax(SoftmaxHead):
         inputs: context vectors, float tensor `[..., d]`.
 
     Returns:
-        float32 log-probabilities `[..., V]` in word-id order;
-        `log_likelihood(inputs, targets)`: float32 of shape `targets.shape`.
+        float32 log-probabilities `[..., V]` in word-id order (`O(V d)`);
+        `log_likelihood(inputs, targets)`: the exact `log p(targets |
+        inputs)`, float32 of shape `targets.shape`, `O((C + M) d)` a token.
 
     Example:
 

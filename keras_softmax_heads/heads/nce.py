@@ -86,9 +86,10 @@ class NCE(CandidateSamplingHead):
         inputs: context vectors, float tensor `[..., d]`.
 
     Returns:
-        float32 exact log-probabilities `[..., V]`. `training_loss(inputs,
-        targets)`: the NCE loss, float32 of shape `targets.shape`
-        (`training=False`: the exact NLL).
+        float32 normalised log-probabilities `[..., V]` (the noise is for
+        training only). `training_loss(inputs, targets)`: the NCE loss of one
+        noise draw, float32 of shape `targets.shape` (the exact NLL with
+        `training=False`).
 
     Example:
 
@@ -139,13 +140,8 @@ class NCE(CandidateSamplingHead):
         samplers.check_sampler(sampler)
         log_normalizer = check_number("log_normalizer", log_normalizer)
         super().__init__(
-            vocab_size=vocab_size,
-            sampler=sampler,
-            counts=counts,
-            distortion=distortion,
-            seed=seed,
-            bias_initializer=bias_initializer,
-            **kwargs,
+            vocab_size, sampler, counts, distortion, seed=seed,
+            bias_initializer=bias_initializer, **kwargs,
         )
         self.num_sampled = num_sampled
         self.noise_ratio = noise_ratio

@@ -12,9 +12,13 @@ from keras import ops
 from keras_softmax_heads import samplers
 from keras_softmax_heads.heads.head_utils import check_num_sampled
 from keras_softmax_heads.heads.sampling_head import CandidateSamplingHead
-from keras_softmax_heads.heads.sampling_head import legacy_counts_config  # noqa: F401 (re-export)
-from keras_softmax_heads.heads.sampling_head import placeholder_counts  # noqa: F401 (re-export)
 from keras_softmax_heads.validation import check_bool
+
+# Moved to `sampling_head`; still importable from here.
+from keras_softmax_heads.heads.sampling_head import (  # noqa: F401 (re-export)
+    legacy_counts_config,
+    placeholder_counts,
+)
 
 LOG_COUNT_FLOOR = -80.0
 """Lower bound of the log expected count of a *target* (a zero-count word
@@ -105,8 +109,8 @@ class SampledSoftmax(CandidateSamplingHead):
 
     Returns:
         float32 exact log-probabilities `[..., V]`. `training_loss(inputs,
-        targets)`: the sampled loss, float32 of shape `targets.shape`
-        (`training=False`: the exact NLL).
+        targets)`: the loss over one candidate set, float32 of shape
+        `targets.shape` (`training=False`: the exact NLL).
 
     Example:
 
@@ -156,12 +160,7 @@ class SampledSoftmax(CandidateSamplingHead):
         if num_sampled == "all" or sampler == "all":
             num_sampled, sampler = "all", "all"
         super().__init__(
-            vocab_size=vocab_size,
-            sampler=sampler,
-            counts=counts,
-            distortion=distortion,
-            seed=seed,
-            **kwargs,
+            vocab_size, sampler, counts, distortion, seed=seed, **kwargs
         )
         self.num_sampled = num_sampled
         self.unique = check_bool("unique", unique)

@@ -114,19 +114,12 @@ class CandidateSamplingHead(SamplingHead):
 
     def get_config(self):
         config = super().get_config()
+        # None unless "unigram" (or while legacy counts are pending).
+        counts = None
+        if self._pending_structure is None:
+            counts = samplers.counts_to_config(self._counts, getattr(self, "counts", None))
         config.update(
-            {
-                "sampler": self.sampler,
-                # None unless "unigram" (or while legacy counts are pending).
-                "counts": (
-                    None
-                    if self._pending_structure is not None
-                    else samplers.counts_to_config(
-                        self._counts, getattr(self, "counts", None)
-                    )
-                ),
-                "distortion": self.distortion,
-            }
+            {"sampler": self.sampler, "counts": counts, "distortion": self.distortion}
         )
         return config
 
