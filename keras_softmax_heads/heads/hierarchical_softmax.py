@@ -335,8 +335,6 @@ class HierarchicalSoftmax(SoftmaxHead):
             ops.take_along_axis(class_lp, ops.expand_dims(cluster, -1), axis=-1), -1
         )
         position = ops.take(ops.convert_to_tensor(self.position_in_cluster), t)
-        cluster_words = ops.convert_to_tensor(self.cluster_words)
-        cluster_sizes = ops.convert_to_tensor(self.cluster_sizes)
         if self.static_shapes:
             ll_word = static_within_cluster(
                 h,
@@ -344,8 +342,8 @@ class HierarchicalSoftmax(SoftmaxHead):
                 self.bias,
                 cluster,
                 position,
-                cluster_words,
-                cluster_sizes,
+                ops.convert_to_tensor(self.cluster_words),
+                ops.convert_to_tensor(self.cluster_sizes),
                 self.tile_size,
                 self.compute_dtype,
                 self.accumulation_dtype,
@@ -355,11 +353,22 @@ class HierarchicalSoftmax(SoftmaxHead):
                 ops.cast(h, self.compute_dtype),
                 ops.cast(self.output_embeddings(), self.compute_dtype),
                 None if self.bias is None else ops.cast(self.bias, self.accumulation_dtype),
-                dynamic_plan(cluster, position, cluster_words, cluster_sizes, self.num_clusters),
+                self._dynamic_plan(cluster, position),
                 self.accumulation_dtype,
             )
         ll = ops.reshape(ll_class + ll_word, out_shape)
         return nan_if_invalid(ll, targets, self.vocab_size)
+
+    def _dynamic_plan(self, cluster, position):
+        """`hierarchical_kernels.dynamic_plan` on this layer's layout, for
+        targets of clusters `cluster` and positions `position` (int32 `[N]`)."""
+        return dynamic_plan(
+            cluster,
+            position,
+            ops.convert_to_tensor(self.cluster_words),
+            ops.convert_to_tensor(self.cluster_sizes),
+            self.num_clusters,
+        )
 
     def likelihood_cost(self, num_tokens):
         """Static sizes of one `log_likelihood` call on `num_tokens` tokens.
