@@ -1,36 +1,10 @@
-"""Adaptive softmax (Grave et al., 2017), exact, with static or dynamic tails.
+"""`AdaptiveSoftmax` (Grave et al., 2017): exact, with static or dynamic tails.
 
-`p(w | h)`: words ranked by frequency are cut at `cutoffs`; the head softmax
-scores the `cutoffs[0]` most frequent words plus one token per tail cluster,
-`log_softmax(h U + a)` `[cutoffs[0] + C]`; tail cluster `i` scores its words
-through a smaller projection, `log_softmax((h P_i) W_i + b_i)`, with `P_i`
-`[d, d_i]`, `d_i = max(1, d // factor**(i+1))`, and `W_i` `[d_i, size_i]`
-(the layout of `torch.nn.AdaptiveLogSoftmaxWithLoss`). A tail word's
-log-probability is the head's cluster token plus its tail's log-softmax.
-
-Design notes (user-facing summary in the class docstring; `docs/adaptive.md`):
-
-* `log_likelihood` / `training_loss` compute the head softmax for every token
-  and each tail only for the tokens whose target is in it: the exact NLL,
-  never the `[N, V]` scores.
-* Static shapes (`static_shapes=True`, XLA / TPU / JAX;
-  `static_tail_log_likelihood`, a custom gradient): tail `i` gathers a
-  fixed number of tokens, its capacity `K_i = min(N, ceil(capacity_factor * N
-  * f_i + 2 sqrt(N f_i)))` (`f_i` the tail's share of the training tokens,
-  from `counts`, or Zipf's law without counts; `tail_capacities`). A batch
-  with more tail-`i` tokens than `K_i` is never truncated: `ops.cond` runs
-  the same computation with capacity `2 K_i`, `4 K_i`, ..., `N` (the first
-  that holds them; XLA executes only that branch). Every rung is exact, so
-  the result does not depend on the capacities, only the cost does.
-* `static_shapes=False` (TensorFlow graphs, PyTorch; not XLA, not JAX):
-  tail `i` gathers exactly its tokens (`ops.nonzero`, data-dependent shapes).
-* One dispatch point, `tail_log_likelihood`, chooses between the two (and
-  takes every token when a TensorFlow graph does not know the batch size);
-  the dynamic path is `gathered_tail_log_likelihood` (`keras.ops`,
-  autodiff), the reference the static path is tested against.
-* Word order: with `counts`, words are ranked by descending count and the
-  permutation is kept as int32 weights (`word_rank`, `word_order`) and the
-  counts in the config; `log_probs` / `logits` return word-id order.
+Besides the layer: the capacity model of the static tails (`tail_fractions`,
+`capacity`, `capacity_ladder`) and the static tail kernel
+(`static_tail_log_likelihood`, a custom gradient); the layer's
+`tail_log_likelihood` is the one dispatch between it and the dynamic path.
+Design notes: `docs/adaptive.md`.
 """
 
 import math
@@ -46,13 +20,14 @@ from keras_softmax_heads.heads.head_utils import build_context_checks
 from keras_softmax_heads.heads.head_utils import check_cutoffs
 from keras_softmax_heads.heads.head_utils import check_factor
 from keras_softmax_heads.heads.head_utils import check_static_shapes
-from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.heads.head_utils import frequency_order
-from keras_softmax_heads.validation import is_concrete
-from keras_softmax_heads.validation import nan_if_invalid
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.samplers import counts_to_config
+from keras_softmax_heads.validation import check_positive
+from keras_softmax_heads.validation import check_targets
+from keras_softmax_heads.validation import is_concrete
+from keras_softmax_heads.validation import nan_if_invalid
 
 
 def default_cutoffs(vocab_size):
@@ -131,10 +106,8 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
     `count <= k`. `ops.cond` picks the first rung of `ladder` that holds
     them, in the forward and (recomputing the rows) in the backward pass.
     The gradient is written out (`d ll / d z = onehot - softmax(z)`), not
-    taken through the `cond`: TensorFlow's gradient of a `cond` under XLA
-    passes shape tensors out of the forward branch, which XLA must treat as
-    compile-time constants depending on the batch, and every Keras fit step
-    recompiled (4 s a step at V = 40).
+    taken through the `cond` (under XLA that made every Keras fit step
+    recompile; `docs/adaptive.md`).
 
     Args:
         h: `[N, d]` context vectors, compute dtype, static `N`.
@@ -254,59 +227,45 @@ class AdaptiveSoftmax(SoftmaxHead):
       `torch.nn.AdaptiveLogSoftmaxWithLoss` (plus optional biases).
 
     `call` / `log_probs` return the exact normalised `[..., V]` distribution
-    in word-id order. `log_likelihood` and `training_loss` (the exact NLL,
-    `exact_training_objective = True`) compute the head softmax for every
-    token and each tail only for the tokens whose target lies in it, never
-    the `[..., V]` scores.
-
-    `logits(h)` returns the `[..., V]` unnormalised *within-cluster* scores
-    in word-id order: `z[r(w)]` for head words, `((h P_i) W_i + b_i)[r(w) -
-    c_i]` for tail words (like `HierarchicalSoftmax.logits`, which returns
-    its word scores). They are linear in `h`, but `log_softmax(logits)` is
-    not `log_probs`: every cluster is normalised on its own. `head_logits(h)`
-    returns `z` `[..., c_0 + C]`.
-
-    Static shapes (`static_shapes=True`, default; `jit_compile=True`, JAX,
-    TPU): tail `i` processes a fixed capacity of
-    `K_i = min(N, ceil(capacity_factor * N * f_i + 2 sqrt(N f_i)))` tokens
-    of a batch of `N` (`tail_capacities(N)`), `f_i` the tail's expected
-    share of tokens (from `counts`; Zipf's law without them). If a batch has
-    more, the same exact computation runs at capacity `2 K_i`, `4 K_i`,
-    ..., `N` (`ops.cond`; only the branch taken executes), so no token is
-    ever dropped and the result never depends on the capacities.
-    `static_shapes=False` gathers exactly each tail's tokens (data-dependent
-    shapes: TensorFlow graphs and PyTorch; `supports_jit = False`; refused
-    on JAX).
-
-    Adaptive input: pass `adaptive_embedding=ksh.AdaptiveEmbedding(V, d,
-    cutoffs, factor)` (the model's input embedding, same `V`, `cutoffs`,
-    `factor`, `output_dim = d`) to share its tables and projections
-    (fairseq's tied adaptive input / output): head words are scored with
-    the band-0 table `E_0` (`z = h [E_0^T, U_c] + a`, `U_c` `[d, C]` the
-    layer's `cluster_kernel`), tail `i` with `P_i = Q_{i+1}^T` and
-    `W_i = E_{i+1}^T` (`Q` the embedding's projections). The word ranking is
-    then the embedding's (`counts` must be None). A plain `token_embedding`
-    cannot be tied (raises).
+    in word-id order; `log_likelihood` and `training_loss` (the exact NLL)
+    compute each tail only for the tokens whose target lies in it. `logits`
+    returns the `[..., V]` within-cluster scores (not normalised together),
+    `head_logits` returns `z`. Static shapes (default) give tail `i` a
+    capacity `tail_capacities(N)` and rerun the same exact computation at
+    `2x, 4x, ..., N` when a batch overflows it: no token is ever dropped.
+    Design notes: `docs/adaptive.md`.
 
     Args:
         vocab_size: int `V` (or omit and pass `adaptive_embedding`).
         cutoffs: strictly increasing ints in `[1, V)`; default
-            `default_cutoffs(V)` (`[ceil(V/20), ceil(V/5)]`) or the
-            embedding's.
+            `default_cutoffs(V)` or the embedding's.
         factor: number `>= 1`, the width ratio of consecutive clusters
             (default 4; torch's `div_value`).
         counts: optional `[V]` word counts: rank words (else ids are ranks)
             and set the capacities. Kept in the config.
-        adaptive_embedding: optional `AdaptiveEmbedding` to tie to.
-        static_shapes: bool, see above (default True).
+        adaptive_embedding: optional `AdaptiveEmbedding` (same `V`,
+            `cutoffs`, `factor`, `output_dim = d`) whose tables and
+            projections the head shares (tied adaptive input / output);
+            `counts` must then be None.
+        static_shapes: bool (default `True`, XLA / JAX / TPU). `False`
+            gathers exactly each tail's tokens (data-dependent shapes:
+            TensorFlow graphs and PyTorch; raises on JAX).
         capacity_factor: number `> 0`, the capacity's margin over the
             expected tail load (default 1.25).
-        token_embedding: must be None (see above).
-        use_bias: bool, head bias `a` and tail biases `b_i` (default True).
-        kernel_initializer: initializer of `U`, `P_i`, `W_i`.
-        bias_initializer: initializer of `a`, `b_i`.
-        return_probabilities: bool, `call` returns probabilities.
-        **kwargs: standard `keras.layers.Layer` arguments.
+        token_embedding: must be None (a plain embedding cannot be tied).
+        **kwargs: `use_bias` (head bias `a`, tail biases `b_i`),
+            `kernel_initializer` (of `U`, `P_i`, `W_i`), `bias_initializer`,
+            `return_probabilities` (see `SoftmaxHead`) and standard
+            `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: context vectors, float tensor `[..., d]`.
+
+    Returns:
+        float32 log-probabilities `[..., V]` in word-id order;
+        `log_likelihood(inputs, targets)`: the exact `log p(targets |
+        inputs)`, float32 of shape `targets.shape`, each tail scored for its
+        own tokens only.
 
     Example:
 
@@ -340,10 +299,6 @@ class AdaptiveSoftmax(SoftmaxHead):
         static_shapes=True,
         capacity_factor=1.25,
         token_embedding=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        return_probabilities=False,
         **kwargs,
     ):
         if token_embedding is not None:
@@ -387,14 +342,7 @@ class AdaptiveSoftmax(SoftmaxHead):
                     "word ranking: pass `counts` to the AdaptiveEmbedding. "
                     "Received: counts (not None) with adaptive_embedding"
                 )
-        super().__init__(
-            vocab_size=vocab_size,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            return_probabilities=return_probabilities,
-            **kwargs,
-        )
+        super().__init__(vocab_size=vocab_size, **kwargs)
         vocab = self.vocab_size
         self.adaptive_embedding = adaptive_embedding
         if cutoffs is None:
@@ -409,17 +357,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         # ladder branches in Python (`torch.compile` would break its graph
         # at every tail and recompile as the branch taken changes).
         self.supports_jit = self.static_shapes and keras.backend.backend() != "torch"
-        if (
-            isinstance(capacity_factor, (bool, np.bool_))
-            or not isinstance(capacity_factor, (int, float, np.number))
-            or not np.isfinite(capacity_factor)
-            or capacity_factor <= 0
-        ):
-            raise ValueError(
-                "`capacity_factor` must be a finite number > 0. Received: "
-                f"capacity_factor={capacity_factor!r}"
-            )
-        self.capacity_factor = float(capacity_factor)
+        self.capacity_factor = check_positive("capacity_factor", capacity_factor)
         bounds = self.cutoffs + [vocab]
         self.num_clusters = len(self.cutoffs)
         self.tail_sizes = [b - a for a, b in zip(bounds, bounds[1:])]
@@ -595,7 +533,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         Returns:
             float32 tensor of shape `targets.shape`. Out-of-range ids raise
             a `ValueError` eagerly (`InvalidArgumentError` from a TensorFlow
-            graph) and give NaN under XLA (`head_utils.check_targets`).
+            graph) and give NaN under XLA (`validation.check_targets`).
         """
         inputs = self._check_inputs(inputs)
         targets = check_targets(targets, self.vocab_size)

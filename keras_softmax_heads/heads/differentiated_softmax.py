@@ -1,35 +1,8 @@
-"""Differentiated softmax (D-Softmax): frequency bands with their own width.
+"""`DifferentiatedSoftmax` (D-Softmax, Chen et al. 2016, section 2.3).
 
-Chen, Grangier & Auli (2016), section 2.3: the vocabulary, sorted by
-frequency, is partitioned into bands; band `b` has output embeddings of size
-`d_b` (large for frequent words, small for rare ones) and reads its own slice
-of the context vector, `h = [h_1; h_2; ...]` with `sum_b d_b = d`. The output
-matrix is block-diagonal (Figure 1 of the paper), computed as one dense
-product per band; the scores of all bands are normalised together by one
-exact softmax over all `V` words. Cost per token: `sum_b n_b d_b`
-multiply-adds instead of `V d`, at training and at test time.
-
-Design notes:
-
-* Word order. The bands are contiguous in *frequency rank*, not in word id.
-  The rank permutation (`word_order` `[V]`: the word id at each rank;
-  `word_rank` `[V]`: its inverse) is stored as non-trainable int32 weights,
-  so `.keras` files restore it; `get_config` never carries `counts` (a
-  `V`-long list at `V = 793k`).
-* `log_likelihood` (training, evaluation) never permutes: the normaliser is
-  a logsumexp per band combined across bands, the target score a gather at
-  the target's rank. Only `call` / `log_probs` / `logits`, which return all
-  `V` words in word-id order, pay one `[..., V]` gather to undo the
-  permutation.
-* The word bias is stored in word-id order (comparable with other heads);
-  it is gathered into rank order (`O(V)`) per call.
-* `chunk_size`: each band's log-sum-exp is computed by the chunked exact
-  loss of `keras_softmax_heads.chunked` (tiles over the band's words, a
-  custom gradient that recomputes them), so `log_likelihood` and
-  `training_loss` never hold `[N, V]` scores. `chunked_pointwise_nll` gives
-  `lse_b - z_b[t_b]` for a target `t_b` inside the band; adding back the
-  target's score (a cheap `[N, d_b]` gather-dot) gives `lse_b` with the
-  right gradient (the softmax of the band).
+Frequency bands with their own embedding width, normalised by one exact
+softmax. Design notes (word order, the chunked band normalisers, what the
+config saves): `docs/differentiated.md`.
 """
 
 import numbers
@@ -40,12 +13,12 @@ from keras import ops
 
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
-from keras_softmax_heads.heads.softmax_head import SoftmaxHead
+from keras_softmax_heads.heads.head_utils import add_constant_weight
 from keras_softmax_heads.heads.head_utils import build_context_checks
+from keras_softmax_heads.heads.softmax_head import SoftmaxHead
+from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
-from keras_softmax_heads.heads.head_utils import add_constant_weight
-from keras_softmax_heads.samplers import check_counts
 
 # The paper's billionW setting (Figure 7): 1024 units for the 50K most
 # frequent words, 512 for the next 100K, 64 for the remaining 643K
@@ -98,6 +71,12 @@ def default_bands(vocab_size, input_dim):
     ]
 
 
+def _sum_with_terms(values):
+    """`(sum, "a + b + c")` of `values`, for error messages."""
+    values = list(values)
+    return sum(values), " + ".join(str(v) for v in values)
+
+
 def _check_bands(bands, vocab_size):
     if isinstance(bands, (str, bytes)) or not hasattr(bands, "__len__") or not bands:
         raise ValueError(
@@ -120,9 +99,8 @@ def _check_bands(bands, vocab_size):
                 f"(num_words, dim). Received: bands[{i}]={band!r}"
             )
         checked.append([int(band[0]), int(band[1])])
-    covered = sum(n for n, _ in checked)
+    covered, terms = _sum_with_terms(n for n, _ in checked)
     if covered != vocab_size:
-        terms = " + ".join(str(n) for n, _ in checked)
         raise ValueError(
             "The bands must cover the vocabulary exactly. Received: bands "
             f"cover {terms} = {covered} words, vocab_size={vocab_size}"
@@ -143,32 +121,11 @@ class DifferentiatedSoftmax(SoftmaxHead):
 
     `log p(w | h) = z_w - logsumexp_v z_v`.
 
-    Cost per token `sum_b n_b d_b` instead of `V d`, at training and test
-    time (with the default bands about 9x fewer multiply-adds than a full
-    softmax). `log_likelihood` works in frequency-rank order and never
-    permutes the `[..., V]` scores; `call` / `log_probs` / `logits` return
-    them in word-id order.
-
-    Default bands (`bands=None`): `default_bands(V, d)`, the paper's
-    billionW setting scaled (top 6.3% of words get 64% of `d`, the next
-    12.6% get 32%, the rest 4%). Without `counts` the word ids are assumed to
-    be sorted by descending frequency already (rank = id).
-
-    Saving: `get_config` records the rank permutation as `counts`, the
-    integers `V - rank` (`V` for the most frequent word, 1 for the least),
-    which reproduce it exactly (and are written for a layer built without
-    counts too, `[V, ..., 1]`), so `from_config` alone and
-    `keras.models.clone_model` rebuild the same ranking. The permutation is
-    also kept as non-trainable int32 weights (`word_order`, `word_rank`),
-    saved with the other weights. A config with `counts=None` (written by
-    keras-softmax-heads 0.1.0, whose ranking lived only in the weights)
-    gives a layer of the right shape that raises a `ValueError` from
-    `call`, `log_probs`, `log_likelihood`, `training_loss` and
-    `output_kernel` until its weights are loaded (`.keras` load,
-    `load_weights` or the layer's `set_weights`).
-
-    Weight tying is not supported (each band has its own embedding size, an
-    input embedding has one): `token_embedding` must be None.
+    Cost per token `sum_b n_b d_b` multiply-adds instead of `V d`, at
+    training and test time. Default bands: `default_bands(V, d)`, the
+    paper's billionW setting scaled. Without `counts` word ids are taken to
+    be frequency ranks. Weight tying is not supported. Design notes:
+    `docs/differentiated.md`.
 
     Args:
         vocab_size: int, number of words `V`.
@@ -178,21 +135,20 @@ class DifferentiatedSoftmax(SoftmaxHead):
         counts: optional unigram counts `[V]` (non-negative) that rank the
             words (ties: smaller id first).
         token_embedding: must be None (not supported).
-        use_bias: bool, per-word output bias (default `True`).
-        kernel_initializer: initializer of the band kernels.
-        bias_initializer: initializer of the `[V]` bias.
-        return_probabilities: bool, `call` returns probabilities.
         chunk_size: optional int >= 1: `log_likelihood` / `training_loss`
             process every band in tiles of at most `chunk_size` words and
             never hold the `[N, V]` scores (`docs/chunked.md`); `None`
             (default): one dense product per band.
-        **kwargs: standard `keras.layers.Layer` arguments.
+        **kwargs: `use_bias`, `kernel_initializer` (of the band kernels),
+            `bias_initializer` (of the `[V]` bias), `return_probabilities`
+            (see `SoftmaxHead`) and standard `keras.layers.Layer` arguments.
 
     Call arguments:
         inputs: context vectors, float tensor `[..., d]`.
 
     Returns:
-        float32 log-probabilities `[..., V]` in word-id order.
+        float32 log-probabilities `[..., V]` in word-id order;
+        `log_likelihood(inputs, targets)`: float32 of shape `targets.shape`.
 
     Example:
 
@@ -221,10 +177,6 @@ class DifferentiatedSoftmax(SoftmaxHead):
         bands=None,
         counts=None,
         token_embedding=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        return_probabilities=False,
         chunk_size=None,
         **kwargs,
     ):
@@ -235,14 +187,7 @@ class DifferentiatedSoftmax(SoftmaxHead):
                 "`token_embedding` has one. Pass vocab_size instead. "
                 f"Received: token_embedding={token_embedding!r}"
             )
-        super().__init__(
-            vocab_size=vocab_size,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            return_probabilities=return_probabilities,
-            **kwargs,
-        )
+        super().__init__(vocab_size=vocab_size, **kwargs)
         self.bands = None if bands is None else _check_bands(bands, self.vocab_size)
         self.chunk_size = check_chunk_size(chunk_size, default=None)
         counts = check_counts(counts, self.vocab_size)
@@ -255,9 +200,8 @@ class DifferentiatedSoftmax(SoftmaxHead):
         build_context_checks(self, input_shape)
         d = self.input_dim
         bands = self.bands if self.bands is not None else default_bands(self.vocab_size, d)
-        used = sum(dim for _, dim in bands)
+        used, terms = _sum_with_terms(dim for _, dim in bands)
         if used != d:
-            terms = " + ".join(str(dim) for _, dim in bands)
             raise ValueError(
                 "The band dims must split the context vector exactly (band b "
                 f"reads its own slice of h). Received: band dims {terms} = "

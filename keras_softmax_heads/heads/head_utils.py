@@ -12,6 +12,9 @@ import numpy as np
 from keras import ops
 
 from keras_softmax_heads import samplers
+from keras_softmax_heads.validation import check_bool
+from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_number
 
 
 def gather_targets(values, targets):
@@ -72,20 +75,21 @@ def add_constant_weight(layer, name, dtype, values):
     )
 
 
+def config_vocab_size(config):
+    """The vocabulary size a head's config describes: `vocab_size`, or the
+    `input_dim` of its serialised `token_embedding` (None if neither)."""
+    vocab = config.get("vocab_size")
+    embedding = config.get("token_embedding")
+    if vocab is None and isinstance(embedding, dict):
+        vocab = embedding["config"]["input_dim"]
+    return vocab
+
+
 def check_num_sampled(num_sampled):
-    """`num_sampled` as an int >= 1, or the string `"all"`."""
-    if num_sampled == "all":
+    """`num_sampled` as an int >= 1, or the string `"all"` (`SampledSoftmax`)."""
+    if isinstance(num_sampled, str) and num_sampled == "all":
         return "all"
-    if (
-        isinstance(num_sampled, (bool, np.bool_))
-        or not isinstance(num_sampled, numbers.Integral)
-        or num_sampled < 1
-    ):
-        raise ValueError(
-            "`num_sampled` must be an integer >= 1 (or 'all' for "
-            f"SampledSoftmax). Received: num_sampled={num_sampled!r}"
-        )
-    return int(num_sampled)
+    return check_int("num_sampled", num_sampled, minimum=1)
 
 
 def build_sampler_tables(layer, sampler, counts, distortion):
@@ -156,17 +160,10 @@ def check_cutoffs(cutoffs, vocab_size):
 
 
 def check_factor(factor):
-    """The size ratio of consecutive adaptive bands: a number `>= 1`."""
-    if (
-        isinstance(factor, (bool, np.bool_))
-        or not isinstance(factor, numbers.Real)
-        or not np.isfinite(factor)
-        or factor < 1
-    ):
-        raise ValueError(
-            f"`factor` must be a finite number >= 1. Received: factor={factor!r}"
-        )
-    return int(factor) if float(factor).is_integer() else float(factor)
+    """The size ratio of consecutive adaptive bands: a number `>= 1` (an int
+    when integral)."""
+    factor = check_number("factor", factor, low=1)
+    return int(factor) if factor.is_integer() else factor
 
 
 def adaptive_band_dims(dim, num_bands, factor):
@@ -190,10 +187,7 @@ def check_static_shapes(static_shapes, dynamic_work):
     """`static_shapes` as a bool; `False` raises on JAX, which cannot trace
     data-dependent shapes. `dynamic_work` completes "static_shapes=False
     ..." in the message (what the dynamic path does)."""
-    if not isinstance(static_shapes, (bool, np.bool_)):
-        raise ValueError(
-            f"`static_shapes` must be a bool. Received: static_shapes={static_shapes!r}"
-        )
+    static_shapes = check_bool("static_shapes", static_shapes)
     if not static_shapes and keras.backend.backend() == "jax":
         raise ValueError(
             f"static_shapes=False {dynamic_work}, which the JAX backend cannot trace "
@@ -201,4 +195,4 @@ def check_static_shapes(static_shapes, dynamic_work):
             "and XLA-compatible) on JAX, or the TensorFlow or PyTorch backend for "
             "static_shapes=False. Received: static_shapes=False with KERAS_BACKEND='jax'"
         )
-    return bool(static_shapes)
+    return static_shapes

@@ -48,6 +48,7 @@ HEAD_ALIASES = {
 #: size; the adaptive softmax ties to an `AdaptiveEmbedding` instead).
 NO_TYING = {"differentiated", "adaptive"}
 
+
 def canonical_head_name(name):
     """`name` with aliases resolved; raises `ValueError` for unknown names."""
     key = str(name).lower().replace("-", "_")

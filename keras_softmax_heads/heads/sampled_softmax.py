@@ -1,22 +1,24 @@
-"""Target sampling (sampled softmax) with XLA-compatible candidate sampling.
+"""`SampledSoftmax`: target sampling, exact at evaluation.
 
-`SampledSoftmax` stores its output matrix word-major (see
-`WordMajorSoftmaxHead`), so that scoring a set of candidate words is a row
-gather with a sparse gradient.
+Design notes (samplers, the `log Q` correction, XLA-compatible sampling,
+saved counts): `docs/sampling.md`.
 """
 
 import math
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_softmax_heads import samplers
-from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
-from keras_softmax_heads.heads.head_utils import build_sampler_tables
 from keras_softmax_heads.heads.head_utils import check_num_sampled
+from keras_softmax_heads.heads.sampling_head import CandidateSamplingHead
 from keras_softmax_heads.validation import check_bool
-from keras_softmax_heads.validation import check_seed
+
+# Moved to `sampling_head`; still importable from here.
+from keras_softmax_heads.heads.sampling_head import (  # noqa: F401 (re-export)
+    legacy_counts_config,
+    placeholder_counts,
+)
 
 LOG_COUNT_FLOOR = -80.0
 """Lower bound of the log expected count of a *target* (a zero-count word
@@ -66,110 +68,48 @@ _SAMPLED_SAMPLERS = samplers.SAMPLERS + ("batch", "all")
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
-class SampledSoftmax(WordMajorSoftmaxHead):
+class SampledSoftmax(CandidateSamplingHead):
     """Target sampling: a softmax over the target and sampled impostors.
 
-    Evaluation is exact: `call`, `log_probs` and `log_likelihood` are the full
-    `log_softmax(z)`, `z = h W^T + b`, so perplexities compare with every other
-    head. Only `training_loss(h, targets, training=True)` samples: with a set
-    `S` of candidate words shared by the batch and `Q(w)` the expected count
-    of word `w` in `S`,
+    Evaluation is exact: `call`, `log_probs` and `log_likelihood` are
+    `log_softmax(z)`, `z = h W^T + b`. `training_loss(h, targets,
+    training=True)` draws a candidate set `S` shared by the batch and, with
+    `Q(w)` the expected count of word `w` in `S`, returns
 
     `loss_i = -(z_{t_i} - log Q(t_i)) + log(exp(z_{t_i} - log Q(t_i))
     + sum_{s in S, s != t_i} exp(z_s - log Q(s)))`
 
-    (Bengio & Senécal 2008; Jean et al. 2015; the formula of
-    `tf.nn.sampled_softmax_loss`). `exp(z_s - log Q(s))` summed over `S` is an
-    unbiased estimate of the partition function; a candidate equal to the
-    row's target ("accidental hit") is removed so the target is not counted
-    twice. The gradient touches `|S| + N` rows of `W` only (sparse).
-
-    Samplers (`sampler=`):
-
-    * `"log_uniform"` (default): Zipfian over ids sorted by decreasing
-      frequency, as `tf.random.log_uniform_candidate_sampler`.
-    * `"uniform"`: `q = 1 / V`.
-    * `"unigram"`: `q ∝ counts ** distortion` (needs `counts`).
-    * `"batch"`: Chen et al.'s choice (after Jean et al. 2015): every target of
-      the mini-batch is an impostor for every row, plus `num_sampled` uniform
-      draws. Duplicates are removed; with `subtract_log_q`, batch words get
-      `log Q = 0` (they are in `S` surely) and the uniform extras
-      `log(1 - (1 - 1/V) ** num_sampled)`, a Horvitz-Thompson estimate of the
-      partition given the batch. `|S| = N + num_sampled` slots; `unique`
-      does not apply.
-    * `"all"` (or `num_sampled="all"`): every word is a candidate with
-      `Q = 1`; the loss then equals the exact NLL (a check, not a speed-up).
-
-    Sampling is i.i.d. with replacement (`num_sampled` draws; static shapes).
-    With `unique=True` (default) repeated draws are removed and
-    `Q(w) = 1 - (1 - q(w)) ** num_sampled`, the probability that `w` is drawn
-    at least once, so `S` holds at most `num_sampled` distinct words. With
-    `unique=False` duplicates stay, each with `Q(w) = num_sampled * q(w)`
-    (expected multiplicity). Both are the exact expected count / inclusion
-    probability of the sampler used, so the partition estimate is unbiased
-    (the loss, a log of it, is not: sampled softmax is a biased but
-    consistent estimate of the NLL). (TensorFlow's `unique=True` samplers instead draw until
-    `num_sampled` distinct words are found, a data-dependent number of tries
-    that XLA cannot compile, and correct with the realised number of tries.)
-
-    Implementation: one code path for eager, graph and XLA. Sampling uses
-    `keras.random` with the layer's `SeedGenerator` and Walker alias tables
-    (`keras_softmax_heads.samplers`), not `tf.random.*_candidate_sampler`
-    (which XLA cannot compile); the loss is the same gather + matmul +
-    log-sum-exp as `tf.nn.sampled_softmax_loss`, which it matches in speed on
-    CPU (see `benchmarks/bench_large_vocab.py`).
-
-    Weights: `kernel` `[V, d]` (word-major, see `WordMajorSoftmaxHead`; a
-    `FullSoftmax` holds its transpose) and `bias` `[V]`.
-
-    Word statistics: `counts`, a length-`V` array of training counts, is only
-    needed by `sampler="unigram"`; it is validated for every sampler. With
-    `"unigram"`, `get_config` records them as a list (ints when integral,
-    like the vocabulary of `keras.layers.StringLookup`), so `from_config`
-    alone and `keras.models.clone_model` rebuild the same sampler; other
-    samplers record `counts=None`. The sampling tables
-    (`sampling_log_probs`, `alias_thresholds`, `alias_indices`, and `counts`
-    itself, float32) are non-trainable weights, saved with the model. A
-    `"unigram"` config with `counts=None` (written by keras-softmax-heads
-    0.1.0, whose counts lived only in the weights) gives a layer of the
-    right shape that raises a `ValueError` from `call`, `log_probs`,
-    `log_likelihood`, `training_loss` and `sample_candidates` until its
-    weights are loaded (`.keras` load, `load_weights` or the layer's
-    `set_weights`).
+    (the formula of `tf.nn.sampled_softmax_loss`); its gradient touches
+    `|S| + N` rows of `W` only. Samplers, the `unique` correction and the
+    saved counts: `docs/sampling.md`.
 
     Args:
-        vocab_size: int, number of words `V` (or omit and pass
-            `token_embedding`).
-        num_sampled: int `>= 1`, the number of draws per training step
-            (shared by the batch), or `"all"`. Default 1024.
-        sampler: `"log_uniform"` (default), `"uniform"`, `"unigram"`,
-            `"batch"` or `"all"`.
-        counts: optional length-`V` array of non-negative training counts
-            (needed by `sampler="unigram"`).
-        distortion: float `>= 0`, the unigram power (`0.75` as word2vec;
-            default 1).
-        unique: bool, remove repeated draws (default `True`; `"batch"`
-            always removes them).
+        vocab_size: int `V` (or omit and pass `token_embedding`).
+        num_sampled: int `>= 1`, draws per training step (shared by the
+            batch), or `"all"`. Default 1024.
+        sampler: `"log_uniform"` (default), `"uniform"`, `"unigram"`
+            (needs `counts`), `"batch"` (the batch's targets plus
+            `num_sampled` uniform draws) or `"all"` (every word, `Q = 1`:
+            the exact NLL).
+        counts: optional non-negative training counts `[V]`.
+        distortion: float `>= 0`, the unigram power (default 1; 0.75 as
+            word2vec).
+        unique: bool, remove repeated draws (default `True`).
         remove_accidental_hits: bool, leave out candidates equal to the
             row's target (default `True`).
-        subtract_log_q: bool, apply the `log Q` correction (default `True`;
-            `False` gives a plain softmax over the candidates, Jean et al.'s
-            biased variant).
+        subtract_log_q: bool, apply the `log Q` correction (default `True`).
         seed: optional int, seed of the layer's `keras.random.SeedGenerator`.
-        token_embedding: optional `keras.layers.Embedding` `[V, d]` tied to
-            the output matrix.
-        use_bias: bool, per-word output bias (default `True`).
-        kernel_initializer, bias_initializer: initializers of `W` `[V, d]`
-            and `b` `[V]`.
-        return_probabilities: bool, `call` returns probabilities.
-        **kwargs: standard `keras.layers.Layer` arguments.
+        **kwargs: `token_embedding`, `use_bias`, `kernel_initializer`,
+            `bias_initializer` (of `W` `[V, d]` and `b` `[V]`),
+            `return_probabilities` (see `SoftmaxHead`) and standard
+            `keras.layers.Layer` arguments.
 
     Call arguments:
         inputs: context vectors, float tensor `[..., d]`.
 
     Returns:
         float32 exact log-probabilities `[..., V]`. `training_loss(inputs,
-        targets, training=True)` returns the sampled loss, float32 of shape
+        targets)`: the loss over one candidate set, float32 of shape
         `targets.shape` (`training=False`: the exact NLL).
 
     Example:
@@ -202,8 +142,6 @@ class SampledSoftmax(WordMajorSoftmaxHead):
           training of a neural probabilistic language model.
     """
 
-    exact_training_objective = False
-
     def __init__(
         self,
         vocab_size=None,
@@ -215,52 +153,21 @@ class SampledSoftmax(WordMajorSoftmaxHead):
         remove_accidental_hits=True,
         subtract_log_q=True,
         seed=None,
-        token_embedding=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        return_probabilities=False,
         **kwargs,
     ):
-        super().__init__(
-            vocab_size=vocab_size,
-            token_embedding=token_embedding,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            return_probabilities=return_probabilities,
-            **kwargs,
-        )
         samplers.check_sampler(sampler, _SAMPLED_SAMPLERS)
         num_sampled = check_num_sampled(num_sampled)
         if num_sampled == "all" or sampler == "all":
             num_sampled, sampler = "all", "all"
+        super().__init__(
+            vocab_size, sampler, counts, distortion, seed=seed, **kwargs
+        )
         self.num_sampled = num_sampled
-        self.sampler = sampler
-        self.distortion = samplers.check_distortion(distortion)
         self.unique = check_bool("unique", unique)
         self.remove_accidental_hits = check_bool(
             "remove_accidental_hits", remove_accidental_hits
         )
         self.subtract_log_q = check_bool("subtract_log_q", subtract_log_q)
-        self.seed = check_seed(seed)
-        counts = samplers.check_counts(counts, self.vocab_size)
-        if sampler == "unigram":
-            if counts is None:
-                raise ValueError(
-                    "sampler='unigram' needs the word `counts` (length "
-                    f"vocab_size={self.vocab_size}). Received: counts=None"
-                )
-            samplers.unigram_probs(counts, self.distortion)  # validates the sum
-        self._counts = counts if sampler == "unigram" else None
-        self.seed_generator = keras.random.SeedGenerator(seed)
-
-    # ---------------------------------------------------------------- build
-    def build_head(self, input_shape):
-        del input_shape
-        self._sampler = build_sampler_tables(
-            self, self.sampler, self._counts, self.distortion
-        )
 
     # ------------------------------------------------------------- sampling
     def sample_candidates(self, targets):
@@ -276,9 +183,7 @@ class SampledSoftmax(WordMajorSoftmaxHead):
             `target_log_counts` float32 `[N]` (`log Q`) and `candidate_mask`
             bool `[S]` (`False` on removed duplicates) or `None`.
         """
-        self._check_structure()
-        if not self.built:
-            raise ValueError("Build the layer (call it once) before sampling.")
+        self.check_sampling_ready()
         targets = ops.reshape(ops.cast(targets, "int32"), (-1,))
         acc = self.accumulation_dtype
         if self.sampler == "all":
@@ -383,11 +288,8 @@ class SampledSoftmax(WordMajorSoftmaxHead):
         loss = sampled_softmax_nll(target_z, candidate_z, mask)
         return self._finish(loss, flat_targets, shape)
 
-    def training_loss(self, inputs, targets, training=True):
-        """Sampled loss (`training=True`) or exact NLL, shape `targets.shape`."""
-        if not training:
-            return -self.log_likelihood(inputs, targets)
-        inputs = self._check_inputs(inputs)
+    def stochastic_loss(self, inputs, targets):
+        """The sampled loss with a fresh candidate set, `targets.shape`."""
         flat = ops.reshape(ops.cast(ops.convert_to_tensor(targets), "int32"), (-1,))
         sample = self.sample_candidates(flat)
         return self.sampled_loss(inputs, targets, **sample)
@@ -398,53 +300,9 @@ class SampledSoftmax(WordMajorSoftmaxHead):
         config.update(
             {
                 "num_sampled": self.num_sampled,
-                "sampler": self.sampler,
-                # None unless "unigram" (or while legacy counts are pending).
-                "counts": (
-                    None
-                    if self._pending_structure is not None
-                    else samplers.counts_to_config(
-                        self._counts, getattr(self, "counts", None)
-                    )
-                ),
-                "distortion": self.distortion,
                 "unique": self.unique,
                 "remove_accidental_hits": self.remove_accidental_hits,
                 "subtract_log_q": self.subtract_log_q,
-                "seed": self.seed,
             }
         )
         return config
-
-    @classmethod
-    def from_config(cls, config):
-        layer = super().from_config(placeholder_counts(config))
-        if legacy_counts_config(config):
-            layer._pending_structure = "counts"
-        return layer
-
-
-def legacy_counts_config(config):
-    """Whether a sampled head's config lacks the counts its sampler needs.
-
-    Only keras-softmax-heads 0.1.0 wrote such configs (`sampler="unigram"`,
-    `counts=None`, the counts in the weights only).
-    """
-    return config.get("counts") is None and config.get("sampler") == "unigram"
-
-
-def placeholder_counts(config):
-    """Config with placeholder counts (ones) where the sampler needs counts.
-
-    For legacy (0.1.0) configs only (`legacy_counts_config`): the layer gets
-    the right shape, and is unusable until its weights (the real counts and
-    sampling tables) are loaded.
-    """
-    config = dict(config)
-    if legacy_counts_config(config):
-        vocab = config.get("vocab_size")
-        embedding = config.get("token_embedding")
-        if vocab is None and isinstance(embedding, dict):
-            vocab = embedding["config"]["input_dim"]
-        config["counts"] = np.ones(int(vocab))
-    return config

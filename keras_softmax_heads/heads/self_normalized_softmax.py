@@ -1,15 +1,20 @@
-"""Infrequent normalisation: Weaknorm and WeaknormSQ (Chen et al. 2016)."""
+"""`SelfNormalizedSoftmax`: infrequent normalisation (Weaknorm, WeaknormSQ).
+
+Design notes (the penalty's re-weighting, cost, the `"normalized"` bias
+start): `docs/sampling.md`; the measured effect of `gamma`:
+`docs/recipes.md`.
+"""
 
 import math
-import numbers
 
 import keras
 import numpy as np
 from keras import ops
 
-from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
+from keras_softmax_heads.heads.sampling_head import SamplingHead
 from keras_softmax_heads.validation import check_bool
-from keras_softmax_heads.validation import check_seed
+from keras_softmax_heads.validation import check_choice
+from keras_softmax_heads.validation import check_number
 
 _VARIANTS = ("weaknorm", "weaknorm_sq")
 
@@ -58,76 +63,45 @@ def weaknorm_nll(target_scores, log_partition, rows, num_rows, alpha, variant):
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
-class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
+class SelfNormalizedSoftmax(SamplingHead):
     """Infrequent normalisation (Weaknorm / WeaknormSQ) training.
 
     Evaluation is exact: `call`, `log_probs` and `log_likelihood` are
     `log_softmax(s)` with `s = z = h W^T + b`, or `s = 10 tanh(z / 5)` with
-    `score_bound=True` (the bounded scores are then the model, at training
-    and evaluation alike). Even "self-normalised" models must be normalised
-    after training (Chen et al. section 4.6: the log partition still varies
-    by ~1 nat across contexts).
+    `score_bound=True`. Training adds a penalty on the log partition
+    `log Z_i = logsumexp_w s(w | h_i)`, computed on a random set `R` of
+    `ceil(gamma N)` of the `N` rows only:
 
-    Training (`training_loss(h, targets, training=True)`) maximises the
-    unnormalised target score on every row and adds a penalty on the log
-    partition `log Z(h) = logsumexp_w s(w | h)` computed on a random fraction
-    `gamma` of the rows only (Chen et al. section 2.6, after Devlin et al.
-    2014 and Andreas & Klein 2015):
+    `loss_i = -s(t_i) + [i in R] (alpha N / |R|) penalty(log Z_i)`,
 
-    * `variant="weaknorm"`:
-      `L = -sum_i s(t_i) + (alpha / gamma) sum_{i in R} log Z_i`;
-    * `variant="weaknorm_sq"`:
-      `L = -sum_i s(t_i) + (alpha / gamma) sum_{i in R} (log Z_i) ** 2`,
-
-    where `R` holds `ceil(gamma N)` of the `N` tokens of the batch, drawn
-    uniformly without replacement each step, and the re-weighting uses the
-    realised fraction `|R| / N` (equal to `gamma` when `gamma N` is an
-    integer), so the penalty is an unbiased estimate of its full-batch value.
-    Per token, rows outside `R` get `-s(t_i)` and rows in `R` add
-    `(alpha N / |R|)` times the penalty. With `weaknorm`, `alpha = 1` (the
-    paper's best setting) the loss is an unbiased estimate of the NLL, and
-    with `gamma = 1` it *is* the NLL. WeaknormSQ pushes `log Z` towards 0;
-    the paper found it unstable without `score_bound` (section 4.6).
-
-    Weights: `kernel` `[V, d]` (word-major, see
-    `keras_softmax_heads.heads.sampled_softmax.WordMajorSoftmaxHead`) and `bias`
-    `[V]`.
-
-    Cost: the target scores gather `N` rows of `W` (sparse gradient); the
-    partition needs the full scores of the `|R|` selected rows only, which
-    are gathered before the `[|R|, d] x [d, V]` product, so the step costs
-    about `gamma` times the matrix products of a full softmax. The gradient
-    of `W` from the partition rows is dense (`[V, d]`).
+    `penalty(x) = x` (`"weaknorm"`; with `alpha = 1` an unbiased estimate
+    of the NLL, the NLL itself at `gamma = 1`) or `x ** 2`
+    (`"weaknorm_sq"`). Cost: about `gamma` times the matrix products of a
+    full softmax. Design notes: `docs/sampling.md`; the choice of `gamma`:
+    `docs/recipes.md`.
 
     Args:
-        vocab_size: int, number of words `V` (or omit and pass
-            `token_embedding`).
+        vocab_size: int `V` (or omit and pass `token_embedding`).
         variant: `"weaknorm"` (default) or `"weaknorm_sq"`.
         alpha: float `>= 0`, the penalty strength (default 1).
         gamma: float in `(0, 1]`, the fraction of rows whose partition is
-            computed each step (default 0.25). The penalty of the other rows
-            is estimated from these, so a small `gamma` is cheap but noisy:
-            on PTB (Chen et al.'s n-gram model, 3000 steps) Weaknorm trailed
-            the softmax by 1.23x at 0.1 (Chen et al.'s billionW setting),
-            1.08x at 0.25 and 1.03x at 0.5 (`docs/recipes.md`).
+            computed each step (default 0.25).
         score_bound: bool, use `s = 10 tanh(z / 5)` (default `False`).
         seed: optional int, seed of the layer's `keras.random.SeedGenerator`
             (row selection).
-        token_embedding: optional `keras.layers.Embedding` `[V, d]` tied to
-            the output matrix.
-        use_bias: bool, per-word output bias (default `True`).
-        kernel_initializer, bias_initializer: initializers of `W` `[V, d]`
-            and `b` `[V]`.
-        return_probabilities: bool, `call` returns probabilities.
-        **kwargs: standard `keras.layers.Layer` arguments.
+        bias_initializer: `"normalized"` (default: every bias at `-log V`,
+            so `log Z ~ 0` at the start) or any Keras initializer.
+        **kwargs: `token_embedding`, `use_bias`, `kernel_initializer`,
+            `return_probabilities` (see `SoftmaxHead`) and standard
+            `keras.layers.Layer` arguments.
 
     Call arguments:
         inputs: context vectors, float tensor `[..., d]`.
 
     Returns:
         float32 exact log-probabilities `[..., V]`. `training_loss(inputs,
-        targets, training=True)` returns the per-token Weaknorm loss, float32
-        of shape `targets.shape` (`training=False`: the exact NLL).
+        targets)`: the per-token Weaknorm loss, float32 of shape
+        `targets.shape` (`training=False`: the exact NLL).
 
     Example:
 
@@ -155,7 +129,6 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
           self-normalizing?
     """
 
-    exact_training_objective = False
     named_bias_initializers = ("normalized",)
 
     def __init__(
@@ -166,49 +139,16 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
         gamma=0.25,
         score_bound=False,
         seed=None,
-        token_embedding=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
         bias_initializer="normalized",
-        return_probabilities=False,
         **kwargs,
     ):
         super().__init__(
-            vocab_size=vocab_size,
-            token_embedding=token_embedding,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            return_probabilities=return_probabilities,
-            **kwargs,
+            vocab_size=vocab_size, seed=seed, bias_initializer=bias_initializer, **kwargs
         )
-        if variant not in _VARIANTS:
-            raise ValueError(
-                f"`variant` must be one of {_VARIANTS}. Received: variant={variant!r}"
-            )
-        self.variant = variant
-        if (
-            isinstance(alpha, bool)
-            or not isinstance(alpha, numbers.Real)
-            or not math.isfinite(alpha)
-            or alpha < 0
-        ):
-            raise ValueError(
-                f"`alpha` must be a finite number >= 0. Received: alpha={alpha!r}"
-            )
-        self.alpha = float(alpha)
-        if (
-            isinstance(gamma, bool)
-            or not isinstance(gamma, numbers.Real)
-            or not 0 < gamma <= 1
-        ):
-            raise ValueError(
-                f"`gamma` must be a number in (0, 1]. Received: gamma={gamma!r}"
-            )
-        self.gamma = float(gamma)
+        self.variant = check_choice("variant", variant, _VARIANTS)
+        self.alpha = check_number("alpha", alpha, low=0)
+        self.gamma = check_number("gamma", gamma, low=0, high=1, low_open=True)
         self.score_bound = check_bool("score_bound", score_bound)
-        self.seed = check_seed(seed)
-        self.seed_generator = keras.random.SeedGenerator(seed)
 
     def named_bias_values(self, name):
         """`"normalized"`: every bias at `-log V`, so that `log Z(h) ~ 0`
@@ -260,11 +200,8 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
         )
         return self._finish(loss, flat_targets, shape)
 
-    def training_loss(self, inputs, targets, training=True):
-        """Weaknorm loss (`training=True`) or exact NLL, `targets.shape`."""
-        if not training:
-            return -self.log_likelihood(inputs, targets)
-        inputs = self._check_inputs(inputs)
+    def stochastic_loss(self, inputs, targets):
+        """The Weaknorm loss with freshly drawn rows, `targets.shape`."""
         num_rows = 1
         static = True
         for dim in inputs.shape[:-1]:
@@ -285,7 +222,6 @@ class SelfNormalizedSoftmax(WordMajorSoftmaxHead):
                 "alpha": self.alpha,
                 "gamma": self.gamma,
                 "score_bound": self.score_bound,
-                "seed": self.seed,
             }
         )
         return config
