@@ -177,6 +177,7 @@ class DifferentiatedSoftmax(SoftmaxHead):
         bands=None,
         counts=None,
         token_embedding=None,
+        *,
         chunk_size=None,
         **kwargs,
     ):
