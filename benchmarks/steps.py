@@ -244,6 +244,16 @@ def tensor(array):
     return keras.ops.convert_to_tensor(array)
 
 
+def aligned_empty(shape, dtype):
+    """An uninitialised NumPy array on a 128-byte boundary (TensorFlow takes
+    only aligned buffers without a copy, and aborts on unaligned ones)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + 128, np.uint8)
+    offset = (-raw.ctypes.data) % 128
+    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
 def host_tensor(array):
     """A tensor sharing the memory of the NumPy `array` where possible.
 
