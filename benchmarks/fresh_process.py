@@ -62,6 +62,19 @@ def run_row(script, args):
     return child.results[0]
 
 
+def dispatch(row, run_row, run_all, out=None, indent=2):
+    """A row-per-process script's `main`: in a child (`row` set) measures
+    `run_row(row)` and reports it; in the parent runs `run_all()` (which
+    starts the children) and writes its JSON report to `out`, if given."""
+    if row:
+        report(run_row(row))
+        return
+    result = run_all()
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=indent)
+
+
 def error_text(output, returncode):
     """One line for a failed child: its last `SomeError: message`, else its tail."""
     lines = [x.strip() for x in (output or "").splitlines() if x.strip()]

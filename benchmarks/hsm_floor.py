@@ -49,10 +49,10 @@ import argparse
 import json
 import os
 import sys
-import time
 
+import measure  # benchmarks/measure.py (the script's own folder)
 import numpy as np
-import select_backend  # benchmarks/select_backend.py (the script's own folder)
+import select_backend  # benchmarks/select_backend.py
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -62,13 +62,7 @@ def best_time(fn, repeats, *inputs):
 
     `fn(*inputs)` is a `steps.py` step: it returns once its outputs exist.
     """
-    fn(*inputs)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*inputs)
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return measure.time_calls(lambda: fn(*inputs), warmup=1, repeats=repeats).best_s
 
 
 def full_softmax_step(h, kernel, targets):
