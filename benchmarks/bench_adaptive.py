@@ -80,7 +80,6 @@ Usage:
         --repeats=1 --warmup=1 --threads=1 --out=/tmp/adaptive.json
 """
 
-import json
 import os
 import random
 import shlex
@@ -371,11 +370,7 @@ def main(argv):
         fresh_process.report(result)
         return
     result = run_all()
-    if FLAGS.out:
-        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
-        with open(FLAGS.out, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {FLAGS.out}")
+    measure.save(result, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ Usage:
 
 import argparse
 import functools
-import json
 import os
 import sys
 
@@ -196,14 +195,7 @@ def parse_args():
         help="run every configuration's processes this many times, "
         "interleaved, and keep the best time (shared machines)",
     )
-    parser.add_argument(
-        "--time-budget", type=float, default=60.0,
-        help="stop repeating a configuration after this many seconds",
-    )
-    parser.add_argument(
-        "--memory-budget-gb", type=float, default=None,
-        help="skip dense runs estimated above this (default: 80%% of MemAvailable)",
-    )
+    select_backend.add_budget_flags(parser, skipped="dense runs")
     parser.add_argument("--json", type=str, default=None, help="write results here")
     args = parser.parse_args()
     args.backends = select_backend.parse(args.backend, parser, multiple=True)
@@ -252,9 +244,7 @@ def main():
                                   "mode": mode})
                         results.append(r)
                         print_row(r, rows.get("dense", {}))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    measure.save(results, args.json)
     return 1 if any("error" in r for r in results) else 0
 
 

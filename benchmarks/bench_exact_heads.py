@@ -68,7 +68,6 @@ Usage:
 import argparse
 import functools
 import itertools
-import json
 import os
 import time
 
@@ -385,9 +384,7 @@ def main():
         print(f"peak MiB on {backend}: {source}")
     if len(args.backends) > 1:
         print_comparison(records, args.tolerance)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+    measure.save(records, args.json)
 
 
 if __name__ == "__main__":

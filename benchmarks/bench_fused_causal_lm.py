@@ -50,7 +50,6 @@ Usage:
         --cap_seq_lens=16,32 --memory_cap_gb=64 --threads=1   # smoke run
 """
 
-import json
 import os
 import shlex
 import sys
@@ -309,14 +308,12 @@ def main(argv):
     ratios = ratios_of(rows, eval_rows)
     if ratios:
         print(", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump({
-                "command": "python benchmarks/bench_fused_causal_lm.py "
-                           + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                "machine": measure.machine(), "settings": settings, "rows": rows,
-                "eval_rows": eval_rows, "ratios": ratios, "memory_cap": cap_rows,
-            }, f, indent=1)
+    measure.save({
+        "command": "python benchmarks/bench_fused_causal_lm.py "
+                   + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "machine": measure.machine(), "settings": settings, "rows": rows,
+        "eval_rows": eval_rows, "ratios": ratios, "memory_cap": cap_rows,
+    }, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,6 @@ Usage:
 """
 
 import argparse
-import json
 import math
 import os
 import re
@@ -420,14 +419,7 @@ def parse_args():
         help="tokens of the eval phase: an int, or 'auto' (largest N/2^k that fits)",
     )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--time-budget", type=float, default=60.0,
-        help="stop repeating a configuration after this many seconds",
-    )
-    parser.add_argument(
-        "--memory-budget-gb", type=float, default=None,
-        help="skip configurations estimated above this (default 80%% of MemAvailable)",
-    )
+    select_backend.add_budget_flags(parser)
     parser.add_argument(
         "--in-process", action="store_true",
         help="run every row in this process (default with --quick): fast, "
@@ -551,9 +543,7 @@ def main():
                              phase=phase, n=n)
                     results.append(r)
                     print_row(r, row, ref, measured_all)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    measure.save(results, args.json)
     errors = [
         r for r in results
         if "error" in r and not r["error"].startswith("XLA cannot compile")

@@ -87,7 +87,6 @@ Usage:
         --vocab_sizes=128,256 --repeats=2 --threads=1
 """
 
-import json
 import os
 import shlex
 import sys
@@ -480,9 +479,7 @@ def main(argv):
           f"{gflops:.0f} GFLOP/s (plus process starts)", flush=True)
     result = run(settings)
     result["estimated_s"] = estimate
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump(result, f, indent=1)
+    measure.save(result, FLAGS.out)
 
 
 if __name__ == "__main__":

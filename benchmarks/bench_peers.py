@@ -28,7 +28,6 @@ Usage:
 
 import argparse
 import functools
-import json
 import os
 import random
 import shlex
@@ -598,10 +597,7 @@ def main():
             "settings": settings_of(args, labels, side_info),
             "rows": rows, "ratios": ratios, "efficiency": efficiency,
         }
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {args.out}")
+        measure.save(result, args.out)
 
 
 if __name__ == "__main__":

@@ -129,11 +129,5 @@ def run_all():
     }
 
 
-def main(argv):
-    del argv
-    select_backend.use(FLAGS.backend)
-    fresh_process.dispatch(FLAGS.row, run_row, run_all, FLAGS.out)
-
-
 if __name__ == "__main__":
-    app.run(main)
+    app.run(fresh_process.absl_main(run_row, run_all, FLAGS))

@@ -13,6 +13,9 @@ import re
 import subprocess
 import sys
 
+import measure  # benchmarks/measure.py (the script's own folder)
+import select_backend  # benchmarks/select_backend.py
+
 _PREFIX = "RESULT "
 
 
@@ -69,10 +72,19 @@ def dispatch(row, run_row, run_all, out=None, indent=2):
     if row:
         report(run_row(row))
         return
-    result = run_all()
-    if out:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=indent)
+    measure.save(run_all(), out, indent=indent)
+
+
+def absl_main(run_row, run_all, flags):
+    """`main(argv)` for `absl.app.run` of a script whose absl `flags` have
+    `backend`, `row` and `out`: selects the backend, then `dispatch`es."""
+
+    def main(argv):
+        del argv
+        select_backend.use(flags.backend)
+        dispatch(flags.row, run_row, run_all, flags.out)
+
+    return main
 
 
 def error_text(output, returncode):

@@ -15,7 +15,8 @@ gives nothing), `source` (the instrument's name, stored with the rows) and
 
 * `RssPeak`: the process' peak resident size (Linux `/proc/self/status`,
   `VmHWM`, reset through `/proc/self/clear_refs`);
-* `TensorFlowAllocatorPeak`: TensorFlow's CPU allocator statistics;
+* `TensorFlowAllocatorPeak`: TensorFlow's CPU allocator statistics (this
+  and the next two are `AllocatorPeak`s);
 * `TorchCudaPeak`: PyTorch's CUDA allocator (`max_memory_allocated`);
 * `JaxDevicePeak`: a JAX device's allocator (`peak_bytes_in_use`; it cannot
   be reset, so it covers the whole process);
@@ -31,6 +32,7 @@ The protocols of the scripts built on it are in `docs/benchmarks.md`.
 import dataclasses
 import datetime
 import gc
+import json
 import os
 import platform
 import re
@@ -234,27 +236,59 @@ class RssPeak:
         return (self.peak_bytes() - self.baseline) / MIB
 
 
-class TensorFlowAllocatorPeak:
-    """TensorFlow's CPU allocator: its peak after `start()` minus its usage
-    there (None where the allocator keeps no statistics)."""
+class AllocatorPeak:
+    """An allocator's peak after `start()` minus its usage there.
 
-    source = "TensorFlow CPU allocator peak"
+    A subclass reads its allocator: `in_use()` (bytes now), `peak_bytes()`
+    (the peak since the last `reset_peak()`), `reset_peak()`.
+    """
+
+    source = None
     allocator = True
     reset = True
 
-    def __init__(self, device="CPU:0"):
+    def __init__(self, device=None):
         self.device = device
         self.baseline = None
 
     def start(self):
-        import tensorflow as tf
-
         gc.collect()
+        self.baseline = self.in_use()
+        self.reset_peak()
+
+    def reset_peak(self):
+        """Resets the allocator's peak counter (nothing where it has none)."""
+
+    def peak_mib(self):
+        if self.baseline is None:
+            return None
+        return (self.peak_bytes() - self.baseline) / MIB
+
+
+class TensorFlowAllocatorPeak(AllocatorPeak):
+    """TensorFlow's CPU allocator (`tf.config.experimental.get_memory_info`);
+    None where the allocator keeps no statistics."""
+
+    source = "TensorFlow CPU allocator peak"
+
+    def __init__(self, device="CPU:0"):
+        super().__init__(device)
+
+    def start(self):
         try:
-            tf.config.experimental.reset_memory_stats(self.device)
-            self.baseline = tf.config.experimental.get_memory_info(self.device)["current"]
+            super().start()
         except (ValueError, RuntimeError):
             self.baseline = None
+
+    def in_use(self):
+        import tensorflow as tf
+
+        return tf.config.experimental.get_memory_info(self.device)["current"]
+
+    def reset_peak(self):
+        import tensorflow as tf
+
+        tf.config.experimental.reset_memory_stats(self.device)
 
     def peak_bytes(self):
         import tensorflow as tf
@@ -263,30 +297,22 @@ class TensorFlowAllocatorPeak:
             return None
         return tf.config.experimental.get_memory_info(self.device)["peak"]
 
-    def peak_mib(self):
-        if self.baseline is None:
-            return None
-        return (self.peak_bytes() - self.baseline) / MIB
 
-
-class TorchCudaPeak:
+class TorchCudaPeak(AllocatorPeak):
     """PyTorch's CUDA allocator: `max_memory_allocated()` after `start()`
     minus `memory_allocated()` there (the peak counter is reset there)."""
 
     source = "torch CUDA allocator peak (max_memory_allocated)"
-    allocator = True
-    reset = True
 
-    def __init__(self, device=None):
-        self.device = device
-        self.baseline = None
-
-    def start(self):
+    def in_use(self):
         import torch
 
-        gc.collect()
         torch.cuda.synchronize(self.device)
-        self.baseline = torch.cuda.memory_allocated(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def reset_peak(self):
+        import torch
+
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def peak_bytes(self):
@@ -295,37 +321,24 @@ class TorchCudaPeak:
         torch.cuda.synchronize(self.device)
         return torch.cuda.max_memory_allocated(self.device)
 
-    def peak_mib(self):
-        return (self.peak_bytes() - self.baseline) / MIB
 
-
-class JaxDevicePeak:
+class JaxDevicePeak(AllocatorPeak):
     """A JAX device's allocator: `peak_bytes_in_use` minus `bytes_in_use` at
     `start()`. JAX cannot reset the peak: it covers the whole process (the
     compilation included), hence one process per measured step."""
 
     source = "JAX device allocator peak_bytes_in_use (process lifetime, one process per row)"
-    allocator = True
-    reset = True
 
-    def __init__(self, device=None):
-        self.device = device
-        self.baseline = None
-
-    def _stats(self):
+    def stats(self):
         import jax
 
         return (self.device or jax.devices()[0]).memory_stats()
 
-    def start(self):
-        gc.collect()
-        self.baseline = self._stats()["bytes_in_use"]
+    def in_use(self):
+        return self.stats()["bytes_in_use"]
 
     def peak_bytes(self):
-        return self._stats()["peak_bytes_in_use"]
-
-    def peak_mib(self):
-        return (self.peak_bytes() - self.baseline) / MIB
+        return self.stats()["peak_bytes_in_use"]
 
     @staticmethod
     def available(device):
@@ -375,6 +388,17 @@ def machine(keys=None):
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return out if keys is None else {k: out[k] for k in keys}
+
+
+def save(result, path, indent=1):
+    """Writes the JSON `result` to `path` (its folder made if needed; nothing
+    when `path` is None)."""
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=indent)
+    print(f"wrote {path}")
 
 
 def error_text(err):
