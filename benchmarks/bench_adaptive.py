@@ -41,23 +41,23 @@ Cutoffs (`cutoffs_for(V)`; `--cutoffs=V:c1/c2/...` overrides):
   lm1b setting (kimiyoung/transformer-xl, `pytorch/train.py`, with
   `div_val = 4`). A smaller head, e.g. Grave et al.'s style of a few
   thousand words, is `--cutoffs=793471:4000/40000/200000`;
-* any other `V`: `bench_peers.adaptive_cutoffs(V)` (2%, 10%, 50%).
+* any other `V`: `reference_inputs.adaptive_cutoffs(V)` (2%, 10%, 50%).
 
 `factor` / `div_value` 4 for every row.
 
-Inputs (`bench_peers.numpy_inputs`): `h ~ N(0, 0.25)` (seed 0), targets from
-a Zipfian unigram distribution (`counts[r] ∝ 1 / (r + 1)`, ids sorted by
-frequency; seed 1). Our heads' weights: `random.seed(0)` then their own
+Inputs (`reference_inputs.numpy_inputs`, as in `bench_peers.py`):
+`h ~ N(0, 0.25)` (seed 0), targets from a Zipfian unigram distribution
+(`counts[r] ∝ 1 / (r + 1)`, ids sorted by frequency; seed 1). Our heads' weights: `random.seed(0)` then their own
 initialisers; torch's module: `torch.manual_seed(0)` then its own.
 
-Timing (`bench_peers.measure`): `--warmup` calls (the first traces /
+Timing (`measure.step_row`): `--warmup` calls (the first traces /
 compiles, `first_call_s`), then `--repeats` timed calls; `step_s` is the
 median wall time. Threads: `--threads` (default 2) is TensorFlow's intra-op
 parallelism and `torch.set_num_threads`; set `OMP_NUM_THREADS` to the same
 number. Peak memory (`peak_mib`, `memory_source` on each row): TensorFlow's
 CPU allocator peak minus its usage before the timed calls
-(`steps.PeakMemory`); torch: the process' peak resident size minus its
-resident size before the timed calls (`bench_peers.RssPeak`).
+(`steps.peak_memory`); torch: the process' peak resident size minus its
+resident size before the timed calls (`measure.RssPeak`).
 
 A row whose estimated peak (float32 `[N, V]` tensors: 6 for the full
 softmax's train step, 2 for its evaluation) exceeds `--memory_budget_gb`
@@ -80,18 +80,16 @@ Usage:
         --repeats=1 --warmup=1 --threads=1 --out=/tmp/adaptive.json
 """
 
-import json
 import os
 import random
 import shlex
-import subprocess
 import sys
 import time
 
-import bench_peers  # benchmarks/bench_peers.py (the script's own folder)
-import fresh_process  # benchmarks/fresh_process.py
-import proc_memory  # benchmarks/proc_memory.py
+import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
+import measure  # benchmarks/measure.py
 import select_backend  # benchmarks/select_backend.py
+from reference_inputs import INPUTS, adaptive_cutoffs, numpy_inputs
 from absl import app
 from absl import flags
 
@@ -139,7 +137,7 @@ def define_flags():
 
 def cutoffs_for(vocab_size, overrides=()):
     """The cutoffs of `vocab_size`: `overrides` ('V:c1/c2'), the defaults,
-    else `bench_peers.adaptive_cutoffs`.
+    else `reference_inputs.adaptive_cutoffs`.
 
     >>> cutoffs_for(33278)
     [2000, 10000]
@@ -152,7 +150,7 @@ def cutoffs_for(vocab_size, overrides=()):
             return [int(c) for c in cuts.split("/") if c]
     if vocab_size in DEFAULT_CUTOFFS:
         return list(DEFAULT_CUTOFFS[vocab_size])
-    return bench_peers.adaptive_cutoffs(vocab_size)
+    return adaptive_cutoffs(vocab_size)
 
 
 def estimated_bytes(key, phase, vocab_size, tokens):
@@ -164,12 +162,10 @@ def estimated_bytes(key, phase, vocab_size, tokens):
 
 # --------------------------------------------------------------- one row
 def torch_module(dim, vocab_size, cutoffs):
-    """`torch.nn.AdaptiveLogSoftmaxWithLoss(d, V, cutoffs, div_value=4)`, seed 0."""
-    import torch
+    """`torch_heads.AdaptiveSoftmax(d, V, cutoffs, div_value=4)`, seed 0."""
+    import torch_heads  # benchmarks/torch_heads.py (imports PyTorch)
 
-    torch.manual_seed(0)
-    return torch.nn.AdaptiveLogSoftmaxWithLoss(dim, vocab_size, cutoffs,
-                                               div_value=float(FACTOR))
+    return torch_heads.AdaptiveSoftmax(dim, vocab_size, cutoffs, div_value=FACTOR, seed=0)
 
 
 def torch_eval_is_exact(dim=16, vocab_size=50, tokens=40, cutoffs=(5, 20)):
@@ -177,8 +173,8 @@ def torch_eval_is_exact(dim=16, vocab_size=50, tokens=40, cutoffs=(5, 20)):
     import numpy as np
     import torch
 
-    h_np, y_np = bench_peers.numpy_inputs(tokens, vocab_size, dim)
-    module = torch_module(dim, vocab_size, list(cutoffs))
+    h_np, y_np = numpy_inputs(tokens, vocab_size, dim)
+    module = torch_module(dim, vocab_size, list(cutoffs)).module
     h, y = torch.from_numpy(h_np), torch.from_numpy(y_np.astype(np.int64))
     with torch.no_grad():
         out = module(h, y).output
@@ -189,24 +185,18 @@ def torch_eval_is_exact(dim=16, vocab_size=50, tokens=40, cutoffs=(5, 20)):
 def run_torch_row(phase, vocab_size, dim, tokens, cutoffs, warmup, repeats, threads):
     import numpy as np
     import torch
+    import torch_heads
 
     torch.set_num_threads(threads)
-    h_np, y_np = bench_peers.numpy_inputs(tokens, vocab_size, dim)
+    h_np, y_np = numpy_inputs(tokens, vocab_size, dim)
     h = torch.from_numpy(h_np)
     y = torch.from_numpy(y_np.astype(np.int64))
-    module = torch_module(dim, vocab_size, cutoffs)
-    params = list(module.parameters())
+    head = torch_module(dim, vocab_size, cutoffs)
     if phase == "train":
-        def call():
-            x = h.detach().requires_grad_(True)
-            loss = module(x, y).loss * tokens
-            torch.autograd.grad(loss, [x] + params)
-            return float(loss.detach())
+        call = torch_heads.train_call(head, h, y)
     else:
-        def call():
-            with torch.no_grad():
-                return float(module(h, y).output.sum())
-    result = bench_peers.measure(call, warmup, repeats, bench_peers.RssPeak())
+        call = torch_heads.eval_call(head.target_log_likelihood, h, y)
+    result = measure.step_row(call, warmup, repeats, measure.RssPeak())
     result.update(threads=torch.get_num_threads(), versions={"torch": torch.__version__})
     return result
 
@@ -243,14 +233,14 @@ def run_keras_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats,
     import steps  # benchmarks/steps.py (imports Keras)
 
     mode = ROWS[key][1]
-    h_np, y_np = bench_peers.numpy_inputs(tokens, vocab_size, dim)
+    h_np, y_np = numpy_inputs(tokens, vocab_size, dim)
     h, y = steps.tensor(h_np), steps.tensor(y_np)
     head = build_head(key, vocab_size, dim, cutoffs)
     if phase == "train":
         fn = steps.train_step(head, mode, reduction="sum")
     else:
         fn = steps.eval_step(head, mode)
-    result = bench_peers.measure(lambda: fn(h, y), warmup, repeats, steps.PeakMemory())
+    result = measure.step_row(lambda: fn(h, y), warmup, repeats, steps.peak_memory())
     result.update(threads=tf.config.threading.get_intra_op_parallelism_threads(),
                   versions={"tensorflow": tf.__version__, "keras": keras.__version__})
     if key in ("static", "dynamic"):
@@ -259,7 +249,7 @@ def run_keras_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats,
 
 
 def run_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats, threads):
-    """One row in this process: the `bench_peers.measure` dict."""
+    """One row in this process: the `measure.step_row` dict."""
     if key == "torch":
         return run_torch_row(phase, vocab_size, dim, tokens, cutoffs, warmup, repeats,
                              threads)
@@ -277,15 +267,9 @@ def child_args(key, phase, vocab_size):
 
 def run_child(key, phase, vocab_size):
     """Runs one row in a fresh process: its result, or `{"error": ...}`."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
-               KERAS_BACKEND="tensorflow")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__),
-                           *child_args(key, phase, vocab_size)],
-                          capture_output=True, text=True, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"error": fresh_process.error_text(proc.stderr + proc.stdout, proc.returncode)}
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "",
+           "KERAS_BACKEND": "tensorflow"}
+    return fresh_process.run(__file__, child_args(key, phase, vocab_size), env).result()
 
 
 def ratios_of(rows):
@@ -324,7 +308,7 @@ def targets_met(ratios):
 
 def run_all():
     """Runs every row in its own process; the JSON dict."""
-    budget = FLAGS.memory_budget_gb * 1e9 or 0.8 * proc_memory.available_bytes()
+    budget = measure.memory_budget(FLAGS.memory_budget_gb, gib=False)
     rows = []
     vocab_sizes = [int(v) for v in FLAGS.vocab_sizes]
     for v in vocab_sizes:
@@ -358,12 +342,12 @@ def run_all():
                                                       *sys.argv[1:]]),
         "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
                                            "TF_NUM_INTEROP_THREADS") if k in os.environ},
-        "machine": bench_peers.machine(),
+        "machine": measure.machine(keys=("cpu", "cores", "os", "python", "date")),
         "settings": {"vocab_sizes": vocab_sizes, "d": FLAGS.dim, "n": FLAGS.tokens,
                      "factor": FACTOR, "repeats": FLAGS.repeats, "warmup": FLAGS.warmup,
                      "threads": FLAGS.threads, "memory_budget_gb": budget / 1e9,
                      "cutoffs": {str(v): cutoffs_for(v, FLAGS.cutoffs) for v in vocab_sizes},
-                     "inputs": "h ~ N(0, 0.25) seed 0; Zipfian targets (1/(r+1)) seed 1",
+                     "inputs": INPUTS,
                      "modes": {k: m for k, (_, m) in ROWS.items()}},
         "rows": rows,
         "ratios": ratios,
@@ -382,15 +366,11 @@ def main(argv):
                              cutoffs_for(v, FLAGS.cutoffs), FLAGS.warmup, FLAGS.repeats,
                              FLAGS.threads)
         except Exception as err:  # recorded as the row's error
-            result = {"error": bench_peers._error_text(err)}
+            result = {"error": measure.error_text(err)}
         fresh_process.report(result)
         return
     result = run_all()
-    if FLAGS.out:
-        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
-        with open(FLAGS.out, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {FLAGS.out}")
+    measure.save(result, FLAGS.out)
 
 
 if __name__ == "__main__":

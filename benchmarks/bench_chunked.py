@@ -15,11 +15,12 @@ each in its own processes) in the backend's modes (`--modes`; TensorFlow:
 * `chunked`: `keras_softmax_heads.chunked.chunked_pointwise_nll`.
 
 Every configuration runs in a fresh subprocess. The child builds the inputs,
-runs the compiled step once (tracing / XLA compilation), resets the kernel's
-peak-RSS counter (`/proc/self/clear_refs`), records `VmRSS` as the baseline,
-runs the timed steps and reports `VmHWM - baseline` as the step's peak extra
-memory (if the counter cannot be reset, the baseline is the `VmHWM` after
-building the inputs and the first call is included). Time is the best of the
+resets the kernel's peak-RSS counter (`measure.RssPeak`), runs the compiled
+step once (tracing / XLA compilation) and the timed steps
+(`measure.time_calls`), and reports the peak resident size over them minus
+the resident size before them as the step's peak extra memory (if the
+counter cannot be reset, the baseline is the `VmHWM` after building the
+inputs). Time is the best of the
 timed steps (wall clock, 2 shared cores: the best is the least disturbed).
 `allocator_peak_mb` (TensorFlow only) is the peak of TensorFlow's CPU
 allocator over the same steps. Every JSON row carries its `backend`; a
@@ -38,14 +39,12 @@ Usage:
 """
 
 import argparse
-import json
+import functools
 import os
-import subprocess
 import sys
-import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
-import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
+import measure  # benchmarks/measure.py (the script's own folder)
 import select_backend  # benchmarks/select_backend.py
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -57,133 +56,74 @@ D = 512
 
 
 # --------------------------------------------------------------------- child
-def child(args):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import keras
+def host_inputs(n, v, d, seed=0):
+    """`h` `[n, d]`, `W` `[d, v]`, `b` `[v]`, int32 targets `[n]` in 128-byte
+    aligned NumPy buffers handed to the backend without a copy
+    (`steps.host_tensor`): building the inputs leaves nothing in TF's memory
+    pool, which would otherwise hide part of the step's peak."""
     import numpy as np
+    import steps
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for shape, scale in (((n, d), 0.5), ((d, v), 1.0 / d**0.5), ((v,), 0.1)):
+        array = steps.aligned_empty(shape, np.float32)
+        rng.standard_normal(shape, dtype=np.float32, out=array)
+        array *= scale
+        out.append(steps.host_tensor(array))
+    targets = steps.aligned_empty((n,), np.int32)
+    targets[...] = rng.integers(0, v, size=n, dtype=np.int32)
+    return out + [steps.host_tensor(targets)]
+
+
+def loss_of(h, kernel, bias, targets, method, chunk_size):
+    """The summed NLL of `method` (`dense`, `xent` or `chunked`)."""
+    import keras
     import steps
 
     from keras_softmax_heads.chunked import chunked_pointwise_nll
 
-    n, v, d = args.n, args.v, args.d
+    if method == "dense":
+        loss = steps.dense_nll(h, kernel, bias, targets)
+    elif method == "xent":
+        loss = steps.fused_xent(h, kernel, bias, targets)
+    else:
+        loss = chunked_pointwise_nll(h, kernel, bias, targets, chunk_size=chunk_size)
+    return keras.ops.sum(loss)
 
-    def host_tensor(shape, dtype, fill):
-        # A 128-byte aligned NumPy buffer handed to the backend without a
-        # copy (steps.host_tensor): building the inputs leaves nothing in
-        # TF's memory pool, which would otherwise hide part of the step's peak.
-        dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        raw = np.empty(nbytes + 128, np.uint8)
-        offset = (-raw.ctypes.data) % 128
-        array = raw[offset : offset + nbytes].view(dtype).reshape(shape)
-        fill(array)
-        return steps.host_tensor(array)
 
-    def inputs(n, v, d):
-        rng = np.random.default_rng(0)
+def child(args):
+    import steps
 
-        def normal(scale):
-            def fill(a):
-                rng.standard_normal(a.shape, dtype=np.float32, out=a)
-                a *= scale
-
-            return fill
-
-        def ids(a):
-            a[...] = rng.integers(0, v, size=a.shape, dtype=np.int32)
-
-        return (
-            host_tensor((n, d), np.float32, normal(0.5)),
-            host_tensor((d, v), np.float32, normal(1.0 / d**0.5)),
-            host_tensor((v,), np.float32, normal(0.1)),
-            host_tensor((n,), np.int32, ids),
-        )
-
-    def loss_fn(h, kernel, bias, targets):
-        if args.method == "dense":
-            loss = steps.dense_nll(h, kernel, bias, targets)
-        elif args.method == "xent":
-            loss = steps.fused_xent(h, kernel, bias, targets)
-        else:
-            loss = chunked_pointwise_nll(
-                h, kernel, bias, targets, chunk_size=args.chunk_size
-            )
-        return keras.ops.sum(loss)
-
+    loss_fn = functools.partial(loss_of, method=args.method, chunk_size=args.chunk_size)
     step = steps.grad_step(loss_fn, [], args.mode, wrt=(0, 1, 2))
-
     # A tiny step of the same kind first: loads the oneDNN / XLA code whose
     # pages would otherwise count as the step's memory.
-    step(*inputs(8, 2 * args.chunk_size + 3, d))
-    data = inputs(n, v, d)
+    step(*host_inputs(8, 2 * args.chunk_size + 3, args.d))
+    data = host_inputs(args.n, args.v, args.d)
     # TF's CPU allocator (oneDNN build) pools large blocks and never returns
     # them, so the step's peak is measured from its first call on.
-    reset = proc_memory.reset_peak()
-    baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
-    pool = steps.PeakMemory()
+    rss, pool = measure.RssPeak(), steps.peak_memory()
+    rss.start()
     if pool.allocator:
         pool.start()
-    t0 = time.perf_counter()
-    loss = step(*data)
-    first = time.perf_counter() - t0
-    times, cpu_times = [], []
-    budget_end = time.perf_counter() + args.time_budget
-    for _ in range(args.repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
-        loss = step(*data)
-        times.append(time.perf_counter() - t0)
-        cpu_times.append(time.process_time() - c0)
-        if time.perf_counter() > budget_end:
-            break
-    peak = proc_memory.status()["VmHWM"] - baseline
-    pool_peak = pool.peak_mib() if pool.allocator else None
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "backend": steps.BACKEND,
-                "n": n,
-                "v": v,
-                "d": d,
-                "mode": args.mode,
-                "method": args.method,
-                "chunk_size": args.chunk_size,
-                "first_s": first,
-                "step_s": min(times),
-                "cpu_s": min(cpu_times),
-                "steps": len(times),
-                "peak_mb": peak / 2**20,
-                "peak_reset": reset,
-                "allocator_peak_mb": pool_peak,
-                "loss": loss,
-            }
-        ),
-        flush=True,
-    )
+    t = measure.time_calls(lambda: step(*data), warmup=1, repeats=args.repeats,
+                           time_budget=args.time_budget)
+    fresh_process.report({
+        "backend": steps.BACKEND, "n": args.n, "v": args.v, "d": args.d, "mode": args.mode,
+        "method": args.method, "chunk_size": args.chunk_size, "first_s": t.first_s,
+        "step_s": t.best_s, "cpu_s": t.best_cpu_s, "steps": len(t.wall),
+        "peak_mb": rss.peak_mib(), "peak_reset": rss.reset,
+        "allocator_peak_mb": pool.peak_mib() if pool.allocator else None, "loss": t.value,
+    })
 
 
 # -------------------------------------------------------------------- parent
 def run_child(n, v, mode, method, chunk_size, args, backend):
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        "--backend", backend,
-        "--n", str(n),
-        "--v", str(v),
-        "--d", str(args.d),
-        "--modes", mode,
-        "--method", method,
-        "--chunk-size", str(chunk_size),
-        "--repeats", str(args.repeats),
-        "--time-budget", str(args.time_budget),
-    ]
-    env = dict(os.environ, KERAS_BACKEND=backend)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"error": fresh_process.error_text(proc.stderr + proc.stdout, proc.returncode)}
+    flags = ["--child", "--backend", backend, "--n", str(n), "--v", str(v), "--d", str(args.d),
+             "--modes", mode, "--method", method, "--chunk-size", str(chunk_size),
+             "--repeats", str(args.repeats), "--time-budget", str(args.time_budget)]
+    return fresh_process.run(__file__, flags, {"KERAS_BACKEND": backend}).result()
 
 
 def best(old, new):
@@ -198,7 +138,40 @@ def best(old, new):
     return out
 
 
-def main():
+def measure_config(backend, mode, n, v, chunk_sizes, baselines, args):
+    """`{name: result}` of one (backend, mode, N, V): the baselines (skipped
+    when estimated over the memory budget) and every chunk size, each the
+    best of `--rounds` processes."""
+    dense_est = DENSE_COPIES * n * v * 4 + 2 * 4 * args.d * v
+    budget = measure.memory_budget(args.memory_budget_gb)  # what is free now (shared machine)
+    rows = {}
+    for _ in range(args.rounds):
+        for method in baselines:
+            if dense_est > budget:
+                rows[method] = {"skipped": f"estimated {dense_est / 2**30:.1f} GiB"}
+                continue
+            rows[method] = best(rows.get(method), run_child(n, v, mode, method, 0, args, backend))
+        for c in chunk_sizes:
+            r = run_child(n, v, mode, "chunked", c, args, backend)
+            rows[f"chunked-{c}"] = best(rows.get(f"chunked-{c}"), r)
+    return rows
+
+
+def print_row(r, ref):
+    name, where = r["name"], f"{r['backend']:10} {r['mode']:5} {r['n']:5d} {r['v']:7d}"
+    if "step_s" not in r:
+        print(f"{where} {name:>13}  -- {r.get('skipped') or r.get('error')}", flush=True)
+        return
+    rel_t = rel_c = rel_m = ""
+    if "step_s" in ref:
+        rel_t = f"{r['step_s'] / ref['step_s']:.2f}"
+        rel_c = f"{r['cpu_s'] / ref['cpu_s']:.2f}"
+        rel_m = f"{r['peak_mb'] / max(ref['peak_mb'], 1e-9):.3f}"
+    print(f"{where} {name:>13} {r['step_s']:8.3f} {r['cpu_s']:8.3f} "
+          f"{r['peak_mb']:9.0f} {rel_t:>10} {rel_c:>9} {rel_m:>9}", flush=True)
+
+
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -222,24 +195,22 @@ def main():
         help="run every configuration's processes this many times, "
         "interleaved, and keep the best time (shared machines)",
     )
-    parser.add_argument(
-        "--time-budget", type=float, default=60.0,
-        help="stop repeating a configuration after this many seconds",
-    )
-    parser.add_argument(
-        "--memory-budget-gb", type=float, default=None,
-        help="skip dense runs estimated above this (default: 80%% of MemAvailable)",
-    )
+    select_backend.add_budget_flags(parser, skipped="dense runs")
     parser.add_argument("--json", type=str, default=None, help="write results here")
     args = parser.parse_args()
-    backends = select_backend.parse(args.backend, parser, multiple=True)
-    modes = {b: select_backend.modes(args.modes, b, parser) for b in backends}
-    select_backend.use(backends[0])
+    args.backends = select_backend.parse(args.backend, parser, multiple=True)
+    args.modes = {b: select_backend.modes(args.modes, b, parser) for b in args.backends}
+    return args
+
+
+def main():
+    args = parse_args()
+    select_backend.use(args.backends[0])
 
     from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 
     if args.child:
-        args.n, args.v, args.mode = int(args.n), int(args.v), modes[backends[0]][0]
+        args.n, args.v, args.mode = int(args.n), int(args.v), args.modes[args.backends[0]][0]
         args.chunk_size = args.chunk_size or DEFAULT_CHUNK_SIZE
         return child(args)
 
@@ -249,74 +220,32 @@ def main():
     else:
         ns = tuple(int(x) for x in args.n.split(",")) if args.n else FULL_N
         vs = tuple(int(x) for x in args.v.split(",")) if args.v else FULL_V
-        chunk_sizes = (
-            [int(x) for x in args.chunk_sizes.split(",")]
-            if args.chunk_sizes
-            else [DEFAULT_CHUNK_SIZE]
-        )
+        chunk_sizes = ([int(x) for x in args.chunk_sizes.split(",")] if args.chunk_sizes
+                       else [DEFAULT_CHUNK_SIZE])
     baselines = [b for b in args.baselines.split(",") if b]
-    budget = (
-        args.memory_budget_gb * 2**30
-        if args.memory_budget_gb
-        else 0.8 * proc_memory.available_bytes()
-    )
-    results = []
     header = (
         f"{'backend':10} {'mode':5} {'N':>5} {'V':>7} {'method':>13} {'wall s':>8} {'cpu s':>8} "
         f"{'peak MB':>9} {'wall/dense':>10} {'cpu/dense':>9} {'mem/dense':>9}"
     )
-    print(f"d={args.d}, memory budget {budget / 2**30:.1f} GiB, "
-          f"chunk sizes {chunk_sizes}, backends "
-          f"{', '.join(f'{b} ({chr(44).join(modes[b])})' for b in backends)}; peak MB: "
-          "process peak resident size (VmHWM)")
+    print(f"d={args.d}, memory budget {measure.memory_budget(args.memory_budget_gb) / 2**30:.1f} "
+          f"GiB, chunk sizes {chunk_sizes}, backends "
+          f"{', '.join(f'{b} ({chr(44).join(args.modes[b])})' for b in args.backends)}; "
+          "peak MB: process peak resident size (VmHWM)")
     print(header)
     print("-" * len(header), flush=True)
-    configs = [(b, mode) for b in backends for mode in modes[b]]
-    for backend, mode in configs:
-        for n in ns:
-            for v in vs:
-                dense_est = DENSE_COPIES * n * v * 4 + 2 * 4 * args.d * v
-                if not args.memory_budget_gb:  # what is free now (shared machine)
-                    budget = 0.8 * proc_memory.available_bytes()
-                rows = {}
-                for _ in range(args.rounds):
-                    for method in baselines:
-                        if dense_est > budget:
-                            rows[method] = {
-                                "skipped": f"estimated {dense_est / 2**30:.1f} GiB"
-                            }
-                            continue
-                        r = run_child(n, v, mode, method, 0, args, backend)
-                        rows[method] = best(rows.get(method), r)
-                    for c in chunk_sizes:
-                        r = run_child(n, v, mode, "chunked", c, args, backend)
-                        rows[f"chunked-{c}"] = best(rows.get(f"chunked-{c}"), r)
-                ref = rows.get("dense", {})
-                for name, r in rows.items():
-                    r.update({"backend": backend, "name": name, "n": n, "v": v,
-                              "mode": mode})
-                    results.append(r)
-                    if "step_s" in r:
-                        rel_t = rel_c = rel_m = ""
-                        if "step_s" in ref:
-                            rel_t = f"{r['step_s'] / ref['step_s']:.2f}"
-                            rel_c = f"{r['cpu_s'] / ref['cpu_s']:.2f}"
-                            rel_m = f"{r['peak_mb'] / max(ref['peak_mb'], 1e-9):.3f}"
-                        print(
-                            f"{backend:10} {mode:5} {n:5d} {v:7d} {name:>13} "
-                            f"{r['step_s']:8.3f} {r['cpu_s']:8.3f} "
-                            f"{r['peak_mb']:9.0f} {rel_t:>10} {rel_c:>9} {rel_m:>9}",
-                            flush=True,
-                        )
-                    else:
-                        why = r.get("skipped") or r.get("error")
-                        print(f"{backend:10} {mode:5} {n:5d} {v:7d} {name:>13}  -- {why}",
-                              flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    errors = [r for r in results if "error" in r]
-    return 1 if errors else 0
+    results = []
+    for backend in args.backends:
+        for mode in args.modes[backend]:
+            for n in ns:
+                for v in vs:
+                    rows = measure_config(backend, mode, n, v, chunk_sizes, baselines, args)
+                    for name, r in rows.items():
+                        r.update({"backend": backend, "name": name, "n": n, "v": v,
+                                  "mode": mode})
+                        results.append(r)
+                        print_row(r, rows.get("dense", {}))
+    measure.save(results, args.json)
+    return 1 if any("error" in r for r in results) else 0
 
 
 if __name__ == "__main__":

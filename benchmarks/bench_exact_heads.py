@@ -66,14 +66,13 @@ Usage:
 """
 
 import argparse
-import json
+import functools
+import itertools
 import os
-import subprocess
-import sys
 import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
-import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
+import measure  # benchmarks/measure.py (the script's own folder)
 import select_backend  # benchmarks/select_backend.py
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -138,52 +137,34 @@ def inputs(n, v, d):
     return steps.normal((n, d), seed=0), steps.tensor(y)
 
 
-def _error_text(err):
-    text = f"{type(err).__name__}: {err}".strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:300]
-
-
 # --------------------------------------------------------------------- child
 def child_time(args):
     import steps
 
     n, v, d = args.n[0], args.v[0], args.d[0]
     h, y = inputs(n, v, d)
-    names, step_fns, errors = [], {}, {}
+    calls, errors = {}, {}
     for name in args.heads:
         try:
             head = make_head(name, v, args)
             if head is None:
                 continue
             head.build((None, d))
-            step_fns[name] = steps.train_step(head, args.modes[0])
+            calls[name] = functools.partial(steps.train_step(head, args.modes[0]), h, y)
         except Exception as err:  # reported as the head's row
-            errors[name] = _error_text(err)
-            continue
-        names.append(name)
-    compile_s = {}
-    for name in list(names):
-        t0 = time.perf_counter()
+            errors[name] = measure.error_text(err)
+    warmup_s = {}
+    for name, call in list(calls.items()):
         try:
-            for _ in range(max(args.warmup, 1)):
-                step_fns[name](h, y)
+            _, warmup_s[name], _ = measure.clock(
+                functools.partial(measure.time_calls, call, warmup=max(args.warmup, 1),
+                                  repeats=0))
         except Exception as err:  # reported as the head's row
-            errors[name] = _error_text(err)
-            names.remove(name)
-            continue
-        compile_s[name] = time.perf_counter() - t0
-    wall = {name: [] for name in names}
-    cpu = {name: [] for name in names}
-    for r in range(args.rounds):
-        order = names[r % len(names):] + names[: r % len(names)] if names else []
-        for name in order:
-            t0, c0 = time.perf_counter(), time.process_time()
-            step_fns[name](h, y)
-            wall[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.process_time() - c0)
-    result = {"names": names, "wall": wall, "cpu": cpu, "warmup_s": compile_s,
-              "errors": errors}
-    print("RESULT " + json.dumps(result), flush=True)
+            errors[name] = measure.error_text(err)
+            del calls[name]
+    wall, cpu = measure.interleaved(calls, args.rounds)
+    fresh_process.report({"names": list(calls), "wall": wall, "cpu": cpu,
+                          "warmup_s": warmup_s, "errors": errors})
 
 
 def child_memory(args):
@@ -192,50 +173,29 @@ def child_memory(args):
     n, v, d = args.n[0], args.v[0], args.d[0]
     head = make_head(args.heads[0], v, args)
     if head is None:
-        print("RESULT " + json.dumps({"skipped": True}), flush=True)
+        fresh_process.report({"skipped": True})
         return
     head.build((None, d))
     step = steps.train_step(head, args.modes[0])
     h, y = inputs(n, v, d)
-    rss_before = proc_memory.status()["VmHWM"]
+    rss_before = measure.status()["VmHWM"]
     step(h, y)  # tracing / compilation, and a first step
-    rss_first = proc_memory.status()["VmHWM"] - rss_before
-    memory = steps.PeakMemory()
-    memory.start()
-    for _ in range(args.memory_steps):
-        step(h, y)
-    print(
-        "RESULT "
-        + json.dumps({"peak_mib": memory.peak_mib(), "memory_source": memory.source,
-                      "rss_first_call_mib": rss_first / 2**20}),
-        flush=True,
-    )
+    rss_first = measure.status()["VmHWM"] - rss_before
+    memory = steps.peak_memory()
+    measure.time_calls(lambda: step(h, y), warmup=0, repeats=args.memory_steps, memory=memory)
+    fresh_process.report({"peak_mib": memory.peak_mib(), "memory_source": memory.source,
+                          "rss_first_call_mib": rss_first / 2**20})
 
 
 # -------------------------------------------------------------------- parent
 def run_child(kind, heads, n, v, d, mode, args, backend):
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child", kind,
-        "--backend", backend,
-        "--n", str(n), "--v", str(v), "--d", str(d),
-        "--modes", mode,
-        "--heads", ",".join(heads),
-        "--rounds", str(args.rounds),
-        "--warmup", str(args.warmup),
-        "--memory-steps", str(args.memory_steps),
-        "--mono-units", str(args.mono_units),
-        "--plif-knots", str(args.plif_knots),
-        "--plif-bound", str(args.plif_bound),
-        "--mixture-components", str(args.mixture_components),
-    ]
-    env = dict(os.environ, KERAS_BACKEND=backend)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"error": fresh_process.error_text(proc.stderr + proc.stdout, proc.returncode)}
+    flags = ["--child", kind, "--backend", backend, "--n", str(n), "--v", str(v),
+             "--d", str(d), "--modes", mode, "--heads", ",".join(heads),
+             "--rounds", str(args.rounds), "--warmup", str(args.warmup),
+             "--memory-steps", str(args.memory_steps), "--mono-units", str(args.mono_units),
+             "--plif-knots", str(args.plif_knots), "--plif-bound", str(args.plif_bound),
+             "--mixture-components", str(args.mixture_components)]
+    return fresh_process.run(__file__, flags, {"KERAS_BACKEND": backend}).result()
 
 
 def compare_backends(records, tolerance):
@@ -271,7 +231,7 @@ def _spread(values):
     return f"{q[1]:.2f} [{q[0]:.2f}-{q[2]:.2f}]"
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
     parser.add_argument("--child", choices=["time", "memory"], help=argparse.SUPPRESS)
@@ -311,104 +271,107 @@ def main():
         if name not in ALL_HEADS:
             parser.error(f"unknown head {name!r}; known: {', '.join(ALL_HEADS)}")
 
-    if args.child:
-        select_backend.use(backends[0])
-        args.modes = modes[backends[0]]
-        return (child_time if args.child == "time" else child_memory)(args)
-
-    if args.quick:
+    args.backends, args.modes_of = backends, modes
+    if args.quick and not args.child:
         args.n, args.v, args.d = [64], [500], [32]
         args.rounds, args.warmup, args.memory_steps = 3, 1, 1
         args.plif_knots = 1000
         args.mono_units = 4
         args.mixture_components = 2
-    if "full" not in args.heads:
-        args.heads = ["full"] + args.heads
-    heads = ["full"] + [x for x in args.heads if x != "full"]
+    return args
 
+
+def table_row(record, full_mem):
+    """A head's line of the table (`record`: its JSON record)."""
+    import numpy as np
+
+    peak = record["peak_mib"]
+    mem_text = "-" if peak is None else f"{peak:.1f}"
+    if peak is None and record["memory_error"]:
+        mem_text = "error"
+    mem_ratio = f"{peak / full_mem:.2f}" if peak is not None and full_mem else "-"
+    return (f"| {record['backend']} | {record['n']} | {record['v']} | {record['d']} "
+            f"| {record['mode']} | {record['head']} | {record['wall_ms']:.0f} "
+            f"| {_spread(np.array(record['wall_ratios']))} "
+            f"| {_spread(np.array(record['cpu_ratios']))} | {mem_text} | {mem_ratio} |")
+
+
+def run_config(backend, n, v, d, mode, heads, args):
+    """One (backend, N, V, d, mode): `(records, table lines, memory sources)`."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    where = {"backend": backend, "n": n, "v": v, "d": d, "mode": mode}
+    timing = run_child("time", heads, n, v, d, mode, args, backend)
+    if "error" in timing:
+        print(f"  {backend} N={n} V={v} d={d} {mode}: {timing['error']}", flush=True)
+        return [dict(where, head=None, error=timing["error"])], [], {}
+    records, lines, sources = [], [], {}
+    for name, error in timing.get("errors", {}).items():
+        print(f"  {backend} N={n} V={v} d={d} {mode} {name}: {error}", flush=True)
+        records.append(dict(where, head=name, error=error))
+        lines.append(f"| {backend} | {n} | {v} | {d} | {mode} | {name} "
+                     f"| error: {error[:120]} | | | | |")
+    names = timing["names"]
+    if "full" not in names:
+        return records, lines, sources
+    memory = {}
+    if not args.no_memory:
+        memory = {name: run_child("memory", [name], n, v, d, mode, args, backend)
+                  for name in names}
+    full_wall, full_cpu = np.array(timing["wall"]["full"]), np.array(timing["cpu"]["full"])
+    full_mem = memory.get("full", {}).get("peak_mib")
+    for name in names:
+        wall, cpu = np.array(timing["wall"][name]), np.array(timing["cpu"][name])
+        mem = memory.get(name, {})
+        if mem.get("memory_source"):
+            sources[backend] = mem["memory_source"]
+        record = dict(where, head=name, wall_ms=float(np.median(wall) * 1e3),
+                      wall_ratios=(wall / full_wall).tolist(),
+                      cpu_ratios=(cpu / full_cpu).tolist(), peak_mib=mem.get("peak_mib"),
+                      rss_first_call_mib=mem.get("rss_first_call_mib"),
+                      memory_error=mem.get("error"), memory_source=mem.get("memory_source"))
+        records.append(record)
+        lines.append(table_row(record, full_mem))
+    print(f"  {backend} N={n} V={v} d={d} {mode}: done in {time.perf_counter() - t0:.0f} s",
+          flush=True)
+    return records, lines, sources
+
+
+def print_comparison(records, tolerance):
+    lines, outside = compare_backends(records, tolerance)
+    print()
+    print("| N | V | d | head | backend | time / full | reference | time / full "
+          "| ratio / TF ratio | |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for line in lines:
+        print(line)
+    if outside:
+        print(f"not within {tolerance:g}x of TensorFlow's ratio: " + "; ".join(outside))
+
+
+def main():
+    args = parse_args()
+    if args.child:
+        select_backend.use(args.backends[0])
+        args.modes = args.modes_of[args.backends[0]]
+        return (child_time if args.child == "time" else child_memory)(args)
+    heads = ["full"] + [x for x in args.heads if x != "full"]
     print(
         f"# N={args.n}, V={args.v}, d={args.d}; monotonic K={args.mono_units} units, "
         f"PLIF K={args.plif_knots} knots on [-{args.plif_bound:g}, {args.plif_bound:g}], "
-        f"mixtures {args.mixture_components} components; {args.rounds} rounds; "
-        f"backends {', '.join(f'{b} ({chr(44).join(modes[b])})' for b in backends)}",
+        f"mixtures {args.mixture_components} components; {args.rounds} rounds; backends "
+        f"{', '.join(f'{b} ({chr(44).join(args.modes_of[b])})' for b in args.backends)}",
         flush=True,
     )
     rows, records, sources = [], [], {}
-    for backend in backends:
-        for n in args.n:
-            for v in args.v:
-                for d in args.d:
-                    for mode in modes[backend]:
-                        t0 = time.perf_counter()
-                        timing = run_child("time", heads, n, v, d, mode, args, backend)
-                        if "error" in timing:
-                            print(f"  {backend} N={n} V={v} d={d} {mode}: {timing['error']}",
-                                  flush=True)
-                            records.append({"backend": backend, "n": n, "v": v, "d": d,
-                                            "mode": mode, "head": None,
-                                            "error": timing["error"]})
-                            continue
-                        names = timing["names"]
-                        for name, error in timing.get("errors", {}).items():
-                            print(f"  {backend} N={n} V={v} d={d} {mode} {name}: {error}",
-                                  flush=True)
-                            records.append({"backend": backend, "n": n, "v": v, "d": d,
-                                            "mode": mode, "head": name, "error": error})
-                            rows.append(f"| {backend} | {n} | {v} | {d} | {mode} | {name} "
-                                        f"| error: {error[:120]} | | | | |")
-                        if "full" not in names:
-                            continue
-                        memory = {}
-                        if not args.no_memory:
-                            for name in names:
-                                memory[name] = run_child("memory", [name], n, v, d, mode, args,
-                                                         backend)
-                        import numpy as np
-
-                        full_wall = np.array(timing["wall"]["full"])
-                        full_cpu = np.array(timing["cpu"]["full"])
-                        full_mem = memory.get("full", {}).get("peak_mib")
-                        for name in names:
-                            wall = np.array(timing["wall"][name])
-                            cpu = np.array(timing["cpu"][name])
-                            mem = memory.get(name, {})
-                            peak = mem.get("peak_mib")
-                            if mem.get("memory_source"):
-                                sources[backend] = mem["memory_source"]
-                            record = {
-                                "backend": backend,
-                                "n": n, "v": v, "d": d, "mode": mode, "head": name,
-                                "wall_ms": float(np.median(wall) * 1e3),
-                                "wall_ratios": (wall / full_wall).tolist(),
-                                "cpu_ratios": (cpu / full_cpu).tolist(),
-                                "peak_mib": peak,
-                                "rss_first_call_mib": mem.get("rss_first_call_mib"),
-                                "memory_error": mem.get("error"),
-                                "memory_source": mem.get("memory_source"),
-                            }
-                            records.append(record)
-                            mem_text = "-"
-                            if peak is not None:
-                                mem_text = f"{peak:.1f}"
-                            elif mem.get("error"):
-                                mem_text = "error"
-                            mem_ratio = (
-                                f"{peak / full_mem:.2f}"
-                                if peak is not None and full_mem
-                                else "-"
-                            )
-                            rows.append(
-                                f"| {backend} | {n} | {v} | {d} | {mode} | {name} "
-                                f"| {np.median(wall) * 1e3:.0f} "
-                                f"| {_spread(wall / full_wall)} "
-                                f"| {_spread(cpu / full_cpu)} "
-                                f"| {mem_text} | {mem_ratio} |"
-                            )
-                        print(
-                            f"  {backend} N={n} V={v} d={d} {mode}: done in "
-                            f"{time.perf_counter() - t0:.0f} s",
-                            flush=True,
-                        )
+    for backend in args.backends:
+        for n, v, d in itertools.product(args.n, args.v, args.d):
+            for mode in args.modes_of[backend]:
+                r, lines, s = run_config(backend, n, v, d, mode, heads, args)
+                records += r
+                rows += lines
+                sources.update(s)
     print()
     print(
         "| backend | N | V | d | mode | head | step ms (median) | time / full, wall: median "
@@ -419,20 +382,9 @@ def main():
         print(row)
     for backend, source in sources.items():
         print(f"peak MiB on {backend}: {source}")
-    if len(backends) > 1:
-        lines, outside = compare_backends(records, args.tolerance)
-        print()
-        print("| N | V | d | head | backend | time / full | reference | time / full "
-              "| ratio / TF ratio | |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for line in lines:
-            print(line)
-        if outside:
-            print(f"not within {args.tolerance:g}x of TensorFlow's ratio: "
-                  + "; ".join(outside))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+    if len(args.backends) > 1:
+        print_comparison(records, args.tolerance)
+    measure.save(records, args.json)
 
 
 if __name__ == "__main__":

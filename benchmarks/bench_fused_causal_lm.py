@@ -16,7 +16,7 @@ runs on a CPU) with a large vocabulary (`--vocabulary_size`, default
 
 Per row: one warm-up `train_on_batch` (tracing), then `--steps` timed
 ones; `step_s` is their median wall time. Memory from the process' resident
-size (`proc_memory.py`): after the model is built and the batch allocated,
+size (`measure.RssPeak`): after the model is built and the batch allocated,
 the peak counter is reset and the resident size read (`baseline_mib`);
 `peak_mib` is the raw peak resident size over the warm-up and timed steps
 (the optimizer's slots are created in the warm-up step and count), and
@@ -50,17 +50,14 @@ Usage:
         --cap_seq_lens=16,32 --memory_cap_gb=64 --threads=1   # smoke run
 """
 
-import json
 import os
 import shlex
-import statistics
-import subprocess
 import sys
 import threading
 import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
-import proc_memory  # benchmarks/proc_memory.py
+import measure  # benchmarks/measure.py
 import select_backend  # benchmarks/select_backend.py
 from absl import app
 from absl import flags
@@ -133,7 +130,7 @@ def watch_memory(cap_bytes, interval=0.02):
 
     def watch():
         while True:
-            rss = proc_memory.status()["VmRSS"]
+            rss = measure.status()["VmRSS"]
             if rss > cap_bytes:
                 print(f"OverCapExit: resident size {rss / 2**30:.2f} GiB over the cap "
                       f"{cap_bytes / 2**30:.2f} GiB", flush=True)
@@ -164,8 +161,6 @@ def run_row(row, config, seq_len, batch_size, steps, threads, chunk_size=None,
             memory_cap_bytes=None, step="train"):
     """Measures one row's training (or, `step="evaluate"`, evaluation) step
     in this process; returns its result dict."""
-    import gc
-
     import keras
     import numpy as np
 
@@ -180,36 +175,23 @@ def run_row(row, config, seq_len, batch_size, steps, threads, chunk_size=None,
     y = rng.integers(0, v, (batch_size, seq_len)).astype("int32")
     sample_weight = np.ones((batch_size, seq_len), "float32")
     step_fn = lm.test_on_batch if step == "evaluate" else lm.train_on_batch
-    gc.collect()
-    reset = proc_memory.reset_peak()
-    baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
-    t0 = time.perf_counter()
-    logs = step_fn(x, y, sample_weight=sample_weight, return_dict=True)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        logs = step_fn(x, y, sample_weight=sample_weight, return_dict=True)
-        times.append(time.perf_counter() - t0)
-    peak = proc_memory.status()["VmHWM"]
-    mib = 2.0**20
+    memory = measure.RssPeak()
+    t = measure.time_calls(
+        lambda: step_fn(x, y, sample_weight=sample_weight, return_dict=True),
+        warmup=1, repeats=steps, memory=memory, memory_covers_warmup=True)
+    logs, baseline, peak = t.value, memory.baseline, memory.peak_bytes()
+    mib = measure.MIB
     return {
         "row": row, "step": step, "seq_len": seq_len, "batch_size": batch_size,
         "backend": keras.backend.backend(), "threads": used_threads,
         "loss": float(logs["loss"]), "logs": {k: float(v) for k, v in logs.items()},
-        "first_s": first,
-        "step_s": statistics.median(times) if times else first, "times_s": times,
+        "first_s": t.first_s, "step_s": t.median_s, "times_s": t.wall,
         "baseline_mib": baseline / mib, "peak_mib": peak / mib,
-        "peak_over_baseline_mib": (peak - baseline) / mib, "peak_reset": reset,
+        "peak_over_baseline_mib": (peak - baseline) / mib, "peak_reset": memory.reset,
     }
 
 
 # ----------------------------------------------------------------- parent
-def machine():
-    """The machine, in a dict (`proc_memory.machine`)."""
-    return proc_memory.machine()
-
-
 def run_child(row, seq_len, steps, settings, memory_cap_gb=None, step="train"):
     """One row in a fresh process; a failure is a row with its `error`."""
     if settings.get("in_process"):
@@ -226,19 +208,17 @@ def run_child(row, seq_len, steps, settings, memory_cap_gb=None, step="train"):
     if settings.get("chunk_size"):
         args.append(f"--chunk_size={settings['chunk_size']}")
     args.append(f"--memory_cap_gb={memory_cap_gb or 0}")  # 0: no watch
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS=str(settings["threads"]),
-               KERAS_BACKEND=settings["backend"])
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args],
-                          capture_output=True, text=True, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": str(settings["threads"]),
+           "KERAS_BACKEND": settings["backend"]}
+    child = fresh_process.run(__file__, args, env)
+    if child.results:
+        return child.results[0]
     out = {"row": row, "seq_len": seq_len}
-    if proc.returncode == OVER_CAP_EXIT:
+    if child.returncode == OVER_CAP_EXIT:
         out["over_cap"] = True
         out["error"] = f"resident size over the cap ({memory_cap_gb} GiB)"
     else:
-        out["error"] = fresh_process.error_text(proc.stderr + proc.stdout, proc.returncode)
+        out["error"] = child.error
     return out
 
 
@@ -262,6 +242,27 @@ def longest_under_cap(row, settings):
             break
         best = seq_len
     return {"row": row, "memory_cap_gb": cap, "max_seq_len_under_cap": best, "probes": probes}
+
+
+def ratios_of(rows, eval_rows):
+    """Fused over stock: train step time and peaks, evaluation time and peak
+    (each where both rows ran)."""
+    by = {r["row"]: r for r in rows if "step_s" in r}
+    ratios = {}
+    if set(ROWS) <= set(by):
+        ratios = {"time_fused_over_stock": by["fused"]["step_s"] / by["stock"]["step_s"],
+                  "peak_fused_over_stock": by["fused"]["peak_mib"] / by["stock"]["peak_mib"],
+                  "peak_over_baseline_fused_over_stock":
+                      by["fused"]["peak_over_baseline_mib"]
+                      / max(by["stock"]["peak_over_baseline_mib"], 1e-9)}
+    by_eval = {r["row"]: r for r in eval_rows if "step_s" in r}
+    if set(ROWS) <= set(by_eval):
+        ratios.update(
+            eval_time_fused_over_stock=by_eval["fused"]["step_s"] / by_eval["stock"]["step_s"],
+            eval_peak_over_baseline_fused_over_stock=(
+                by_eval["fused"]["peak_over_baseline_mib"]
+                / max(by_eval["stock"]["peak_over_baseline_mib"], 1e-9)))
+    return ratios
 
 
 def main(argv):
@@ -304,31 +305,15 @@ def main(argv):
         cap_rows = [longest_under_cap(row, settings) for row in FLAGS.rows]
         for c in cap_rows:
             print(f"{c['row']:6s} {c['max_seq_len_under_cap']}", flush=True)
-    by = {r["row"]: r for r in rows if "step_s" in r}
-    ratios = {}
-    if set(ROWS) <= set(by):
-        ratios = {"time_fused_over_stock": by["fused"]["step_s"] / by["stock"]["step_s"],
-                  "peak_fused_over_stock": by["fused"]["peak_mib"] / by["stock"]["peak_mib"],
-                  "peak_over_baseline_fused_over_stock":
-                      by["fused"]["peak_over_baseline_mib"]
-                      / max(by["stock"]["peak_over_baseline_mib"], 1e-9)}
-    by_eval = {r["row"]: r for r in eval_rows if "step_s" in r}
-    if set(ROWS) <= set(by_eval):
-        ratios.update(
-            eval_time_fused_over_stock=by_eval["fused"]["step_s"] / by_eval["stock"]["step_s"],
-            eval_peak_over_baseline_fused_over_stock=(
-                by_eval["fused"]["peak_over_baseline_mib"]
-                / max(by_eval["stock"]["peak_over_baseline_mib"], 1e-9)))
+    ratios = ratios_of(rows, eval_rows)
     if ratios:
         print(", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump({
-                "command": "python benchmarks/bench_fused_causal_lm.py "
-                           + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                "machine": machine(), "settings": settings, "rows": rows,
-                "eval_rows": eval_rows, "ratios": ratios, "memory_cap": cap_rows,
-            }, f, indent=1)
+    measure.save({
+        "command": "python benchmarks/bench_fused_causal_lm.py "
+                   + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "machine": measure.machine(), "settings": settings, "rows": rows,
+        "eval_rows": eval_rows, "ratios": ratios, "memory_cap": cap_rows,
+    }, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -64,16 +64,13 @@ Usage:
 """
 
 import argparse
-import json
 import math
 import os
 import re
-import subprocess
 import sys
-import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
-import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
+import measure  # benchmarks/measure.py (the script's own folder)
 import select_backend  # benchmarks/select_backend.py
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -243,105 +240,90 @@ def zipf_counts(v, total=8e8):
 
 
 # ------------------------------------------------------------------ child
-def measure(args, track_memory=True):
-    """Builds one (row, V, N, mode, phase) step, times it, returns a dict."""
-    import keras
+def numpy_inputs(rng, n, v, d):
+    """`h ~ N(0, 0.25)` `[n, d]` and Zipfian int32 targets `[n]` as tensors."""
     import numpy as np
     import steps
 
+    h = rng.standard_normal((n, d), dtype=np.float32)
+    h *= 0.5
+    p = zipf_counts(v)
+    targets = rng.choice(v, size=n, p=p / p.sum()).astype(np.int32)
+    return steps.tensor(h), steps.tensor(targets)
+
+
+def tf_sampled_loss(row, v, args, rng):
+    """`(loss_fn, variables)` of a `tf.nn` sampled loss (weights `[V, d]`)."""
+    import numpy as np
+    import tensorflow as tf
+
+    w = tf.Variable(rng.standard_normal((v, args.d), dtype=np.float32) / args.d**0.5)
+    b = tf.Variable(np.zeros(v, np.float32))
+    fn = getattr(tf.nn, row.name.split(".")[-1])
+
+    def loss_fn(h, t):
+        return fn(w, b, tf.cast(t, tf.int64)[:, None], h, num_sampled=args.num_sampled,
+                  num_classes=v)
+
+    return loss_fn, [w, b]
+
+
+def make_step(row, v, args, rng):
+    """The timed step (`steps.py`) of `row` for a vocabulary of `v` words."""
+    import keras
+    import steps
+
+    from keras_softmax_heads.chunked import chunked_pointwise_nll
+
+    if row.kind == "tf":
+        loss_fn, variables = tf_sampled_loss(row, v, args, rng)
+        ll_fn, state = None, []
+    else:
+        head = row.make(argparse.Namespace(**dict(vars(args), v=v, counts=zipf_counts(v))))
+        head(keras.ops.zeros((1, args.d)))
+        variables, state = list(head.trainable_variables), list(head.variables)
+        if row.kind == "chunked":
+            def loss_fn(h, t):
+                return chunked_pointwise_nll(h, head.kernel, head.bias, t)
+
+            def ll_fn(h, t):
+                return -loss_fn(h, t)
+        else:
+            def loss_fn(h, t):
+                return head.training_loss(h, t, training=True)
+
+            ll_fn = head.log_likelihood
+    if args.phase == "train":
+        return steps.grad_step(lambda h, t: keras.ops.sum(loss_fn(h, t)), variables,
+                               args.modes, wrt=(0,), state=state)
+    return steps.value_step(lambda h, t: keras.ops.sum(ll_fn(h, t)), args.modes, state=state)
+
+
+def measure_row(args, track_memory=True):
+    """Builds one (row, V, N, mode, phase) step, times it, returns a dict."""
+    import numpy as np
+
     row = next(r for r in ROWS if r.name == args.row)
     rng = np.random.default_rng(0)
-    counts = zipf_counts(args.v)
-    args.counts = counts
-
-    def inputs(n, v):
-        h = rng.standard_normal((n, args.d), dtype=np.float32)
-        h *= 0.5
-        p = zipf_counts(v)
-        targets = rng.choice(v, size=n, p=p / p.sum()).astype(np.int32)
-        return steps.tensor(h), steps.tensor(targets)
-
-    def make_step(v):
-        """Builds the timed step (`steps.py`) for a vocabulary of size v."""
-        sub = argparse.Namespace(**vars(args))
-        sub.v = v
-        sub.counts = zipf_counts(v)
-        state = []
-        if row.kind == "tf":
-            import tensorflow as tf
-
-            w = tf.Variable(
-                rng.standard_normal((v, args.d), dtype=np.float32) / args.d**0.5
-            )
-            b = tf.Variable(np.zeros(v, np.float32))
-            variables = [w, b]
-            fn = getattr(tf.nn, row.name.split(".")[-1])
-
-            def loss_fn(h, t):
-                return fn(w, b, tf.cast(t, tf.int64)[:, None], h,
-                          num_sampled=args.num_sampled, num_classes=v)
-        else:
-            head = row.make(sub)
-            head(keras.ops.zeros((1, args.d)))
-            variables = list(head.trainable_variables)
-            state = list(head.variables)
-            if row.kind == "chunked":
-                from keras_softmax_heads.chunked import chunked_pointwise_nll
-
-                def loss_fn(h, t):
-                    return chunked_pointwise_nll(h, head.kernel, head.bias, t)
-
-                def ll_fn(h, t):
-                    return -loss_fn(h, t)
-            else:
-                def loss_fn(h, t):
-                    return head.training_loss(h, t, training=True)
-
-                def ll_fn(h, t):
-                    return head.log_likelihood(h, t)
-
-        if args.phase == "train":
-            return steps.grad_step(lambda h, t: keras.ops.sum(loss_fn(h, t)), variables,
-                                   args.modes, wrt=(0,), state=state)
-        return steps.value_step(lambda h, t: keras.ops.sum(ll_fn(h, t)), args.modes,
-                                state=state)
-
     # Warm-up on a tiny problem of the same kind (code pages, XLA runtime).
     small_v = max(2 * args.num_sampled + 3, 64)
-    warm = make_step(small_v)
-    warm(*inputs(16, small_v))
+    warm = make_step(row, small_v, args, rng)
+    warm(*numpy_inputs(rng, 16, small_v, args.d))
 
-    step = make_step(args.v)
-    data = inputs(args.n, args.v)
-    reset = track_memory and proc_memory.reset_peak()
-    baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
-    t0 = time.perf_counter()
-    loss = step(*data)
-    first = time.perf_counter() - t0
-    times, cpu_times = [], []
-    budget_end = time.perf_counter() + args.time_budget
-    for _ in range(args.repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
-        loss = step(*data)
-        times.append(time.perf_counter() - t0)
-        cpu_times.append(time.process_time() - c0)
-        if time.perf_counter() > budget_end:
-            break
-    peak = proc_memory.status()["VmHWM"] - baseline
+    step = make_step(row, args.v, args, rng)
+    data = numpy_inputs(rng, args.n, args.v, args.d)
+    memory = measure.RssPeak() if track_memory else measure.NoMemory()
+    t = measure.time_calls(lambda: step(*data), warmup=1, repeats=args.repeats, memory=memory,
+                           memory_covers_warmup=True, time_budget=args.time_budget)
     return {
-        "first_s": first,
-        "step_s": min(times) if times else first,
-        "cpu_s": min(cpu_times) if cpu_times else None,
-        "steps": len(times),
-        "peak_mb": peak / 2**20 if track_memory else None,
-        "peak_reset": reset,
-        "loss": loss,
+        "first_s": t.first_s, "step_s": t.best_s, "cpu_s": t.best_cpu_s, "steps": len(t.wall),
+        "peak_mb": memory.peak_mib(), "peak_reset": memory.reset, "loss": t.value,
     }
 
 
 def child(args):
     select_backend.use(args.backend)
-    print("RESULT " + json.dumps(measure(args)), flush=True)
+    fresh_process.report(measure_row(args))
 
 
 def run_in_process(row, v, n, mode, phase, args):
@@ -350,14 +332,11 @@ def run_in_process(row, v, n, mode, phase, args):
     sub.row, sub.v, sub.n, sub.modes, sub.phase = row.name, v, n, mode, phase
     select_backend.use(args.backend)
     try:
-        return measure(sub, track_memory=False)
+        return measure_row(sub, track_memory=False)
     except Exception as err:  # report, as a subprocess failure would be
         text = f"{type(err).__name__}: {err}"
-        if mode == "xla":
-            reason = _xla_reason(text)
-            if reason:
-                return {"error": reason}
-        return {"error": text.splitlines()[0][:300]}
+        reason = _xla_reason(text) if mode == "xla" else None
+        return {"error": reason or text.splitlines()[0][:300]}
 
 
 # ----------------------------------------------------------------- parent
@@ -373,24 +352,15 @@ def _xla_reason(text):
 
 
 def run_child(row, v, n, mode, phase, args):
-    cmd = [
-        sys.executable, os.path.abspath(__file__), "--child",
-        "--backend", args.backend, "--row", row.name, "--v", str(v), "--n", str(n), "--d", str(args.d),
-        "--num-sampled", str(args.num_sampled), "--modes", mode,
-        "--phase", phase, "--repeats", str(args.repeats),
-        "--time-budget", str(args.time_budget),
-    ]
-    env = dict(os.environ, KERAS_BACKEND=args.backend)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    text = (proc.stderr or "") + (proc.stdout or "")
-    if mode == "xla":
-        reason = _xla_reason(text)
-        if reason:
-            return {"error": reason}
-    return {"error": fresh_process.error_text(text, proc.returncode)}
+    flags = ["--child", "--backend", args.backend, "--row", row.name, "--v", str(v),
+             "--n", str(n), "--d", str(args.d), "--num-sampled", str(args.num_sampled),
+             "--modes", mode, "--phase", phase, "--repeats", str(args.repeats),
+             "--time-budget", str(args.time_budget)]
+    child = fresh_process.run(__file__, flags, {"KERAS_BACKEND": args.backend})
+    if child.results:
+        return child.results[0]
+    reason = _xla_reason(child.output) if mode == "xla" else None
+    return {"error": reason or child.error}
 
 
 OPTIONAL_MODULES = {
@@ -420,7 +390,7 @@ def _available_rows(rows, backend):
     return status
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -449,14 +419,7 @@ def main():
         help="tokens of the eval phase: an int, or 'auto' (largest N/2^k that fits)",
     )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--time-budget", type=float, default=60.0,
-        help="stop repeating a configuration after this many seconds",
-    )
-    parser.add_argument(
-        "--memory-budget-gb", type=float, default=None,
-        help="skip configurations estimated above this (default 80%% of MemAvailable)",
-    )
+    select_backend.add_budget_flags(parser)
     parser.add_argument(
         "--in-process", action="store_true",
         help="run every row in this process (default with --quick): fast, "
@@ -465,8 +428,80 @@ def main():
     parser.add_argument("--json", type=str, default=None, help="write results here")
     args = parser.parse_args()
     args.backend = select_backend.parse(args.backend, parser)
-    select_backend.use(args.backend)
+    if not args.child:
+        args.modes = select_backend.modes(args.modes, args.backend, parser)
+    return args
 
+
+def selected_rows(args):
+    """The rows of `--rows` (and the full-softmax references unless `--skip-full`)."""
+    rows = ROWS
+    if args.rows:
+        wanted = [w.strip() for w in args.rows.split(",") if w.strip()]
+        rows = [r for r in rows if r.full or any(w in r.name for w in wanted)]
+    if args.skip_full:
+        rows = [r for r in rows if not r.full]
+    return rows
+
+
+def eval_tokens(a, budget, args):
+    """`N` of the eval phase: `--eval-n`, or the largest `N / 2^k` at which the
+    full-softmax evaluation fits in `budget`."""
+    if args.eval_n != "auto":
+        return int(args.eval_n)
+    eval_n = args.n
+    while eval_n > 16 and est_dense()(a, "eval", eval_n) > budget:
+        eval_n //= 2
+    return eval_n
+
+
+def run_cell(row, a, n, mode, phase, measured, unavailable, budget, args):
+    """The result of one (row, V, mode, phase): measured, or why it is skipped."""
+    if unavailable.get(row.name):
+        return {"skipped": unavailable[row.name]}
+    if mode == "xla" and not row.xla:
+        return {"skipped": "data-dependent shapes: not for XLA"}
+    if row.name == "FullSoftmax (chunked)" and "step_s" in measured.get("FullSoftmax", {}):
+        return {"skipped": "dense FullSoftmax fits; chunked not needed"}
+    if row.est(a, phase, n) > budget:
+        return {"skipped": f"estimated {row.est(a, phase, n) / 2**30:.1f} GiB"}
+    run = run_in_process if args.in_process else run_child
+    return run(row, a.v, n, mode, phase, args)
+
+
+def tf_ratios(r, row, measured_all):
+    """`(time, cpu)` ratios of `r` to its TensorFlow op's row: same mode, else
+    (marked `g`) TF's graph mode, where its samplers do not compile with XLA."""
+    if not row.tf_ref:
+        return "", ""
+    tf_r, mark = measured_all.get((r["v"], r["mode"], r["phase"], row.tf_ref), {}), ""
+    if "step_s" not in tf_r:
+        tf_r, mark = measured_all.get((r["v"], "graph", r["phase"], row.tf_ref), {}), "g"
+    if "step_s" not in tf_r:
+        return "", ""
+    return (f"{r['step_s'] / tf_r['step_s']:.2f}{mark}",
+            f"{r['cpu_s'] / tf_r['cpu_s']:.2f}{mark}")
+
+
+def print_row(r, row, ref, measured_all):
+    where = f"{r['v']:7d} {r['mode']:5} {r['phase']:5} {r['n']:5d} {row.name:34}"
+    if "step_s" not in r:
+        print(f"{where}  -- {r.get('skipped') or r.get('error')}", flush=True)
+        return
+    rel_t = rel_m = ""
+    if "step_s" in ref:
+        rel_t = f"{r['step_s'] / ref['step_s']:.4f}"
+        if r["peak_mb"] is not None and ref["peak_mb"]:
+            rel_m = f"{r['peak_mb'] / max(ref['peak_mb'], 1e-9):.4f}"
+    peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.1f}"
+    rel_tf, cpu_tf = tf_ratios(r, row, measured_all)
+    print(f"{where} {r['step_s']:9.4f} {r['cpu_s']:8.4f} {peak:>9} "
+          f"{rel_t:>8} {rel_m:>8} {rel_tf:>7} {cpu_tf:>7}", flush=True)
+
+
+def main():
+    args = parse_args()
+    select_backend.use(args.backend)
     if args.child:
         args.v = int(args.v)
         return child(args)
@@ -476,22 +511,11 @@ def main():
         args.in_process = True
     else:
         vs = tuple(int(x) for x in args.v.split(",")) if args.v else FULL_V
-    modes = select_backend.modes(args.modes, args.backend, parser)
-    phases = args.phases.split(",")
-    rows = ROWS
-    if args.rows:
-        wanted = [w.strip() for w in args.rows.split(",") if w.strip()]
-        rows = [r for r in rows if r.full or any(w in r.name for w in wanted)]
-    if args.skip_full:
-        rows = [r for r in rows if not r.full]
+    rows = selected_rows(args)
     unavailable = _available_rows(rows, args.backend)
-    budget = (
-        args.memory_budget_gb * 2**30
-        if args.memory_budget_gb
-        else 0.8 * proc_memory.available_bytes()
-    )
+    budget = measure.memory_budget(args.memory_budget_gb, gib=True)
     print(f"backend {args.backend}, d={args.d}, N={args.n}, num_sampled={args.num_sampled}, "
-          f"memory budget {budget / 2**30:.1f} GiB, modes {modes}; peak MB: process "
+          f"memory budget {budget / 2**30:.1f} GiB, modes {args.modes}; peak MB: process "
           "peak resident size (VmHWM)", flush=True)
     header = (
         f"{'V':>7} {'mode':5} {'phase':5} {'N':>5} {'row':34} {'time s':>9} "
@@ -500,78 +524,26 @@ def main():
     )
     print(header)
     print("-" * len(header), flush=True)
-    results = []
-    measured_all = {}
+    results, measured_all = [], {}
     for v in vs:
         a = argparse.Namespace(v=v, d=args.d, num_sampled=args.num_sampled)
-        if args.eval_n == "auto":
-            eval_n = args.n
-            while eval_n > 16 and est_dense()(a, "eval", eval_n) > budget:
-                eval_n //= 2
-        else:
-            eval_n = int(args.eval_n)
-        for mode in modes:
-            for phase in phases:
+        eval_n = eval_tokens(a, budget, args)
+        for mode in args.modes:
+            for phase in args.phases.split(","):
                 n = args.n if phase == "train" else eval_n
                 measured = {}
                 for row in rows:
                     if phase == "eval" and not row.eval:
                         continue
-                    if unavailable.get(row.name):
-                        r = {"skipped": unavailable[row.name]}
-                    elif mode == "xla" and not row.xla:
-                        r = {"skipped": "data-dependent shapes: not for XLA"}
-                    elif row.name == "FullSoftmax (chunked)" and "step_s" in measured.get(
-                        "FullSoftmax", {}
-                    ):
-                        r = {"skipped": "dense FullSoftmax fits; chunked not needed"}
-                    elif row.est(a, phase, n) > budget:
-                        r = {"skipped": f"estimated {row.est(a, phase, n) / 2**30:.1f} GiB"}
-                    elif args.in_process:
-                        r = run_in_process(row, v, n, mode, phase, args)
-                    else:
-                        r = run_child(row, v, n, mode, phase, args)
-                    measured[row.name] = r
-                    measured_all[(v, mode, phase, row.name)] = r
-                    ref = next(
-                        (measured[x.name] for x in rows
-                         if x.full and "step_s" in measured.get(x.name, {})),
-                        {},
-                    )
+                    r = run_cell(row, a, n, mode, phase, measured, unavailable, budget, args)
+                    measured[row.name] = measured_all[(v, mode, phase, row.name)] = r
+                    ref = next((measured[x.name] for x in rows
+                                if x.full and "step_s" in measured.get(x.name, {})), {})
                     r = dict(r, backend=args.backend, row=row.name, v=v, mode=mode,
                              phase=phase, n=n)
                     results.append(r)
-                    if "step_s" in r:
-                        rel_t = rel_m = ""
-                        if "step_s" in ref:
-                            rel_t = f"{r['step_s'] / ref['step_s']:.4f}"
-                            if r["peak_mb"] is not None and ref["peak_mb"]:
-                                rel_m = f"{r['peak_mb'] / max(ref['peak_mb'], 1e-9):.4f}"
-                        peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.1f}"
-                        rel_tf = cpu_tf = ""
-                        if row.tf_ref:
-                            # Same mode, else TF's graph mode (its samplers
-                            # do not compile with XLA), marked "g".
-                            tf_r, mark = measured_all.get((v, mode, phase, row.tf_ref), {}), ""
-                            if "step_s" not in tf_r:
-                                tf_r = measured_all.get((v, "graph", phase, row.tf_ref), {})
-                                mark = "g"
-                            if "step_s" in tf_r:
-                                rel_tf = f"{r['step_s'] / tf_r['step_s']:.2f}{mark}"
-                                cpu_tf = f"{r['cpu_s'] / tf_r['cpu_s']:.2f}{mark}"
-                        print(
-                            f"{v:7d} {mode:5} {phase:5} {n:5d} {row.name:34} "
-                            f"{r['step_s']:9.4f} {r['cpu_s']:8.4f} {peak:>9} "
-                            f"{rel_t:>8} {rel_m:>8} {rel_tf:>7} {cpu_tf:>7}",
-                            flush=True,
-                        )
-                    else:
-                        why = r.get("skipped") or r.get("error")
-                        print(f"{v:7d} {mode:5} {phase:5} {n:5d} {row.name:34}  -- {why}",
-                              flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+                    print_row(r, row, ref, measured_all)
+    measure.save(results, args.json)
     errors = [
         r for r in results
         if "error" in r and not r["error"].startswith("XLA cannot compile")

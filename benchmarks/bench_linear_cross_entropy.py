@@ -30,7 +30,7 @@ Time: one warm-up call (tracing / compilation; `first_s`), then
 fastest.
 
 Memory, from the process' resident size (Linux `/proc/self/status`,
-`proc_memory.py`): the child first runs a tiny step of the same kind (to
+`measure.RssPeak`): the child first runs a tiny step of the same kind (to
 load the libraries' code), then allocates `h`, `W` and the targets, resets
 the peak counter (`VmHWM`, `/proc/self/clear_refs`) and reads the resident
 size, `baseline_mib`. The warm-up call counts towards the peak (TensorFlow's
@@ -63,8 +63,9 @@ with `taskset` to bound it).
 
 `--device=gpu` runs the Keras rows on JAX's GPU (`--backend=jax`) and the
 PyTorch rows on CUDA, the inputs copied to the device; memory then comes
-from the device allocators (`bytes_in_use` / `peak_bytes_in_use` of JAX's
-`memory_stats`, `torch.cuda.memory_allocated` / `max_memory_allocated`),
+from the device allocators (`measure.JaxDevicePeak`: `bytes_in_use` /
+`peak_bytes_in_use` of JAX's `memory_stats`; `measure.TorchCudaPeak`:
+`torch.cuda.memory_allocated` / `max_memory_allocated`),
 the same `baseline` / `peak` / `extra` fields
 (`benchmarks/device_linear_cross_entropy.sh` runs the GPU table).
 
@@ -86,16 +87,12 @@ Usage:
         --vocab_sizes=128,256 --repeats=2 --threads=1
 """
 
-import json
 import os
 import shlex
-import statistics
-import subprocess
 import sys
-import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
-import proc_memory  # benchmarks/proc_memory.py
+import measure  # benchmarks/measure.py
 import select_backend  # benchmarks/select_backend.py
 from absl import app
 from absl import flags
@@ -162,22 +159,11 @@ def fill_inputs(n, d, v, seed=0):
     yield "t", slice(0, n), np.random.default_rng([seed, 2]).integers(0, v, n).astype(np.int32)
 
 
-def aligned_empty(shape, dtype):
-    """An uninitialised NumPy array on a 128-byte boundary (TensorFlow takes
-    only aligned buffers without a copy, and aborts on unaligned ones)."""
-    import numpy as np
-
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(nbytes + 128, np.uint8)
-    offset = (-raw.ctypes.data) % 128
-    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
-
-
 def numpy_inputs(n, d, v, dtype):
     """`(h [n, d], W [d, v], t [n])` aligned NumPy arrays (`dtype`: via ml_dtypes)."""
     import ml_dtypes
     import numpy as np
+    from steps import aligned_empty  # benchmarks/steps.py (imports Keras)
 
     np_dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
     h = aligned_empty((n, d), np_dtype)
@@ -213,15 +199,12 @@ def torch_inputs(n, d, v, dtype):
 
 
 # ------------------------------------------------------------------- rows
-def _set_threads(row, threads):
+def set_threads(row, threads):
+    """The row's framework's intra-op threads (inter-op: 1); what it uses."""
     if row in TORCH_ROWS:
-        import torch
+        import torch_heads  # benchmarks/torch_heads.py (imports PyTorch)
 
-        torch.set_num_threads(threads)
-        try:
-            torch.set_num_interop_threads(1)
-        except RuntimeError:  # already started
-            pass
+        torch_heads.set_threads(threads, interop=1)
         return threads
     import keras
 
@@ -268,19 +251,8 @@ def keras_step(row, mode, chunk_size, device="cpu"):
 
 
 def torch_step(row, device="cpu"):
-    """`(step, make_inputs)` of a PyTorch row."""
-    import torch
-    import torch.nn.functional as F
-
-    def step(h, w, t):
-        h.grad = w.grad = None
-        if row == "torch_chunked":
-            loss = F.linear_cross_entropy(h, w, t,
-                                          options=torch.nn.LinearCrossEntropyOptions())
-        else:
-            loss = F.cross_entropy(h @ w.T, t)
-        loss.backward()
-        return float(loss.detach())
+    """`(step, make_inputs)` of a PyTorch row (`torch_heads.py`)."""
+    import torch_heads
 
     def make_inputs(n, d, v, dtype):
         h, w, t = torch_inputs(n, d, v, dtype)
@@ -288,14 +260,20 @@ def torch_step(row, device="cpu"):
             h, w, t = h.cuda(), w.cuda(), t.cuda()
         return [h.requires_grad_(True), w.requires_grad_(True), t], None
 
-    return step, make_inputs
+    return torch_heads.linear_cross_entropy_step(row), make_inputs
+
+
+def memory_reader(row, device):
+    """The process' resident size on the CPU; on a GPU, the row's device
+    allocator (JAX's peak is the process': the tiny step's, below the inputs')."""
+    if device != "gpu":
+        return measure.RssPeak()
+    return measure.TorchCudaPeak() if row in TORCH_ROWS else measure.JaxDevicePeak()
 
 
 def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None,
             device="cpu"):
     """Measures one row in this process; returns its result dict."""
-    import gc
-
     result = {"row": row, "n": n, "d": d, "v": v, "dtype": dtype}
     if row in TORCH_ROWS:
         import torch
@@ -314,40 +292,28 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None,
         result.update(framework=f"keras {keras.__version__} ({backend})", mode=mode)
         if row == "ours":
             result["chunk_size"] = chunk_size
-    result["threads"] = _set_threads(row, threads)
+    result["threads"] = set_threads(row, threads)
     # A tiny step of the same kind first: loads the libraries' code, whose
     # pages would otherwise count as the step's memory.
     small, _ = make_inputs(8, min(d, 8), 16, dtype)
     step(*small)
     del small
     data, keep = make_inputs(n, d, v, dtype)
-    gc.collect()
     if device == "gpu":
         result["device"] = gpu_name(row)
-        reset = True  # the device allocators' peaks (JAX's: the tiny step's, below the inputs')
-        baseline = gpu_memory(row, reset_peak=True)[0]
-    else:
-        reset = proc_memory.reset_peak()
-        baseline = proc_memory.status()["VmRSS" if reset else "VmHWM"]
-    t0 = time.perf_counter()
-    loss = step(*data)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        loss = step(*data)
-        times.append(time.perf_counter() - t0)
-    peak = gpu_memory(row)[1] if device == "gpu" else proc_memory.status()["VmHWM"]
+    memory = memory_reader(row, device)
+    t = measure.time_calls(lambda: step(*data), warmup=1, repeats=repeats, memory=memory,
+                           memory_covers_warmup=True)
+    baseline, peak = memory.baseline, memory.peak_bytes()
     del keep
     itemsize = 2 if dtype == "bfloat16" else 4
     grad_bytes = (n * d + d * v) * itemsize
-    mib = 2.0**20
+    mib = measure.MIB
     result.update(
-        loss=loss, first_s=first, step_s=statistics.median(times) if times else first,
-        best_s=min(times) if times else first, times_s=times,
+        loss=t.value, first_s=t.first_s, step_s=t.median_s, best_s=t.best_s, times_s=t.wall,
         baseline_mib=baseline / mib, peak_mib=peak / mib,
         peak_over_inputs_mib=(peak - baseline) / mib, grad_mib=grad_bytes / mib,
-        extra_mib=(peak - baseline - grad_bytes) / mib, peak_reset=reset,
+        extra_mib=(peak - baseline - grad_bytes) / mib, peak_reset=memory.reset,
     )
     return result
 
@@ -362,29 +328,7 @@ def gpu_name(row):
     return jax.devices()[0].device_kind
 
 
-def gpu_memory(row, reset_peak=False):
-    """`(bytes in use, peak bytes in use)` of the GPU's allocator; with
-    `reset_peak`, PyTorch's peak counter is then reset (JAX has none to reset)."""
-    if row in TORCH_ROWS:
-        import torch
-
-        torch.cuda.synchronize()
-        current, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
-        if reset_peak:
-            torch.cuda.reset_peak_memory_stats()
-        return current, peak
-    import jax
-
-    stats = jax.devices()[0].memory_stats()
-    return stats["bytes_in_use"], stats["peak_bytes_in_use"]
-
-
 # ----------------------------------------------------------------- parent
-def machine():
-    """The machine, in a dict (`proc_memory.machine`)."""
-    return proc_memory.machine()
-
-
 def dense_estimate_bytes(row, n, v):
     """Estimated extra memory of a dense row (0 for the fused rows)."""
     return DENSE_COPIES.get(row, 0.0) * n * v * 4
@@ -434,17 +378,15 @@ def child_args(row, v, dtype, settings):
 
 def run_child(row, v, dtype, settings):
     """Runs a row in a fresh process; a failure is a row with its `error`."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS=str(settings["threads"]),
-               KERAS_BACKEND=settings["backend"])
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": str(settings["threads"]),
+           "KERAS_BACKEND": settings["backend"]}
     if settings["backend"] == "jax" and settings["threads"] == 1:
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
-    cmd = [sys.executable, os.path.abspath(__file__), *child_args(row, v, dtype, settings)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"row": row, "v": v, "dtype": dtype,
-            "error": fresh_process.error_text(proc.stderr + proc.stdout, proc.returncode)}
+        flags = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+        env["XLA_FLAGS"] = flags.strip()
+    child = fresh_process.run(__file__, child_args(row, v, dtype, settings), env)
+    if child.results:
+        return child.results[0]
+    return {"row": row, "v": v, "dtype": dtype, "error": child.error}
 
 
 def print_row(r):
@@ -464,8 +406,7 @@ def run(settings):
     for v in settings["vocab_sizes"]:
         for dtype in settings["dtypes"]:
             for row in settings["rows"]:
-                budget = (settings["memory_budget_gb"] * 2**30 if settings["memory_budget_gb"]
-                          else 0.8 * proc_memory.available_bytes())
+                budget = measure.memory_budget(settings["memory_budget_gb"])
                 need = dense_estimate_bytes(row, n, v)
                 if need > budget:
                     r = {"row": row, "v": v, "dtype": dtype, "n": n, "d": d,
@@ -492,7 +433,7 @@ def run(settings):
     return {
         "command": "python benchmarks/bench_linear_cross_entropy.py "
                    + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "machine": machine(),
+        "machine": measure.machine(),
         "settings": settings,
         "rows": rows,
         "ratios": ratios,
@@ -538,9 +479,7 @@ def main(argv):
           f"{gflops:.0f} GFLOP/s (plus process starts)", flush=True)
     result = run(settings)
     result["estimated_s"] = estimate
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump(result, f, indent=1)
+    measure.save(result, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -1,145 +1,22 @@
 """Our heads against what users would use instead, on the same machine in the same run.
 
-Two *sides*, each run in its own child processes on the same machine, one
-after the other for every vocabulary size `V`:
+Two *sides*, each in its own child processes, one after the other for
+every vocabulary size `V`:
 
-* `keras_softmax_heads (<backend> xla)`: the library's `FullSoftmax`,
-  `PLIFSoftmax` (`--plif-knots` knots on `[-T, T]`, `T = --plif-bound`) and
-  `MixtureOfSoftmaxes` (`--mixture-components` components) on the Keras
-  backend `--our-backend` (`steps.py`, mode `xla`):
+* `keras_softmax_heads (<backend> xla)`: our `FullSoftmax`, `PLIFSoftmax`,
+  `MixtureOfSoftmaxes` and a bare `[N, d] @ [d, V]` product, on the Keras
+  backend `--our-backend` (`tensorflow`: `tf.function(jit_compile=True)` on
+  the CPU; `jax`: `jax.jit` on JAX's default device, no TensorFlow
+  imported);
+* `pytorch eager` (`--torch-device cpu`) or `pytorch eager (cuda)`: the
+  PyTorch references of `torch_heads.py` (full softmax, PLIF
+  gather-on-cumsum, MoS, `AdaptiveLogSoftmaxWithLoss`) and the same product.
 
-  - `tensorflow` (default): each step under `tf.function(jit_compile=True)`,
-    on the CPU (the child sees no GPU);
-  - `jax`: each step under `jax.jit`, on JAX's default device (its GPU
-    when JAX has one, else the CPU); nothing on this side imports
-    TensorFlow, so it runs where TensorFlow is not installed;
-* `pytorch eager` (`--torch-device cpu`, default) or `pytorch eager (cuda)`
-  (`--torch-device cuda`): plain PyTorch (no Keras), float32, op by op,
-  every tensor and weight (inputs, targets, the PLIF slopes, the mixture's
-  weights, the adaptive softmax's module) on that device:
-
-  - `full softmax`: `F.linear` + `F.cross_entropy(reduction="sum")`;
-  - `PLIF gather-on-cumsum`: the PLIF of Ganea et al. (2019) as written in
-    its PyTorch port: logits `z = h W^T + b`, slopes `s = softplus(v)`
-    `[K]`, their exclusive cumulative sum `c`, interval index
-    `i = clamp(long((z + T) / delta), 0, K - 1)` with `delta = 2T / K`,
-    `f(z) = (z - (-T + i delta)) s[i] + delta c[i]` (two `torch.gather`
-    over the `N V` scores), then `cross_entropy` of `f(z)`; every gradient
-    by autograd;
-  - `MoS`: Yang et al.'s mixture of softmaxes (prior `softmax(h W_p)`
-    without bias, latents `tanh(h W_l + b_l)` reshaped to `[N K, d]`,
-    `logits = latent W^T + b`), in log space: the target's `log_softmax` in
-    each component, `logsumexp` with the log priors (not the log of a sum
-    of probabilities);
-  - `AdaptiveLogSoftmaxWithLoss`: `torch.nn.AdaptiveLogSoftmaxWithLoss(d, V,
-    cutoffs)` with `div_value=4` (its default) and the cutoffs
-    `[round(0.02 V), round(0.1 V), round(0.5 V)]` (deduplicated, kept in
-    `(0, V)`): head clusters of 2%, 8%, 40% and 50% of a frequency-sorted
-    (Zipfian) vocabulary, the usual shape of its cutoffs. It is a
-    different, factorised model (normalised exactly, not a full softmax):
-    it is listed as the large-vocabulary head users reach for.
-
-For both sides on one GPU: `--our-backend jax --torch-device cuda`. The
-device each side ran on is in the JSON (`devices`, each row's `device`,
-`machine.gpu`); the script warns when the two sides ran on different kinds
-of device.
-
-Float32 products on a GPU (`--matmul-precision`, default `float32`): JAX
-computes float32 products in TensorFloat32 on recent NVIDIA GPUs unless
-told otherwise, PyTorch in full float32. The default asks both for full
-float32 (`jax_default_matmul_precision="float32"`,
-`torch.set_float32_matmul_precision("highest")`); `tf32` asks both for
-TensorFloat32 (`"tensorfloat32"`, `"high"`). It is meant for GPUs: on a
-CPU both compute in float32 with the default.
-
-Phases:
-
-* `train`: one forward and backward pass of the summed negative
-  log-likelihood with respect to `h` `[N, d]` and every weight of the head
-  (our side: `steps.train_step(..., reduction="sum")`; PyTorch:
-  `torch.autograd.grad` of the same sum; for the adaptive softmax,
-  `forward(h, y).loss * N`);
-* `eval`: the exact `sum(log p(y | h))`, forward only (our side:
-  `steps.eval_step`; PyTorch under `torch.no_grad()`: `log_softmax` and a
-  gather, for the adaptive softmax `log_prob(h)` gathered, which is its
-  full exact log-probability matrix);
-* `forward` (row `matmul`): a bare `[N, d] @ [d, V]` product and the sum of
-  its `[N, V]` result (the sum returns a value: without it XLA could
-  simplify the product away; it is one pass over the result, small next to
-  the `2 d` flops per element), in the same mode as the side's heads (on
-  JAX `jnp.sum(h @ W)` under `jax.jit`, waited for with
-  `jax.block_until_ready`).
-
-Achieved GFLOP/s, from the median step time `t`:
-
-* `FullSoftmax` / `full softmax` train: `6 N d V / t` (three products: the
-  logits, `dL/dh` and `dL/dW`; the softmax itself is not counted);
-* their eval: `2 N d V / t`;
-* `matmul`: `2 N d V / t`.
-
-`efficiency` in the JSON is each side's full-softmax train GFLOP/s over
-the same side's bare-matmul GFLOP/s at the same `V`.
-
-Inputs, the same on both sides: `h ~ N(0, 0.25)` (NumPy, seed 0), targets
-drawn from a Zipfian unigram distribution (`counts[r] ∝ 1 / (r + 1)`, ids
-sorted by frequency; seed 1). PyTorch's weights are NumPy Glorot-uniform
-draws (seed 2; the bare products of both sides use the same matrix); our
-heads use their own initialisers (Glorot uniform, zero bias, PLIF slopes at
-the identity; `random.seed(0)` before each head is built, from which Keras
-draws the initialisers' seeds, so a head's rows have the same weights even
-in separate processes), so the scores have the same distribution on both
-sides.
-
-Threads: `--threads` (default: the cores this process may run on,
-`os.sched_getaffinity`) is TensorFlow's intra-op parallelism
-(`tf.config.threading.set_intra_op_parallelism_threads`) and PyTorch's
-`torch.set_num_threads`. JAX's thread pool is not set (its rows have no
-`threads`); on a GPU the flag only bounds PyTorch's host threads.
-
-Method: one child process per (side, `V`) builds every row's step once and
-runs the rows one after the other (on JAX, one child process per row: its
-device allocator's peak cannot be reset); each row makes `--warmup` calls
-(at least one; the first is the tracing / XLA compilation, reported as
-`first_call_s`), then `--repeats` timed calls. On a GPU every call waits
-for the device before the clock is read (`jax.block_until_ready`;
-`torch.cuda.synchronize()` after every call, the warm-up calls included).
-`step_s` is the median wall time of the timed calls, `best_s` the fastest,
-`cpu_s` the median process CPU time (user + system, all threads), `value`
-what the last call returned (the summed loss or log-likelihood, or the sum
-of the product: a check that both sides compute the same thing). Ratios
-are to the full softmax of the same side, `V` and phase (`over_side_full`)
-and to our `FullSoftmax` at the same `V` and phase (`over_ours_full`),
-whichever backend our side ran on.
-
-Peak memory (`peak_mib`), after the warm-up calls; `memory_source` names
-the instrument on every row:
-
-* our side on TensorFlow: TensorFlow's CPU allocator peak minus its usage
-  before the timed calls (`steps.PeakMemory`; peak RSS does not work there,
-  the allocator keeps the pages of earlier rows of the same process);
-* our side on JAX: on a device whose allocator keeps statistics (a GPU),
-  `peak_bytes_in_use` of `jax.devices()[0].memory_stats()` minus
-  `bytes_in_use` before the timed calls (the peak covers the whole
-  process, the row's compilation included, which is why each JAX row has
-  its own process); on the CPU the process' peak resident size as below
-  (`steps.PeakMemory`); otherwise none;
-* PyTorch on the CPU: the process' peak resident size minus its resident
-  size before the timed calls (`VmHWM` reset through
-  `/proc/self/clear_refs`, `proc_memory.py`); close to an allocator's peak
-  (PyTorch's CPU allocator returns large blocks to the system) but not the
-  same instrument;
-* PyTorch on CUDA: `torch.cuda.max_memory_allocated()` after
-  `torch.cuda.reset_peak_memory_stats()`, minus `memory_allocated()`
-  before the timed calls.
-
-A row that fails is recorded with its error and the others still run (a
-child killed, e.g. out of memory, loses only the row it was running; a new
-child runs the rest). Rows whose estimated peak, `u` float32 `[N, V]`
-tensors, exceeds `--memory-budget-gb` are skipped and listed with the
-estimate: `u = 6` for the full-softmax-like steps, `6 K` for the mixtures
-(`[N, K, V]` scores), `10` for PyTorch's PLIF (autograd keeps the index, the
-knots, the gathered slopes and offsets, `f(z)` and its `log_softmax`), `2`
-for the bare product.
+Phases `train` (forward and backward of the summed NLL), `eval` (the exact
+summed log-likelihood) and `forward` (the product). Each row is timed by
+`measure.step_row`; its memory is read by the side's `measure` reader. The
+protocol (inputs, GFLOP/s, threads, memory instruments, skipped rows) is in
+`docs/benchmarks.md`.
 
 Usage:
     python benchmarks/bench_peers.py --quick --out /tmp/peers.json   # smoke run
@@ -150,20 +27,17 @@ Usage:
 """
 
 import argparse
-import datetime
-import json
-import math
+import functools
 import os
-import platform
 import random
 import shlex
-import subprocess
 import sys
 import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
-import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
+import measure  # benchmarks/measure.py
 import select_backend  # benchmarks/select_backend.py
+from reference_inputs import INPUTS, adaptive_cutoffs, glorot, numpy_inputs
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -186,6 +60,7 @@ ROWS = {
               ("matmul", "matmul")],
 }
 FLOPS_PER_NDV = {("full", "train"): 6, ("full", "eval"): 2, ("matmul", "forward"): 2}
+CPU_DEVICE = {"kind": "cpu", "name": "cpu", "platform": "cpu"}
 
 
 def side_labels(our_backend="tensorflow", torch_device="cpu"):
@@ -217,150 +92,19 @@ def units(side, key, components):
     return 6
 
 
-def adaptive_cutoffs(v):
-    """`[round(0.02 V), round(0.1 V), round(0.5 V)]`, deduplicated, in `(0, V)`."""
-    cuts = sorted({round(v * f) for f in (0.02, 0.1, 0.5)})
-    return [c for c in cuts if 0 < c < v]
+# ------------------------------------------------------------- children
+def run_tasks(tasks, make_call, make_memory, args, sync=None):
+    """Measures every `key:phase` task (`make_call(task) -> call`) and
+    reports each; a task that fails is reported with its error."""
+    for task in tasks:
+        try:
+            result = measure.step_row(make_call(task), args.warmup, args.repeats,
+                                      make_memory(), sync)
+        except Exception as err:  # reported as the row's error
+            result = {"error": measure.error_text(err)}
+        fresh_process.report({"task": task, **result})
 
 
-# ------------------------------------------------------------------- inputs
-def numpy_inputs(n, v, d):
-    """`h` `[N, d]` ~ N(0, 0.25) and Zipfian int32 targets `[N]` (NumPy)."""
-    import numpy as np
-
-    h = np.random.default_rng(0).standard_normal((n, d), dtype=np.float32) * 0.5
-    p = 1.0 / np.arange(1, v + 1, dtype=np.float64)
-    y = np.random.default_rng(1).choice(v, size=n, p=p / p.sum()).astype(np.int32)
-    return h, y
-
-
-def glorot(shape, seed):
-    """A float32 Glorot-uniform `[fan_out, fan_in]` draw (NumPy)."""
-    import numpy as np
-
-    limit = math.sqrt(6.0 / (shape[0] + shape[1]))
-    rng = np.random.default_rng(seed)
-    return rng.uniform(-limit, limit, size=shape).astype(np.float32)
-
-
-# -------------------------------------------------------------------- timing
-def measure(call, warmup, repeats, memory, sync=None):
-    """Warm-up and timed calls of `call()`; a row's timing and memory.
-
-    `sync()`, if given, waits for the device after every call (the warm-up
-    calls included), before the clock is read.
-    """
-    import numpy as np
-
-    sync = sync or (lambda: None)
-    t0 = time.perf_counter()
-    value = call()
-    sync()
-    first = time.perf_counter() - t0
-    for _ in range(max(warmup, 1) - 1):
-        call()
-    sync()
-    memory.start()
-    wall, cpu = [], []
-    for _ in range(max(repeats, 1)):
-        t0, c0 = time.perf_counter(), time.process_time()
-        value = call()
-        sync()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return {
-        "step_s": float(np.median(wall)), "best_s": float(min(wall)),
-        "cpu_s": float(np.median(cpu)), "first_call_s": first, "wall_s": wall,
-        "peak_mib": memory.peak_mib(), "memory_source": memory.source,
-        "value": value,
-    }
-
-
-class RssPeak:
-    """Peak resident size of the calls after `start()`, minus the RSS there."""
-
-    source = "process peak RSS (VmHWM)"
-
-    def __init__(self):
-        self._base = None
-
-    def start(self):
-        import gc
-
-        gc.collect()
-        reset = proc_memory.reset_peak()
-        self._base = proc_memory.status()["VmRSS" if reset else "VmHWM"]
-
-    def peak_mib(self):
-        return (proc_memory.status()["VmHWM"] - self._base) / 2**20
-
-
-class NoMemory:
-    """No memory reading (a device whose allocator keeps no statistics)."""
-
-    source = None
-
-    def start(self):
-        pass
-
-    def peak_mib(self):
-        return None
-
-
-class TorchCudaPeak:
-    """`torch.cuda.max_memory_allocated()` of the calls after `start()`, minus
-    `memory_allocated()` there (the peak counter is reset at `start()`)."""
-
-    source = "torch CUDA allocator peak (max_memory_allocated)"
-
-    def __init__(self, device):
-        self._device = device
-        self._base = None
-
-    def start(self):
-        import gc
-
-        import torch
-
-        gc.collect()
-        torch.cuda.synchronize(self._device)
-        torch.cuda.reset_peak_memory_stats(self._device)
-        self._base = torch.cuda.memory_allocated(self._device)
-
-    def peak_mib(self):
-        import torch
-
-        torch.cuda.synchronize(self._device)
-        return (torch.cuda.max_memory_allocated(self._device) - self._base) / 2**20
-
-
-class JaxDevicePeak:
-    """`peak_bytes_in_use` of a JAX device's allocator minus its `bytes_in_use`
-    at `start()`. JAX cannot reset the peak: it covers the whole process (the
-    row's compilation included), hence one process per JAX row."""
-
-    source = "JAX device allocator peak_bytes_in_use (process lifetime, one process per row)"
-
-    def __init__(self, device):
-        self._device = device
-        self._base = None
-
-    def start(self):
-        import gc
-
-        gc.collect()
-        self._base = self._device.memory_stats()["bytes_in_use"]
-
-    def peak_mib(self):
-        return (self._device.memory_stats()["peak_bytes_in_use"] - self._base) / 2**20
-
-
-def _error_text(err):
-    text = f"{type(err).__name__}: {err}".strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:300]
-
-
-# ------------------------------------------------------------ child: ours
 def _jaxlib_version():
     try:
         import jaxlib
@@ -370,245 +114,186 @@ def _jaxlib_version():
         return None
 
 
-def child_ours(args):
-    select_backend.use(args.our_backend)
+def jax_side(args):
+    """Our side on JAX: `(info, memory reader factory)`."""
+    import jax
+
+    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[args.matmul_precision][0])
+    import keras
+    import steps
+
+    device = jax.devices()[0]
+    if measure.JaxDevicePeak.available(device):
+        make_memory = functools.partial(measure.JaxDevicePeak, device)
+    elif device.platform == "cpu":
+        make_memory = steps.peak_memory
+    else:
+        make_memory = measure.NoMemory
+    is_gpu = device.platform in ("gpu", "cuda", "rocm")
+    info = {"versions": {"jax": jax.__version__, "jaxlib": _jaxlib_version(),
+                         "keras": keras.__version__},
+            "threads": None,
+            "device": {"kind": "gpu" if is_gpu else device.platform,
+                       "name": device.device_kind, "platform": device.platform},
+            "mode": "jax.jit",
+            "matmul_precision": MATMUL_PRECISION[args.matmul_precision][0]}
+    return info, make_memory
+
+
+def tensorflow_side(args):
+    """Our side on TensorFlow: `(info, memory reader factory)`."""
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    except RuntimeError:  # the runtime is already initialised
+        pass
+    import keras
+    import steps
+
+    info = {"versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+            "threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "device": CPU_DEVICE, "mode": "tf.function(jit_compile=True)"}
+    return info, steps.peak_memory
+
+
+def our_head(key, args):
+    """Our head of row `key`, built, seeded.
+
+    An unseeded Keras initialiser draws its seed from Python's `random`:
+    the same head has the same weights in every process (on JAX, each row
+    runs in its own).
+    """
+    from keras_softmax_heads import FullSoftmax, MixtureOfSoftmaxes, PLIFSoftmax
+
+    v = args.v[0]
+    random.seed(0)
+    if key == "full":
+        head = FullSoftmax(v)
+    elif key == "plif":
+        head = PLIFSoftmax(v, num_knots=args.plif_knots, knot_bound=args.plif_bound)
+    else:
+        head = MixtureOfSoftmaxes(v, num_components=args.mixture_components)
+    head.build((None, args.d))
+    return head
+
+
+def our_matmul_call(h, args):
+    """`call()`: the bare product's sum, in our side's mode."""
+    import keras
+    import steps
+
+    w_np = glorot((args.v[0], args.d), seed=2).T.copy()
     if args.our_backend == "jax":
         import jax
         import jax.numpy as jnp
 
-        jax.config.update("jax_default_matmul_precision",
-                          MATMUL_PRECISION[args.matmul_precision][0])
-        import keras
-        import steps
+        fn, w = jax.jit(lambda a, b: jnp.sum(a @ b)), jnp.asarray(w_np)
+        return lambda: float(jax.block_until_ready(fn(h, w)))
+    fn = steps.value_step(lambda a, b: keras.ops.sum(keras.ops.matmul(a, b)), "xla")
+    w = steps.tensor(w_np)
+    return lambda: fn(h, w)
 
-        device = jax.devices()[0]
-        stats = device.memory_stats()
-        if stats and "peak_bytes_in_use" in stats and "bytes_in_use" in stats:
-            make_memory = lambda: JaxDevicePeak(device)  # noqa: E731
-        elif device.platform == "cpu":
-            make_memory = steps.PeakMemory
-        else:
-            make_memory = NoMemory
-        is_gpu = device.platform in ("gpu", "cuda", "rocm")
-        info = {"versions": {"jax": jax.__version__, "jaxlib": _jaxlib_version(),
-                             "keras": keras.__version__},
-                "threads": None,
-                "device": {"kind": "gpu" if is_gpu else device.platform,
-                           "name": device.device_kind, "platform": device.platform},
-                "mode": "jax.jit",
-                "matmul_precision": MATMUL_PRECISION[args.matmul_precision][0]}
+
+def our_call(task, h, y, heads, args):
+    """`call()` of one of our rows (`heads`: the heads built so far)."""
+    import steps
+
+    key, phase = task.split(":")
+    if key == "matmul":
+        return our_matmul_call(h, args)
+    if key not in heads:
+        heads[key] = our_head(key, args)
+    if phase == "train":
+        fn = steps.train_step(heads[key], "xla", reduction="sum")
     else:
-        import tensorflow as tf
+        fn = steps.eval_step(heads[key], "xla")
+    return lambda: fn(h, y)
 
-        try:
-            tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        except RuntimeError:  # the runtime is already initialised
-            pass
-        import keras
-        import steps
 
-        make_memory = steps.PeakMemory
-        info = {"versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
-                "threads": tf.config.threading.get_intra_op_parallelism_threads(),
-                "device": {"kind": "cpu", "name": "cpu", "platform": "cpu"},
-                "mode": "tf.function(jit_compile=True)"}
-
-    from keras_softmax_heads import FullSoftmax, MixtureOfSoftmaxes, PLIFSoftmax
+def child_ours(args):
+    select_backend.use(args.our_backend)
+    info, make_memory = (jax_side if args.our_backend == "jax" else tensorflow_side)(args)
+    import steps
 
     fresh_process.report({"task": "_info", **info})
-    n, v, d = args.n, args.v[0], args.d
-    h_np, y_np = numpy_inputs(n, v, d)
+    h_np, y_np = numpy_inputs(args.n, args.v[0], args.d)
     h, y = steps.tensor(h_np), steps.tensor(y_np)
-    heads = {}
-
-    def head_of(key):
-        if key not in heads:
-            # An unseeded Keras initialiser draws its seed from Python's
-            # `random`: the same head has the same weights in every process
-            # (on JAX, each row runs in its own).
-            random.seed(0)
-            if key == "full":
-                head = FullSoftmax(v)
-            elif key == "plif":
-                head = PLIFSoftmax(v, num_knots=args.plif_knots, knot_bound=args.plif_bound)
-            else:
-                head = MixtureOfSoftmaxes(v, num_components=args.mixture_components)
-            head.build((None, d))
-            heads[key] = head
-        return heads[key]
-
-    for task in args.tasks:
-        key, phase = task.split(":")
-        try:
-            if key == "matmul" and args.our_backend == "jax":
-                w = jnp.asarray(glorot((v, d), seed=2).T.copy())
-                fn = jax.jit(lambda a, b: jnp.sum(a @ b))
-
-                def call(fn=fn, w=w):
-                    return float(jax.block_until_ready(fn(h, w)))
-            elif key == "matmul":
-                w = steps.tensor(glorot((v, d), seed=2).T.copy())
-                fn = steps.value_step(
-                    lambda a, b: keras.ops.sum(keras.ops.matmul(a, b)), "xla")
-                call = lambda fn=fn, w=w: fn(h, w)  # noqa: E731
-            else:
-                head = head_of(key)
-                if phase == "train":
-                    fn = steps.train_step(head, "xla", reduction="sum")
-                else:
-                    fn = steps.eval_step(head, "xla")
-                call = lambda fn=fn: fn(h, y)  # noqa: E731
-            result = measure(call, args.warmup, args.repeats, make_memory())
-        except Exception as err:  # reported as the row's error
-            result = {"error": _error_text(err)}
-        fresh_process.report({"task": task, **result})
+    make_call = functools.partial(our_call, h=h, y=y, heads={}, args=args)
+    run_tasks(args.tasks, make_call, make_memory, args)
 
 
-# ----------------------------------------------------------- child: torch
-def child_torch(args):
-    import numpy as np
+def torch_side(args):
+    """The PyTorch side: `(device, sync, memory reader factory, info)`."""
     import torch
-    import torch.nn.functional as F
+    import torch_heads  # benchmarks/torch_heads.py (imports PyTorch)
 
-    torch.set_num_threads(args.threads)
+    threads = torch_heads.set_threads(args.threads)
     torch.set_float32_matmul_precision(MATMUL_PRECISION[args.matmul_precision][1])
-    dev = torch.device(args.torch_device)
     versions = {"torch": torch.__version__}
-    if dev.type == "cuda":
+    if args.torch_device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("--torch-device cuda: torch.cuda.is_available() is False")
         torch.cuda.set_device(0)
         dev = torch.device("cuda", 0)
         versions["torch_cuda"] = torch.version.cuda
         device = {"kind": "gpu", "name": torch.cuda.get_device_name(0), "platform": "cuda"}
-
-        def sync():
-            torch.cuda.synchronize(dev)
-
-        def make_memory():
-            return TorchCudaPeak(dev)
+        sync = functools.partial(torch.cuda.synchronize, dev)
+        make_memory = functools.partial(measure.TorchCudaPeak, dev)
     else:
-        device = {"kind": "cpu", "name": "cpu", "platform": "cpu"}
-        sync, make_memory = None, RssPeak
+        dev, device, sync, make_memory = torch.device("cpu"), CPU_DEVICE, None, measure.RssPeak
     try:
         precision = torch.get_float32_matmul_precision()
     except (AttributeError, RuntimeError):
         precision = MATMUL_PRECISION[args.matmul_precision][1]
-    fresh_process.report({"task": "_info", "versions": versions,
-                          "threads": torch.get_num_threads(), "device": device,
-                          "mode": "eager", "matmul_precision": precision})
-    n, v, d = args.n, args.v[0], args.d
-    kc, knots, bound = args.mixture_components, args.plif_knots, args.plif_bound
-    h_np, y_np = numpy_inputs(n, v, d)
-    h = torch.from_numpy(h_np).to(dev)
-    y = torch.from_numpy(y_np.astype(np.int64)).to(dev)
-    w_np = glorot((v, d), seed=2)  # [V, d], as nn.Linear stores it
+    info = {"versions": versions, "threads": threads, "device": device, "mode": "eager",
+            "matmul_precision": precision}
+    return dev, sync, make_memory, info
 
-    def param(array):
-        return torch.from_numpy(np.ascontiguousarray(array)).to(dev).requires_grad_(True)
 
-    def zeros(*shape):
-        return torch.zeros(*shape, device=dev, requires_grad=True)
+def torch_head(key, kernel, args, device):
+    """The PyTorch reference head of row `key` (`torch_heads.py`)."""
+    import torch_heads
 
-    def full_params():
-        return [param(w_np), zeros(v)]
+    if key == "full":
+        return torch_heads.FullSoftmax(kernel, device)
+    if key == "plif":
+        return torch_heads.PLIFGatherOnCumsum(kernel, args.plif_knots, args.plif_bound, device)
+    if key == "mos":
+        return torch_heads.MixtureOfSoftmaxes(kernel, args.mixture_components, device)
+    return torch_heads.AdaptiveSoftmax(args.d, args.v[0], adaptive_cutoffs(args.v[0]),
+                                       div_value=4.0, device=device)
 
-    def full_ll(x, p):
-        log_p = F.log_softmax(F.linear(x, p[0], p[1]), dim=-1)
-        return log_p.gather(1, y[:, None]).sum()
 
-    def full_loss(x, p):
-        return F.cross_entropy(F.linear(x, p[0], p[1]), y, reduction="sum")
+def torch_call(task, h, y, kernel, heads, args, device):
+    """`call()` of one PyTorch row (`heads`: the heads built so far)."""
+    import numpy as np
+    import torch
+    import torch_heads
 
-    delta = 2.0 * bound / knots
+    key, phase = task.split(":")
+    if key == "matmul":
+        return torch_heads.matmul_call(h, torch.from_numpy(np.ascontiguousarray(kernel.T)).to(device))
+    if key not in heads:
+        heads[key] = torch_head(key, kernel, args, device)
+    if phase == "train":
+        return torch_heads.train_call(heads[key], h, y)
+    return torch_heads.eval_call(heads[key].log_likelihood, h, y)
 
-    def plif_params():
-        return full_params() + [torch.full((knots,), math.log(math.e - 1.0),
-                                           device=dev, requires_grad=True)]
 
-    def plif_scores(x, p):
-        # Ganea et al.'s PyTorch port: two gathers on the slopes and their
-        # exclusive cumulative sum, autograd for every gradient.
-        z = F.linear(x, p[0], p[1])
-        flat = z.reshape(-1)
-        idx = torch.clamp(((flat + bound) / delta).detach().long(), min=0, max=knots - 1)
-        slopes = F.softplus(p[2])
-        cum = torch.cumsum(slopes, dim=-1) - slopes
-        s = torch.gather(slopes, -1, idx)
-        c = torch.gather(cum, -1, idx)
-        knot = -bound + delta * idx.float()
-        return ((flat - knot) * s + delta * c).view(z.shape)
+def child_torch(args):
+    import numpy as np
+    import torch
 
-    def plif_ll(x, p):
-        log_p = F.log_softmax(plif_scores(x, p), dim=-1)
-        return log_p.gather(1, y[:, None]).sum()
-
-    def plif_loss(x, p):
-        return F.cross_entropy(plif_scores(x, p), y, reduction="sum")
-
-    def mos_params():
-        if kc < 1:
-            raise ValueError(f"--mixture-components must be >= 1, got {kc}")
-        return full_params() + [param(glorot((kc, d), seed=3)),
-                                param(glorot((kc * d, d), seed=4)), zeros(kc * d)]
-
-    def mos_ll(x, p):
-        log_prior = F.log_softmax(F.linear(x, p[2]), dim=-1)  # [N, K]
-        latent = torch.tanh(F.linear(x, p[3], p[4])).view(n * kc, d)
-        log_p = F.log_softmax(F.linear(latent, p[0], p[1]), dim=-1).view(n, kc, v)
-        comp = log_p.gather(2, y.view(n, 1, 1).expand(n, kc, 1)).squeeze(2)
-        return torch.logsumexp(log_prior + comp, dim=1).sum()
-
-    def mos_loss(x, p):
-        return -mos_ll(x, p)
-
-    asm = {}
-
-    def adaptive_params():
-        torch.manual_seed(0)
-        asm["m"] = torch.nn.AdaptiveLogSoftmaxWithLoss(d, v, adaptive_cutoffs(v),
-                                                       div_value=4.0).to(dev)
-        return list(asm["m"].parameters())
-
-    def adaptive_ll(x, p):
-        return asm["m"].log_prob(x).gather(1, y[:, None]).sum()
-
-    def adaptive_loss(x, p):
-        return asm["m"](x, y).loss * n
-
-    makers = {"full": (full_params, full_loss, full_ll),
-              "plif": (plif_params, plif_loss, plif_ll),
-              "mos": (mos_params, mos_loss, mos_ll),
-              "adaptive": (adaptive_params, adaptive_loss, adaptive_ll)}
-    params = {}
-    for task in args.tasks:
-        key, phase = task.split(":")
-        try:
-            if key == "matmul":
-                w = torch.from_numpy(np.ascontiguousarray(w_np.T)).to(dev)  # [d, V]
-
-                def call(w=w):
-                    with torch.no_grad():
-                        return float(torch.matmul(h, w).sum())
-            else:
-                make, loss_fn, ll_fn = makers[key]
-                if key not in params:
-                    params[key] = make()
-                p = params[key]
-                if phase == "train":
-                    def call(p=p, loss_fn=loss_fn):
-                        x = h.detach().requires_grad_(True)
-                        loss = loss_fn(x, p)
-                        torch.autograd.grad(loss, [x] + p)
-                        return float(loss.detach())
-                else:
-                    def call(p=p, ll_fn=ll_fn):
-                        with torch.no_grad():
-                            return float(ll_fn(h, p))
-            result = measure(call, args.warmup, args.repeats, make_memory(), sync)
-        except Exception as err:  # reported as the row's error
-            result = {"error": _error_text(err)}
-        fresh_process.report({"task": task, **result})
+    device, sync, make_memory, info = torch_side(args)
+    fresh_process.report({"task": "_info", **info})
+    h_np, y_np = numpy_inputs(args.n, args.v[0], args.d)
+    h = torch.from_numpy(h_np).to(device)
+    y = torch.from_numpy(y_np.astype(np.int64)).to(device)
+    kernel = glorot((args.v[0], args.d), seed=2)  # [V, d], as nn.Linear stores it
+    make_call = functools.partial(torch_call, h=h, y=y, kernel=kernel, heads={}, args=args,
+                                  device=device)
+    run_tasks(args.tasks, make_call, make_memory, args, sync)
 
 
 # -------------------------------------------------------------------- parent
@@ -620,14 +305,36 @@ def run_side(side, v, tasks, args):
     if side == "ours" and args.our_backend == "jax":
         results, info = {}, {}
         for task in tasks:
-            r, i = _run_children(side, v, [task], args)
+            r, i = run_children(side, v, [task], args)
             results.update(r)
             info = info or i
         return results, info
-    return _run_children(side, v, tasks, args)
+    return run_children(side, v, tasks, args)
 
 
-def _run_children(side, v, tasks, args):
+def child_flags(side, v, tasks, args):
+    return ["--child", side, "--tasks", ",".join(tasks), "--v", str(v), "--d", str(args.d),
+            "--n", str(args.n), "--repeats", str(args.repeats),
+            "--warmup", str(args.warmup), "--threads", str(args.threads),
+            "--plif-knots", str(args.plif_knots), "--plif-bound", str(args.plif_bound),
+            "--mixture-components", str(args.mixture_components),
+            "--our-backend", args.our_backend, "--torch-device", args.torch_device,
+            "--matmul-precision", args.matmul_precision]
+
+
+def child_env(side, args):
+    """TensorFlow and PyTorch on the CPU see no GPU; JAX and PyTorch on CUDA
+    keep the GPUs this process sees."""
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+    if (side == "ours" and args.our_backend == "tensorflow") or (
+            side == "torch" and args.torch_device == "cpu"):
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    if side == "ours":
+        env["KERAS_BACKEND"] = args.our_backend
+    return env
+
+
+def run_children(side, v, tasks, args):
     """Runs `tasks` of `side` at `V` in child processes: `{task: result}`, info.
 
     A child that dies loses the row it was running (recorded with the
@@ -636,59 +343,68 @@ def _run_children(side, v, tasks, args):
     """
     results, info = {}, {}
     while tasks:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", side,
-               "--tasks", ",".join(tasks), "--v", str(v), "--d", str(args.d),
-               "--n", str(args.n), "--repeats", str(args.repeats),
-               "--warmup", str(args.warmup), "--threads", str(args.threads),
-               "--plif-knots", str(args.plif_knots), "--plif-bound", str(args.plif_bound),
-               "--mixture-components", str(args.mixture_components),
-               "--our-backend", args.our_backend, "--torch-device", args.torch_device,
-               "--matmul-precision", args.matmul_precision]
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        # TensorFlow and PyTorch on the CPU see no GPU; JAX and PyTorch on
-        # CUDA keep the GPUs this process sees.
-        if (side == "ours" and args.our_backend == "tensorflow") or (
-                side == "torch" and args.torch_device == "cpu"):
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        if side == "ours":
-            env["KERAS_BACKEND"] = args.our_backend
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        for line in proc.stdout.splitlines():
-            if line.startswith("RESULT "):
-                result = json.loads(line[len("RESULT "):])
-                task = result.pop("task")
-                if task == "_info":
-                    info = result
-                else:
-                    results[task] = result
+        child = fresh_process.run(__file__, child_flags(side, v, tasks, args),
+                                  child_env(side, args))
+        for result in child.results:
+            task = result.pop("task")
+            if task == "_info":
+                info = result
+            else:
+                results[task] = result
         missing = [t for t in tasks if t not in results]
         if not missing:
             break
-        error = fresh_process.error_text(proc.stderr + proc.stdout, proc.returncode)
         if not info:  # the child died before its first row: so would the next one
-            results.update({t: {"error": error} for t in missing})
+            results.update({t: {"error": child.error} for t in missing})
             break
-        results[missing[0]] = {"error": error}
+        results[missing[0]] = {"error": child.error}
         tasks = missing[1:]
     return results, info
 
 
+def plan(side, v, args):
+    """`(tasks to run, {task: why skipped})` of `side` at `V` (memory budget)."""
+    tasks, skipped = [], {}
+    for task in tasks_of(side):
+        est = units(side, task.split(":")[0], args.mixture_components) * args.n * v * 4
+        if est > args.memory_budget_gb * 1e9:
+            skipped[task] = (f"estimated {est / 1e9:.3g} GB > --memory-budget-gb "
+                             f"{args.memory_budget_gb:g}")
+        else:
+            tasks.append(task)
+    return tasks, skipped
+
+
+def side_rows(side, v, label, results, info, skipped, args):
+    """The JSON rows of `side` at `V`, with their GFLOP/s."""
+    rows = []
+    for task in tasks_of(side):
+        key, phase = task.split(":")
+        row = {"side": label, "row": row_name(side, key), "key": key,
+               "v": v, "d": args.d, "n": args.n, "phase": phase}
+        if task in skipped:
+            row["skipped"] = skipped[task]
+        else:
+            row.update(results.get(task, {"error": "no result"}))
+            if info.get("threads") is not None:
+                row["threads"] = info["threads"]
+            if info.get("device"):
+                row["device"] = info["device"]["name"]
+        flops = FLOPS_PER_NDV.get((key, phase))
+        if flops and "step_s" in row:
+            work = flops * args.n * args.d * v
+            row["gflops"] = work / row["step_s"] / 1e9
+            row["gflops_best"] = work / row["best_s"] / 1e9
+        rows.append(row)
+        if "error" in row:
+            print(f"  {label} V={v} {row['row']} {phase}: {row['error']}", flush=True)
+    return rows
+
+
 def machine(devices=None):
-    model = None
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    out = {
-        "cpu": model or platform.processor() or "unknown",
-        "cores": len(os.sched_getaffinity(0)),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    """The machine (`measure.machine`'s CPU, cores, OS, Python, date) and the
+    GPUs the sides ran on."""
+    out = measure.machine(keys=("cpu", "cores", "os", "python", "date"))
     gpus = sorted({d["name"] for d in (devices or {}).values() if d.get("kind") == "gpu"})
     if gpus:
         out["gpu"] = ", ".join(gpus)
@@ -757,7 +473,7 @@ def print_table(rows, ratios, efficiency):
                   f"| {e['matmul_gflops']:.1f} | {e['full_train_over_matmul']:.2f} |")
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="tiny smoke run (V=1000, N=64, d=32, 2 repeats, 1000 knots, "
@@ -793,44 +509,30 @@ def main():
     parser.add_argument("--out", type=str, default=None,
                         help=f"JSON output (default {os.path.relpath(DEFAULT_OUT, REPO)}; "
                         "none with --quick)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.v = [int(x) for x in args.v.split(",") if x]
+    args.tasks = [t for t in args.tasks.split(",") if t]
     if args.threads <= 0:
         args.threads = len(os.sched_getaffinity(0))
-
-    if args.child:
-        args.tasks = [t for t in args.tasks.split(",") if t]
-        return (child_ours if args.child == "ours" else child_torch)(args)
-
     sides = [s for s in args.sides.split(",") if s]
     if not sides or any(s not in SIDES for s in sides):
         parser.error(f"--sides={args.sides!r}: expected a list of {', '.join(SIDES)}")
-    if args.quick:
+    args.sides = sides
+    if args.quick and not args.child:
         args.v, args.n, args.d = [1000], 64, 32
         args.repeats, args.warmup = 2, 1
         args.plif_knots, args.mixture_components = 1000, 2
-    out = args.out or (None if args.quick else DEFAULT_OUT)
-    budget = args.memory_budget_gb * 1e9
+    args.out = args.out or (None if args.quick else DEFAULT_OUT)
+    return args
 
-    labels = side_labels(args.our_backend, args.torch_device)
-    print(f"# N={args.n}, d={args.d}, V={args.v}; {args.repeats} timed calls after "
-          f"{args.warmup} warm-up; {args.threads} threads; PLIF K={args.plif_knots} on "
-          f"[-{args.plif_bound:g}, {args.plif_bound:g}]; mixtures K={args.mixture_components}; "
-          f"sides: {', '.join(labels[s] for s in sides)}; matmul precision "
-          f"{args.matmul_precision}", flush=True)
+
+def run_all(args, labels):
+    """Every side at every `V`: `(rows, versions, devices, side_info)`."""
     rows, versions, devices, side_info = [], {}, {}, {}
     for v in args.v:
-        for side in sides:
+        for side in args.sides:
             t0 = time.perf_counter()
-            tasks, skipped = [], {}
-            for task in tasks_of(side):
-                key = task.split(":")[0]
-                est = units(side, key, args.mixture_components) * args.n * v * 4
-                if est > budget:
-                    skipped[task] = (f"estimated {est / 1e9:.3g} GB > --memory-budget-gb "
-                                     f"{args.memory_budget_gb:g}")
-                else:
-                    tasks.append(task)
+            tasks, skipped = plan(side, v, args)
             results, info = run_side(side, v, tasks, args) if tasks else ({}, {})
             versions.update(info.get("versions", {}))
             if info.get("device"):
@@ -838,70 +540,64 @@ def main():
             if info:
                 side_info[labels[side]] = {"mode": info.get("mode"),
                                            "matmul_precision": info.get("matmul_precision")}
-            for task in tasks_of(side):
-                key, phase = task.split(":")
-                row = {"side": labels[side], "row": row_name(side, key), "key": key,
-                       "v": v, "d": args.d, "n": args.n, "phase": phase}
-                if task in skipped:
-                    row["skipped"] = skipped[task]
-                else:
-                    row.update(results.get(task, {"error": "no result"}))
-                    if info.get("threads") is not None:
-                        row["threads"] = info["threads"]
-                    if info.get("device"):
-                        row["device"] = info["device"]["name"]
-                flops = FLOPS_PER_NDV.get((key, phase))
-                if flops and "step_s" in row:
-                    work = flops * args.n * args.d * v
-                    row["gflops"] = work / row["step_s"] / 1e9
-                    row["gflops_best"] = work / row["best_s"] / 1e9
-                rows.append(row)
-                if "error" in row:
-                    print(f"  {labels[side]} V={v} {row['row']} {phase}: {row['error']}",
-                          flush=True)
+            rows += side_rows(side, v, labels[side], results, info, skipped, args)
             print(f"  {labels[side]} V={v}: done in {time.perf_counter() - t0:.0f} s",
                   flush=True)
-    ratios = ratios_of(rows, labels["ours"])
-    efficiency = efficiency_of(rows, [labels[s] for s in sides])
-    print_table(rows, ratios, efficiency)
+    return rows, versions, devices, side_info
+
+
+def print_devices(devices):
     print()
     for label, device in devices.items():
         print(f"# {label}: {device['kind']} ({device['name']})")
     if len({d["kind"] for d in devices.values()}) > 1:
         print("# WARNING: the two sides ran on different kinds of device: "
               + ", ".join(f"{k} on {d['kind']}" for k, d in devices.items()), flush=True)
-    if out:
+
+
+def settings_of(args, labels, side_info):
+    return {
+        "n": args.n, "d": args.d, "v": args.v, "repeats": args.repeats,
+        "warmup": args.warmup, "threads": args.threads, "dtype": "float32",
+        "plif_knots": args.plif_knots, "plif_bound": args.plif_bound,
+        "mixture_components": args.mixture_components,
+        "adaptive_cutoffs": {str(v): adaptive_cutoffs(v) for v in args.v},
+        "adaptive_div_value": 4.0,
+        "memory_budget_gb": args.memory_budget_gb,
+        "our_backend": args.our_backend,
+        "torch_device": args.torch_device,
+        "matmul_precision": args.matmul_precision,
+        "matmul_precision_by_side": {k: i["matmul_precision"] for k, i in side_info.items()},
+        "modes": {labels["ours"]: ("jax.jit" if args.our_backend == "jax"
+                                   else "tf.function(jit_compile=True)"),
+                  labels["torch"]: "eager"},
+        "inputs": INPUTS,
+    }
+
+
+def main():
+    args = parse_args()
+    if args.child:
+        return (child_ours if args.child == "ours" else child_torch)(args)
+    labels = side_labels(args.our_backend, args.torch_device)
+    print(f"# N={args.n}, d={args.d}, V={args.v}; {args.repeats} timed calls after "
+          f"{args.warmup} warm-up; {args.threads} threads; PLIF K={args.plif_knots} on "
+          f"[-{args.plif_bound:g}, {args.plif_bound:g}]; mixtures K={args.mixture_components}; "
+          f"sides: {', '.join(labels[s] for s in args.sides)}; matmul precision "
+          f"{args.matmul_precision}", flush=True)
+    rows, versions, devices, side_info = run_all(args, labels)
+    ratios = ratios_of(rows, labels["ours"])
+    efficiency = efficiency_of(rows, [labels[s] for s in args.sides])
+    print_table(rows, ratios, efficiency)
+    print_devices(devices)
+    if args.out:
         result = {
             "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-            "machine": machine(devices),
-            "devices": devices,
-            "versions": versions,
-            "settings": {
-                "n": args.n, "d": args.d, "v": args.v, "repeats": args.repeats,
-                "warmup": args.warmup, "threads": args.threads, "dtype": "float32",
-                "plif_knots": args.plif_knots, "plif_bound": args.plif_bound,
-                "mixture_components": args.mixture_components,
-                "adaptive_cutoffs": {str(v): adaptive_cutoffs(v) for v in args.v},
-                "adaptive_div_value": 4.0,
-                "memory_budget_gb": args.memory_budget_gb,
-                "our_backend": args.our_backend,
-                "torch_device": args.torch_device,
-                "matmul_precision": args.matmul_precision,
-                "matmul_precision_by_side": {k: i["matmul_precision"]
-                                             for k, i in side_info.items()},
-                "modes": {labels["ours"]: ("jax.jit" if args.our_backend == "jax"
-                                           else "tf.function(jit_compile=True)"),
-                          labels["torch"]: "eager"},
-                "inputs": "h ~ N(0, 0.25) seed 0; Zipfian targets (1/(r+1)) seed 1",
-            },
-            "rows": rows,
-            "ratios": ratios,
-            "efficiency": efficiency,
+            "machine": machine(devices), "devices": devices, "versions": versions,
+            "settings": settings_of(args, labels, side_info),
+            "rows": rows, "ratios": ratios, "efficiency": efficiency,
         }
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {out}")
+        measure.save(result, args.out)
 
 
 if __name__ == "__main__":

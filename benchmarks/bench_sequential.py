@@ -20,12 +20,11 @@ False on TensorFlow (the measured setting) and to Keras' `"auto"` elsewhere.
     python benchmarks/bench_sequential.py --out docs/results/bench_sequential.json
 """
 
-import json
 import os
 import sys
-import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
+import measure  # benchmarks/measure.py
 import select_backend  # benchmarks/select_backend.py
 from absl import app
 from absl import flags
@@ -82,33 +81,22 @@ def run_row(name):
         model.compile("adam", loss=ksh.HeadLoss(head), jit_compile=jit_compile)
     else:
         raise ValueError(f"Unknown row {name!r}")
-    for _ in range(3):
-        model.train_on_batch(x, y)
-    times = []
-    for _ in range(FLAGS.steps):
-        start = time.perf_counter()
-        model.train_on_batch(x, y)
-        times.append(time.perf_counter() - start)
-    return {"row": name, "median_s": float(np.median(times)), "min_s": float(np.min(times)),
+    t = measure.time_calls(lambda: model.train_on_batch(x, y), warmup=3, repeats=FLAGS.steps)
+    return {"row": name, "median_s": float(t.median_s), "min_s": float(t.best_s),
             "steps": FLAGS.steps}
 
 
-def main(argv):
-    del argv
-    select_backend.use(FLAGS.backend)
-    if FLAGS.row:
-        fresh_process.report(run_row(FLAGS.row))
-        return
-    results = []
-    for row in FLAGS.rows:
-        args = [sys.executable, __file__, f"--row={row}"] + [
-            f"--{k}={getattr(FLAGS, k)}" for k in ("vocab_size", "dim", "tokens", "num_sampled", "steps")
-        ] + [f"--backend={FLAGS.backend}"] + (
-            [] if FLAGS.jit_compile is None else [f"--jit_compile={FLAGS.jit_compile}"])
-        result = fresh_process.run_row(args[1], args[2:])
-        result["backend"] = FLAGS.backend
-        results.append(result)
-        print(f"{row:24s} {result['median_s'] * 1e3:9.1f} ms/step (min {result['min_s'] * 1e3:.1f})", flush=True)
+def child_flags(row):
+    flags = [f"--row={row}"] + [f"--{k}={getattr(FLAGS, k)}" for k in
+                                ("vocab_size", "dim", "tokens", "num_sampled", "steps")]
+    flags.append(f"--backend={FLAGS.backend}")
+    if FLAGS.jit_compile is not None:
+        flags.append(f"--jit_compile={FLAGS.jit_compile}")
+    return flags
+
+
+def ratios_of(results):
+    """The issue's ratios, where both rows ran."""
     by = {r["row"]: r["median_s"] for r in results}
     ratios = {}
     if {"sequential_sampled", "head_model_sampled"} <= set(by):
@@ -117,19 +105,29 @@ def main(argv):
         ratios["full_over_sequential_sampled"] = by["sequential_full_scce"] / by["sequential_sampled"]
     if {"sequential_hsm", "sequential_full_scce"} <= set(by):
         ratios["full_over_sequential_hsm"] = by["sequential_full_scce"] / by["sequential_hsm"]
+    return ratios
+
+
+def run_all():
+    """Every row in a fresh process: the JSON report."""
+    results = []
+    for row in FLAGS.rows:
+        result = fresh_process.run_row(__file__, child_flags(row))
+        result["backend"] = FLAGS.backend
+        results.append(result)
+        print(f"{row:24s} {result['median_s'] * 1e3:9.1f} ms/step "
+              f"(min {result['min_s'] * 1e3:.1f})", flush=True)
+    ratios = ratios_of(results)
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x")
-    report = {
+    return {
         "command": "python benchmarks/bench_sequential.py " + " ".join(sys.argv[1:]),
         "machine": f"{os.cpu_count()} CPU cores",
         "settings": {k: getattr(FLAGS, k) for k in ("backend", "vocab_size", "dim", "tokens",
                                                     "num_sampled", "steps", "jit_compile")},
         "rows": results, "ratios": ratios,
     }
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(fresh_process.absl_main(run_row, run_all, FLAGS))

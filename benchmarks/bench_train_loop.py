@@ -22,7 +22,6 @@ by default, or `$KERAS_BACKEND`).
         --out docs/results/bench_train_loop.json
 """
 
-import json
 import os
 import sys
 import tempfile
@@ -89,23 +88,23 @@ def run_row(name):
     return {"row": name, "step_s": (ends[-1] - ends[0]) / (len(ends) - 1)}
 
 
-def main(argv):
-    del argv
-    select_backend.use(FLAGS.backend)
-    if FLAGS.row:
-        fresh_process.report(run_row(FLAGS.row))
-        return
+def child_flags(row, head):
+    flags = [f"--row={row}", f"--preset={FLAGS.preset}", f"--head={head}",
+             f"--steps={FLAGS.steps}", f"--backend={FLAGS.backend}",
+             f"--jit_compile={FLAGS.jit_compile}"]
+    if FLAGS.data_dir:
+        flags.append(f"--data_dir={FLAGS.data_dir}")
+    return flags
+
+
+def run_all():
+    """Every row in a fresh process: the JSON report."""
     results = []
     rows = [(row, FLAGS.head) for row in FLAGS.rows]
     if FLAGS.compare_head:
         rows.append(("train_lm", FLAGS.compare_head))
     for row, head in rows:
-        args = [sys.executable, __file__, f"--row={row}", f"--preset={FLAGS.preset}",
-                f"--head={head}", f"--steps={FLAGS.steps}", f"--backend={FLAGS.backend}",
-                f"--jit_compile={FLAGS.jit_compile}"]
-        if FLAGS.data_dir:
-            args.append(f"--data_dir={FLAGS.data_dir}")
-        result = fresh_process.run_row(args[1], args[2:])
+        result = fresh_process.run_row(__file__, child_flags(row, head))
         if head != FLAGS.head:
             result["row"] = f"train_lm_{head}"
         result["head"] = head
@@ -120,18 +119,15 @@ def main(argv):
     if FLAGS.compare_head and "train_lm" in by:
         head_ratio = by[f"train_lm_{FLAGS.compare_head}"] / by["train_lm"]
         print(f"train_lm {FLAGS.compare_head} / {FLAGS.head}: {head_ratio:.3f}x")
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump({
-                "command": "python benchmarks/bench_train_loop.py " + " ".join(sys.argv[1:]),
-                "machine": f"{len(os.sched_getaffinity(0))} of {os.cpu_count()} CPU cores",
-                "settings": {"backend": FLAGS.backend, "preset": FLAGS.preset, "head": FLAGS.head, "steps": FLAGS.steps,
-                             "jit_compile": FLAGS.jit_compile,
-                             "dataset": "ptb" if FLAGS.data_dir else "synthetic"},
-                "rows": results, "train_lm_over_bare": ratio,
-                "compare_head_over_head": head_ratio,
-            }, f, indent=2)
+    return {
+        "command": "python benchmarks/bench_train_loop.py " + " ".join(sys.argv[1:]),
+        "machine": f"{len(os.sched_getaffinity(0))} of {os.cpu_count()} CPU cores",
+        "settings": {"backend": FLAGS.backend, "preset": FLAGS.preset, "head": FLAGS.head,
+                     "steps": FLAGS.steps, "jit_compile": FLAGS.jit_compile,
+                     "dataset": "ptb" if FLAGS.data_dir else "synthetic"},
+        "rows": results, "train_lm_over_bare": ratio, "compare_head_over_head": head_ratio,
+    }
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(fresh_process.absl_main(run_row, run_all, FLAGS))

@@ -49,10 +49,10 @@ import argparse
 import json
 import os
 import sys
-import time
 
+import measure  # benchmarks/measure.py (the script's own folder)
 import numpy as np
-import select_backend  # benchmarks/select_backend.py (the script's own folder)
+import select_backend  # benchmarks/select_backend.py
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -62,13 +62,7 @@ def best_time(fn, repeats, *inputs):
 
     `fn(*inputs)` is a `steps.py` step: it returns once its outputs exist.
     """
-    fn(*inputs)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*inputs)
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return measure.time_calls(lambda: fn(*inputs), warmup=1, repeats=repeats).best_s
 
 
 def full_softmax_step(h, kernel, targets):
@@ -111,13 +105,6 @@ def full_softmax_step(h, kernel, targets):
     return step
 
 
-def write_json(results, path):
-    """Writes `results` to `path` (nothing if `path` is None)."""
-    if path:
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1)
-
-
 def layout_stats(layout, counts, targets):
     """Clusters hit, distinct rows of the hit clusters, target/word pairs."""
     clusters = layout.cluster_of_word[targets]
@@ -138,7 +125,7 @@ def layout_stats(layout, counts, targets):
     }
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--v", type=int, default=793_471)
     parser.add_argument("--d", type=int, default=512)
@@ -156,12 +143,74 @@ def main():
     )
     args = parser.parse_args()
     args.backend = select_backend.parse(args.backend, parser)
-    modes = select_backend.modes(args.modes, args.backend, parser)
+    args.modes = select_backend.modes(args.modes, args.backend, parser)
     if args.measure_full and args.backend != "tensorflow":
         parser.error("--measure-full is written with tf.custom_gradient: "
                      "use --backend=tensorflow")
-    select_backend.use(args.backend)
+    return args
+
+
+def full_seconds(h, targets, rng, args):
+    """Best time of `full_softmax_step` (TensorFlow)."""
+    import tensorflow as tf
+
+    kernel = tf.Variable(rng.standard_normal((args.v, args.d), dtype=np.float32) / args.d**0.5)
+    full_step = full_softmax_step(h, kernel, targets)
+    return best_time(lambda: float(full_step()[0]), args.repeats)
+
+
+def measure_mode(row, mode, head, dynamic, parts, h, targets, args):
+    """Fills `row` with the times of one mode: the floor's parts, the layer's
+    steps, their speed-ups (what was measured stays if a later part fails)."""
+    import steps
+
+    cluster_loss, read_rows, rows, cluster_targets = parts
+    cluster_step = steps.grad_step(cluster_loss, [head.cluster_kernel, head.cluster_bias], mode)
+    cluster_s = best_time(cluster_step, args.repeats, h, cluster_targets)
+    read_s = best_time(steps.value_step(read_rows, mode, state=[head.kernel]), args.repeats,
+                       rows)
+    floor_s = cluster_s + 2 * read_s
+    row.update({
+        "cluster_s": round(cluster_s, 4),
+        "read_rows_s": round(read_s, 4),
+        "floor_s": round(floor_s, 4),
+        "floor_speedup": round(args.full_seconds / floor_s, 1),
+    })
+    step_s = best_time(steps.train_step(head, mode, reduction="sum"), args.repeats, h, targets)
+    row["hsm_step_s"] = round(step_s, 4)
+    row["hsm_speedup"] = round(args.full_seconds / step_s, 1)
+    if mode in ("graph", "eager"):  # data-dependent shapes: not under XLA
+        dynamic_s = best_time(steps.train_step(dynamic, mode, reduction="sum"), args.repeats,
+                              h, targets)
+        row["hsm_dynamic_step_s"] = round(dynamic_s, 4)
+        row["hsm_dynamic_speedup"] = round(args.full_seconds / dynamic_s, 1)
+
+
+def floor_parts(head, targets_np):
+    """`(cluster_loss, read_rows, rows, cluster_targets)`: the floor's two
+    steps (`keras.ops`) and their inputs for the batch's targets."""
     import keras
+    import steps
+
+    layout = head.cluster_assignment
+    hit = np.unique(layout.cluster_of_word[targets_np])
+    rows_np = np.concatenate([layout.cluster_words[c, : layout.cluster_sizes[c]] for c in hit])
+    rows = steps.tensor(np.sort(rows_np).astype("int32"))
+    cluster_targets = steps.tensor(layout.cluster_of_word[targets_np].astype("int32"))
+
+    def cluster_loss(h, cluster_targets):
+        return keras.ops.sum(steps.dense_nll(h, head.cluster_kernel, head.cluster_bias,
+                                             cluster_targets))
+
+    def read_rows(rows):
+        return keras.ops.sum(keras.ops.take(head.kernel, rows, axis=0))
+
+    return cluster_loss, read_rows, rows, cluster_targets
+
+
+def main():
+    args = parse_args()
+    select_backend.use(args.backend)
     import steps
 
     from keras_softmax_heads.heads.hierarchical_softmax import HierarchicalSoftmax
@@ -173,75 +222,28 @@ def main():
     targets = steps.tensor(targets_np.astype("int32"))
     results = {"backend": args.backend, "v": args.v, "d": args.d, "n": args.n}
     if args.measure_full:
-        import tensorflow as tf
-
-        kernel = tf.Variable(
-            rng.standard_normal((args.v, args.d), dtype=np.float32) / args.d**0.5
-        )
-        full_step = full_softmax_step(h, kernel, targets)
-
-        def run_full():
-            return float(full_step()[0])
-
-        full_s = best_time(run_full, args.repeats)
-        results["full_softmax_step_s"] = round(full_s, 4)
+        results["full_softmax_step_s"] = round(full_seconds(h, targets, rng, args), 4)
         print(json.dumps(results))
-        write_json(results, args.json)
+        measure.save(results, args.json)
         return
     head = HierarchicalSoftmax(args.v, counts=counts)
     head.build((None, args.d))
     dynamic = HierarchicalSoftmax(args.v, counts=counts, static_shapes=False)
     dynamic.build((None, args.d))
     dynamic.set_weights(head.get_weights())
-    layout = head.cluster_assignment
-    stats = layout_stats(layout, counts, targets_np)
-    hit = np.unique(layout.cluster_of_word[targets_np])
-    rows_np = np.concatenate(
-        [layout.cluster_words[c, : layout.cluster_sizes[c]] for c in hit]
-    )
-
-    rows = steps.tensor(np.sort(rows_np).astype("int32"))
-    cluster_targets = steps.tensor(layout.cluster_of_word[targets_np].astype("int32"))
-    kernel, cluster_kernel = head.kernel, head.cluster_kernel
-    cluster_bias = head.cluster_bias
-
-    def cluster_loss(h, cluster_targets):
-        return keras.ops.sum(steps.dense_nll(h, cluster_kernel, cluster_bias, cluster_targets))
-
-    def read_rows(rows):
-        return keras.ops.sum(keras.ops.take(kernel, rows, axis=0))
-
+    stats = layout_stats(head.cluster_assignment, counts, targets_np)
+    parts = floor_parts(head, targets_np)
     results.update(stats, modes={})
     print(json.dumps(stats))
-    for mode in modes:
+    for mode in args.modes:
         row = {}
         try:
-            cluster_step = steps.grad_step(cluster_loss, [cluster_kernel, cluster_bias], mode)
-            cluster_s = best_time(cluster_step, args.repeats, h, cluster_targets)
-            read_s = best_time(steps.value_step(read_rows, mode, state=[kernel]),
-                               args.repeats, rows)
-            floor_s = cluster_s + 2 * read_s
-            row.update({
-                "cluster_s": round(cluster_s, 4),
-                "read_rows_s": round(read_s, 4),
-                "floor_s": round(floor_s, 4),
-                "floor_speedup": round(args.full_seconds / floor_s, 1),
-            })
-            step_s = best_time(steps.train_step(head, mode, reduction="sum"), args.repeats,
-                               h, targets)
-            row["hsm_step_s"] = round(step_s, 4)
-            row["hsm_speedup"] = round(args.full_seconds / step_s, 1)
-            if mode in ("graph", "eager"):  # data-dependent shapes: not under XLA
-                dynamic_s = best_time(steps.train_step(dynamic, mode, reduction="sum"),
-                                      args.repeats, h, targets)
-                row["hsm_dynamic_step_s"] = round(dynamic_s, 4)
-                row["hsm_dynamic_speedup"] = round(args.full_seconds / dynamic_s, 1)
+            measure_mode(row, mode, head, dynamic, parts, h, targets, args)
         except Exception as err:  # reported in the mode's row; the other modes run
-            lines = f"{type(err).__name__}: {err}".strip().splitlines()
-            row["error"] = lines[0][:300]
+            row["error"] = measure.error_text(err)
         results["modes"][mode] = row
         print(mode, json.dumps(row), flush=True)
-    write_json(results, args.json)
+    measure.save(results, args.json)
     return 1 if any("error" in row for row in results["modes"].values()) else 0
 
 

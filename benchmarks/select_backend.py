@@ -1,4 +1,5 @@
-"""The `--backend` flag of the benchmark scripts (imports no Keras).
+"""The `--backend` flag and the other shared flags of the benchmark scripts
+(imports no Keras).
 
 A script parses its flags, then calls `use(backend)` before anything imports
 Keras: it sets `KERAS_BACKEND`, which the script's child processes inherit
@@ -43,6 +44,19 @@ def add_flag(parser, multiple=False):
         "--backend", type=str, default=default_backend(),
         help=f"Keras backend: {what} ({', '.join(BACKENDS)}; default $KERAS_BACKEND "
         "or tensorflow)",
+    )
+
+
+def add_budget_flags(parser, skipped="configurations"):
+    """Adds `--time-budget` (seconds of timed calls per configuration) and
+    `--memory-budget-gb` (skip `skipped` estimated above it)."""
+    parser.add_argument(
+        "--time-budget", type=float, default=60.0,
+        help="stop repeating a configuration after this many seconds",
+    )
+    parser.add_argument(
+        "--memory-budget-gb", type=float, default=None,
+        help=f"skip {skipped} estimated above this (default: 80%% of MemAvailable)",
     )
 
 

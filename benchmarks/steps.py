@@ -18,16 +18,15 @@ computed, so that the time of a call is the time of the whole step:
 * PyTorch: the loss and `torch.autograd.grad` op by op (mode `eager`), or
   the loss function under `torch.compile` (mode `compile`).
 
-Memory (`PeakMemory`): TensorFlow's CPU allocator statistics on TensorFlow;
-the process' peak resident size (`VmHWM` after resetting it) on JAX and
-PyTorch, whose CPU allocators keep no such statistics.
+Memory (`peak_memory()`, a `measure.py` reader): TensorFlow's CPU
+allocator statistics on TensorFlow; the process' peak resident size
+(`VmHWM` after resetting it) on JAX and PyTorch, whose CPU allocators keep
+no such statistics.
 """
-
-import gc
 
 import keras
 import numpy as np
-import proc_memory  # benchmarks/proc_memory.py (the script's own folder)
+import measure  # benchmarks/measure.py (the script's own folder)
 import select_backend  # benchmarks/select_backend.py
 
 BACKEND = keras.backend.backend()
@@ -245,6 +244,16 @@ def tensor(array):
     return keras.ops.convert_to_tensor(array)
 
 
+def aligned_empty(shape, dtype):
+    """An uninitialised NumPy array on a 128-byte boundary (TensorFlow takes
+    only aligned buffers without a copy, and aborts on unaligned ones)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + 128, np.uint8)
+    offset = (-raw.ctypes.data) % 128
+    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
 def host_tensor(array):
     """A tensor sharing the memory of the NumPy `array` where possible.
 
@@ -270,49 +279,14 @@ def host_tensor(array):
 
 
 # ----------------------------------------------------------------- memory
-class PeakMemory:
-    """Peak memory of the steps run between `start()` and `peak_mib()`.
+def peak_memory():
+    """The memory reader of this backend's CPU steps (`measure.py`).
 
-    TensorFlow: the CPU allocator's peak minus its usage at `start()` (what
-    the steps allocate; `None` where the allocator keeps no statistics).
-    JAX and PyTorch: the process' peak resident size minus its resident size
-    at `start()` (the peak counter is reset there; if the kernel refuses,
-    the peak resident size before the steps is the baseline). `source`
-    names the reading; `allocator` is True for an allocator's statistics.
+    TensorFlow: its CPU allocator's statistics
+    (`measure.TensorFlowAllocatorPeak`). JAX and PyTorch, whose CPU
+    allocators keep no statistics: the process' peak resident size
+    (`measure.RssPeak`).
     """
-
-    def __init__(self):
-        self.allocator = BACKEND == "tensorflow"
-        self.source = (
-            "TensorFlow CPU allocator peak"
-            if BACKEND == "tensorflow"
-            else "process peak RSS (VmHWM)"
-        )
-        self._base = None
-
-    def start(self):
-        """Sets the baseline (call after warm-up steps)."""
-        gc.collect()
-        if BACKEND == "tensorflow":
-            import tensorflow as tf
-
-            try:
-                tf.config.experimental.reset_memory_stats("CPU:0")
-                self._base = tf.config.experimental.get_memory_info("CPU:0")["current"]
-            except (ValueError, RuntimeError):
-                self._base = None
-            return
-        reset = proc_memory.reset_peak()
-        self._base = proc_memory.status()["VmRSS" if reset else "VmHWM"]
-
-    def peak_mib(self):
-        """MiB allocated at the peak since `start()`, or None."""
-        if self._base is None:
-            return None
-        if BACKEND == "tensorflow":
-            import tensorflow as tf
-
-            peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-        else:
-            peak = proc_memory.status()["VmHWM"]
-        return (peak - self._base) / 2**20
+    if BACKEND == "tensorflow":
+        return measure.TensorFlowAllocatorPeak()
+    return measure.RssPeak()
