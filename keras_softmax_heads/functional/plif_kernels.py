@@ -352,33 +352,55 @@ def _plif_tiled(z, raw, knot_bound):
     """`plif` of a flat vector of static size, in tiles of about
     `TILE_ELEMENTS` scores (under XLA the loop keeps each tile in cache and
     the `[K]` tables materialised, see `docs/plif.md`)."""
-    tiles = _RowTiles(z.shape[0], 1)
-    dtype = z.dtype
+    tiled = _tiled_custom_gradient(
+        _plif_tile, _plif_tile_grad, ("int32", z.dtype), _RowTiles(z.shape[0], 1),
+        knot_bound,
+    )
+    return tiled(z, raw)
+
+
+def _tiled_custom_gradient(tile_fn, tile_grad_fn, ys_dtypes, tiles, knot_bound,
+                           row_shape=()):
+    """A PLIF kernel over `tiles` with its custom gradient.
+
+    Returns `f(z, raw, *extra)`. The forward pass runs
+    `tile_fn(tables, z, *extra) -> (idx, *saved, out)` on every tile
+    (`ys_dtypes` the dtypes of those outputs) and returns the tiles' `out`;
+    the backward pass runs
+    `tile_grad_fn(tables, z, idx, *extra, upstream, *saved) -> (dL/dz, (A, B))`
+    on every tile, adds the slopes' histograms `A`, `B` tile by tile and
+    returns `dL/dz` (`[rows, *row_shape]`), `dL/draw` and None for `extra`
+    (integer inputs such as the targets).
+    """
 
     @ops.custom_gradient
-    def tiled(z, raw):
+    def tiled(z, raw, *extra):
         # `stop_gradient`: an outer tape recording the forward loop would
         # make it keep per-iteration temporaries for a gradient that the
         # custom gradient replaces.
         z = ops.stop_gradient(z)
         tables = _tables(ops.stop_gradient(raw), knot_bound)
         z_tiles = tiles.split(z)
-        idx, out = tiles.map(partial(_plif_tile, tables), (z_tiles,), ("int32", dtype))
+        extra_tiles = tuple(tiles.split(x) for x in extra)
+        idx, *saved, out = tiles.map(
+            partial(tile_fn, tables), (z_tiles, *extra_tiles), ys_dtypes
+        )
 
         def grad(*args, upstream=None):
-            upstream = ops.cast(upstream_gradient(args, upstream), dtype)
-            zeros = ops.zeros([tables.num_knots], dtype)
+            upstream = ops.cast(upstream_gradient(args, upstream), z.dtype)
+            zeros = ops.zeros([tables.num_knots], z.dtype)
             sums, d_z = tiles.accumulate(
-                partial(_plif_tile_grad, tables),
+                partial(tile_grad_fn, tables),
                 (zeros, zeros),
-                (z_tiles, idx, tiles.split(upstream)),
-                dtype,
+                (z_tiles, idx, *extra_tiles, tiles.split(upstream), *saved),
+                z.dtype,
             )
-            return tiles.join(*d_z), _slope_gradient(*sums, raw, knot_bound)
+            d_z = tiles.join(*d_z, row_shape=row_shape)
+            return (d_z, _slope_gradient(*sums, raw, knot_bound)) + (None,) * len(extra)
 
         return tiles.join(*out), grad
 
-    return tiled(z, raw)
+    return tiled
 
 
 def plif_reference(z, raw_slopes, knot_bound):
@@ -454,36 +476,15 @@ def plif_log_likelihood(z, raw_slopes, knot_bound, targets):
 
 
 def _fused_plif_ll(z, raw, targets, knot_bound):
-    """Flat core: `z` `[M, V]`, `targets` `[M]` int32 -> log-likelihood `[M]`."""
+    """Flat core: `z` `[M, V]`, `targets` `[M]` int32 -> log-likelihood `[M]`.
+
+    `targets` is an argument of the custom gradient, not a closure: JAX's
+    custom gradient cannot close over values traced by an enclosing
+    `jax.jit`.
+    """
     rows, vocab_size = z.shape
-    tiles = _RowTiles(rows, vocab_size)
-    dtype = z.dtype
-
-    # `targets` is an argument, not a closure: JAX's custom gradient cannot
-    # close over values traced by an enclosing `jax.jit`.
-    @ops.custom_gradient
-    def fused(z, raw, targets):
-        z = ops.stop_gradient(z)  # see `_plif_tiled`
-        tables = _tables(ops.stop_gradient(raw), knot_bound)
-        z_tiles, t_tiles = tiles.split(z), tiles.split(targets)
-        idx, lse, ll = tiles.map(
-            partial(_ll_tile, tables),
-            (z_tiles, t_tiles),
-            ("int32", dtype, dtype),
-        )
-
-        def grad(*args, upstream=None):
-            upstream = ops.cast(upstream_gradient(args, upstream), dtype)
-            zeros = ops.zeros([tables.num_knots], dtype)
-            sums, d_z = tiles.accumulate(
-                partial(_ll_tile_grad, tables),
-                (zeros, zeros),
-                (z_tiles, idx, t_tiles, tiles.split(upstream), lse),
-                dtype,
-            )
-            d_z = tiles.join(*d_z, row_shape=(vocab_size,))
-            return d_z, _slope_gradient(*sums, raw, knot_bound), None
-
-        return tiles.join(*ll), grad
-
+    fused = _tiled_custom_gradient(
+        _ll_tile, _ll_tile_grad, ("int32", z.dtype, z.dtype),
+        _RowTiles(rows, vocab_size), knot_bound, row_shape=(vocab_size,),
+    )
     return fused(z, raw, targets)

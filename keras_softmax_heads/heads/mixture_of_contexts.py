@@ -40,18 +40,18 @@ class MixtureOfContexts(MixtureHead):
         training: bool, enables the latent dropout.
 
     Returns:
-        float32 log-probabilities `[..., V]`.
+        float32 `log_softmax(h' W + b)`, shape `[..., V]`.
 
     Example:
 
     >>> import numpy as np
     >>> from keras_softmax_heads.heads.mixture_of_contexts import MixtureOfContexts
-    >>> head = MixtureOfContexts(vocab_size=7, num_components=3)
-    >>> log_p = head(np.random.rand(2, 5, 4).astype("float32"))
-    >>> tuple(log_p.shape)
-    (2, 5, 7)
-    >>> bool(np.allclose(np.exp(log_p).sum(-1), 1.0, atol=1e-5))
-    True
+    >>> head = MixtureOfContexts(vocab_size=7, num_components=3, latent_dim=2)
+    >>> h = np.random.rand(10, 4).astype("float32")
+    >>> tuple(head(h).shape), tuple(head.logits(h).shape)  # one score vector
+    ((10, 7), (10, 7))
+    >>> tuple(head.training_loss(h, np.arange(10) % 7).shape)
+    (10,)
 
     References:
         - Breaking the softmax bottleneck (section 2.3, Mixture of Contexts):

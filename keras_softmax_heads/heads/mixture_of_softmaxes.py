@@ -77,7 +77,7 @@ class MixtureOfSoftmaxes(MixtureHead):
         training: bool, enables the latent dropout.
 
     Returns:
-        float32 log-probabilities `[..., V]`.
+        float32 log-probabilities of the mixture, `[..., V]`.
 
     Example:
 
@@ -111,18 +111,9 @@ class MixtureOfSoftmaxes(MixtureHead):
           https://arxiv.org/abs/1902.08077
     """
 
-    def __init__(
-        self,
-        vocab_size=None,
-        num_components=4,
-        latent_dim=None,
-        latent_dropout=0.0,
-        component="softmax",
-        num_knots=None,
-        knot_bound=10.0,
-        **kwargs,
-    ):
-        super().__init__(vocab_size, num_components, latent_dim, latent_dropout, **kwargs)
+    def __init__(self, *args, component="softmax", num_knots=None, knot_bound=10.0,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
         self.component = check_choice("component", component, COMPONENTS)
         self.num_knots = check_int("num_knots", num_knots, minimum=1, allow_none=True)
         self.knot_bound = check_positive("knot_bound", knot_bound)

@@ -175,12 +175,14 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
             evaluates the `K` sigmoids at every score (`monotonic_mlp`;
             files written before 0.3 load with it).
         token_embedding, use_bias, kernel_initializer, bias_initializer,
-        return_probabilities, chunk_size: see `PointwiseSoftmaxHead` and
-            `SoftmaxHead`.
+        return_probabilities, chunk_size: the `PointwiseSoftmaxHead`
+            arguments.
+
+    Call arguments:
+        inputs: float context vectors `[..., d]`.
 
     Returns:
-        float32 log-probabilities `[..., V]` of the context vectors
-        `[..., d]`.
+        float32 log-probabilities `log_softmax(f(z))` `[..., V]`.
 
     Example:
 

@@ -34,12 +34,12 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
         knot_bound: float `T > 0` (default 20, not given by the paper).
             Scores outside `[-T, T]` see the first / last slope only, so `T`
             should cover the range of the logits.
-        token_embedding, use_bias, kernel_initializer, bias_initializer,
-        return_probabilities, chunk_size: see `PointwiseSoftmaxHead` and
-            `SoftmaxHead`.
+        **kwargs: `token_embedding`, `use_bias`, `kernel_initializer`,
+            `bias_initializer`, `return_probabilities`, `chunk_size` and the
+            Keras layer arguments (`PointwiseSoftmaxHead`).
 
     Returns:
-        float32 log-probabilities `[..., V]` of the context vectors
+        float32 `log_softmax(f(h W + b))` `[..., V]` for context vectors `h`
         `[..., d]`.
 
     Example:

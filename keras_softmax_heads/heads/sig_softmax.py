@@ -36,12 +36,10 @@ class SigSoftmax(PointwiseSoftmaxHead):
         epsilon: float > 0 added to `ReLU(z)` for `output_fn="relu"`
             (default `1e-6`; ignored otherwise).
         token_embedding, use_bias, kernel_initializer, bias_initializer,
-        return_probabilities, chunk_size: see `PointwiseSoftmaxHead` and
-            `SoftmaxHead`.
+            return_probabilities, chunk_size: as in `PointwiseSoftmaxHead`.
 
     Returns:
-        float32 log-probabilities `[..., V]` of the context vectors
-        `[..., d]`.
+        float32 `log_softmax(log g(z))`, shape `[..., V]` for inputs `[..., d]`.
 
     Example:
 
