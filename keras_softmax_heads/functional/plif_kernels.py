@@ -10,10 +10,11 @@ Why the kernels are shaped this way (histograms, tiles, precision):
 `docs/plif.md`.
 
 Reading order: the grid (`_tables`, `_interval`, `_offset`,
-`_slope_gradient`), one tile's forward and backward pass (`_plif_tile`,
-`_plif_tile_grad`, `_ll_tile`, `_ll_tile_grad`), `_RowTiles` (the loop over
-full tiles and the remainder), then the public functions and their custom
-gradients.
+`_slope_gradient`); one tile's forward and backward pass (`_plif_tile`,
+`_plif_tile_grad`, `_ll_tile`, `_ll_tile_grad`); `_RowTiles` (the loop over
+full tiles and the remainder); `plif` (in one piece, or tiled) and
+`plif_log_likelihood`, whose tiled paths share one custom gradient
+(`_tiled_custom_gradient`).
 """
 
 import math
@@ -94,23 +95,25 @@ def _blocked_cumsum(x, reverse=False):
 
 
 class _Tables(NamedTuple):
-    """The `[K]` tables of one PLIF, shared by all tiles."""
+    """The `[K]` tables of one PLIF, shared by all tiles, and the grid's
+    constants as Python values (a gradient function reads no attribute of
+    a tensor of the forward pass: `torch.compile` refuses that)."""
 
     slopes: object  # s = softplus(v)
     left_values: object  # f(l_i) at the left knots
     knot_bound: float
-
-    @property
-    def num_knots(self):
-        return self.slopes.shape[0]
+    num_knots: int
+    dtype: str  # the compute dtype of the scores
 
 
 def _tables(raw, knot_bound):
     """Slopes `s = softplus(v)` and `f(l_i)` at the left knots."""
-    width = 2.0 * knot_bound / raw.shape[0]
+    num_knots = raw.shape[0]
+    width = 2.0 * knot_bound / num_knots
     slopes = ops.softplus(raw)
     left_values = -knot_bound + width * _blocked_cumsum(slopes)
-    return _Tables(slopes, left_values, knot_bound)
+    dtype = keras.backend.standardize_dtype(raw.dtype)
+    return _Tables(slopes, left_values, knot_bound, num_knots, dtype)
 
 
 def _interval(z, num_knots, knot_bound):
@@ -121,10 +124,11 @@ def _interval(z, num_knots, knot_bound):
     return ops.clip(ops.cast(position, "int32"), 0, num_knots - 1)
 
 
-def _offset(z, idx, num_knots, knot_bound):
-    """`z - l_idx`, the distance to the left knot of the interval."""
+def _offset(z, idx, num_knots, knot_bound, dtype):
+    """`z - l_idx`, the distance to the left knot of the interval (`dtype`
+    that of `z`)."""
     width = 2.0 * knot_bound / num_knots
-    return z - (-knot_bound + width * ops.cast(idx, z.dtype))
+    return z - (-knot_bound + width * ops.cast(idx, dtype))
 
 
 def _slope_gradient(sum_grad, sum_grad_offset, raw, knot_bound):
@@ -140,7 +144,7 @@ def _slope_gradient(sum_grad, sum_grad_offset, raw, knot_bound):
 def _scores(tables, z, idx):
     """PLIF scores `f(z)` of the interval index `idx`, with the slope and
     offset they used."""
-    offset = _offset(z, idx, tables.num_knots, tables.knot_bound)
+    offset = _offset(z, idx, tables.num_knots, tables.knot_bound, tables.dtype)
     slope = lookup(tables.slopes, idx)
     return lookup(tables.left_values, idx) + slope * offset, slope, offset
 
@@ -148,13 +152,13 @@ def _scores(tables, z, idx):
 def _plif_tile(tables, z):
     """`plif` forward: `(interval index, f(z))`."""
     idx = _interval(z, tables.num_knots, tables.knot_bound)
-    offset = _offset(z, idx, tables.num_knots, tables.knot_bound)
+    offset = _offset(z, idx, tables.num_knots, tables.knot_bound, tables.dtype)
     return idx, lookup(tables.left_values, idx) + lookup(tables.slopes, idx) * offset
 
 
 def _plif_tile_grad(tables, z, idx, upstream):
     """`plif` backward: `(dL/dz, (A, B))`, the slopes' two histograms."""
-    offset = _offset(z, idx, tables.num_knots, tables.knot_bound)
+    offset = _offset(z, idx, tables.num_knots, tables.knot_bound, tables.dtype)
     sums = knot_histogram(idx, (upstream, upstream * offset), tables.num_knots)
     return upstream * lookup(tables.slopes, idx), sums
 
@@ -175,7 +179,7 @@ def _ll_tile_grad(tables, z, idx, targets, upstream, lse):
     f, slope, offset = _scores(tables, z, idx)
     # d ll / d f = upstream * (onehot(target) - softmax(f)).
     d_f = (
-        ops.one_hot(targets, z.shape[-1], dtype=z.dtype) - ops.exp(f - lse[:, None])
+        ops.one_hot(targets, f.shape[-1], dtype=tables.dtype) - ops.exp(f - lse[:, None])
     ) * upstream[:, None]
     sums = knot_histogram(idx, (d_f, d_f * offset), tables.num_knots)
     return d_f * slope, sums
@@ -353,13 +357,13 @@ def _plif_tiled(z, raw, knot_bound):
     `TILE_ELEMENTS` scores (under XLA the loop keeps each tile in cache and
     the `[K]` tables materialised, see `docs/plif.md`)."""
     tiled = _tiled_custom_gradient(
-        _plif_tile, _plif_tile_grad, ("int32", z.dtype), _RowTiles(z.shape[0], 1),
-        knot_bound,
+        _plif_tile, _plif_tile_grad, z.dtype, ("int32", z.dtype),
+        _RowTiles(z.shape[0], 1), knot_bound,
     )
     return tiled(z, raw)
 
 
-def _tiled_custom_gradient(tile_fn, tile_grad_fn, ys_dtypes, tiles, knot_bound,
+def _tiled_custom_gradient(tile_fn, tile_grad_fn, dtype, ys_dtypes, tiles, knot_bound,
                            row_shape=()):
     """A PLIF kernel over `tiles` with its custom gradient.
 
@@ -369,31 +373,28 @@ def _tiled_custom_gradient(tile_fn, tile_grad_fn, ys_dtypes, tiles, knot_bound,
     the backward pass runs
     `tile_grad_fn(tables, z, idx, *extra, upstream, *saved) -> (dL/dz, (A, B))`
     on every tile, adds the slopes' histograms `A`, `B` tile by tile and
-    returns `dL/dz` (`[rows, *row_shape]`), `dL/draw` and None for `extra`
-    (integer inputs such as the targets).
+    returns `dL/dz` (`[rows, *row_shape]`, `dtype`, the dtype of `z`),
+    `dL/draw` and None for `extra` (integer inputs such as the targets).
+    `dtype` is passed in: the gradient function reads no attribute of a
+    tensor of the forward pass (`torch.compile` refuses that).
     """
 
     @ops.custom_gradient
     def tiled(z, raw, *extra):
-        # `stop_gradient`: an outer tape recording the forward loop would
-        # make it keep per-iteration temporaries for a gradient that the
-        # custom gradient replaces.
-        z = ops.stop_gradient(z)
         tables = _tables(ops.stop_gradient(raw), knot_bound)
-        z_tiles = tiles.split(z)
-        extra_tiles = tuple(tiles.split(x) for x in extra)
         idx, *saved, out = tiles.map(
-            partial(tile_fn, tables), (z_tiles, *extra_tiles), ys_dtypes
+            partial(tile_fn, tables), _split_inputs(tiles, z, extra), ys_dtypes
         )
 
         def grad(*args, upstream=None):
-            upstream = ops.cast(upstream_gradient(args, upstream), z.dtype)
-            zeros = ops.zeros([tables.num_knots], z.dtype)
+            upstream = ops.cast(upstream_gradient(args, upstream), dtype)
+            zeros = ops.zeros([tables.num_knots], dtype)
+            z_tiles, *extra_tiles = _split_inputs(tiles, z, extra)
             sums, d_z = tiles.accumulate(
                 partial(tile_grad_fn, tables),
                 (zeros, zeros),
                 (z_tiles, idx, *extra_tiles, tiles.split(upstream), *saved),
-                z.dtype,
+                dtype,
             )
             d_z = tiles.join(*d_z, row_shape=row_shape)
             return (d_z, _slope_gradient(*sums, raw, knot_bound)) + (None,) * len(extra)
@@ -401,6 +402,16 @@ def _tiled_custom_gradient(tile_fn, tile_grad_fn, ys_dtypes, tiles, knot_bound,
         return tiles.join(*out), grad
 
     return tiled
+
+
+def _split_inputs(tiles, z, extra):
+    """The tiles of `z` (under `stop_gradient`: an outer tape recording the
+    forward loop would make it keep per-iteration temporaries for a
+    gradient that the custom gradient replaces) and of the `extra` inputs.
+    The backward pass splits the inputs again rather than keep the forward
+    pass's slices: those alias the inputs, which `torch.compile` refuses in
+    a gradient function."""
+    return (tiles.split(ops.stop_gradient(z)), *(tiles.split(x) for x in extra))
 
 
 def plif_reference(z, raw_slopes, knot_bound):
@@ -413,7 +424,7 @@ def plif_reference(z, raw_slopes, knot_bound):
     num_knots = raw.shape[0]
     tables = _tables(ops.cast(raw, z.dtype), knot_bound)
     idx = _interval(z, num_knots, knot_bound)
-    offset = _offset(z, idx, num_knots, knot_bound)
+    offset = _offset(z, idx, num_knots, knot_bound, z.dtype)
     return ops.take(tables.left_values, idx) + ops.take(tables.slopes, idx) * offset
 
 
@@ -484,7 +495,7 @@ def _fused_plif_ll(z, raw, targets, knot_bound):
     """
     rows, vocab_size = z.shape
     fused = _tiled_custom_gradient(
-        _ll_tile, _ll_tile_grad, ("int32", z.dtype, z.dtype),
+        _ll_tile, _ll_tile_grad, z.dtype, ("int32", z.dtype, z.dtype),
         _RowTiles(rows, vocab_size), knot_bound, row_shape=(vocab_size,),
     )
     return fused(z, raw, targets)
