@@ -14,6 +14,7 @@ from references import numpy_plif
 from references import softplus
 
 from keras_softmax_heads import functional
+from keras_softmax_heads.functional import plif_kernels
 from keras_softmax_heads.heads.full_softmax import FullSoftmax
 from keras_softmax_heads.heads.plif_softmax import PLIFSoftmax
 
@@ -168,7 +169,7 @@ def test_custom_gradient_matches_autodiff(monkeypatch, tile_elements, compiled):
     3 tiles and a remainder) equals autodiff of the plain formula and the
     NumPy float64 gradient, eagerly and compiled (`backends.jit`)."""
     if tile_elements is not None:
-        monkeypatch.setattr(functional, "TILE_ELEMENTS", tile_elements)
+        monkeypatch.setattr(plif_kernels, "TILE_ELEMENTS", tile_elements)
     rng = np.random.default_rng(2)
     z = (rng.normal(size=(3, 47)) * 3).astype(DTYPE)
     raw = rng.normal(size=(16,)).astype(DTYPE)
@@ -199,7 +200,7 @@ def test_fused_log_likelihood_matches_dense(monkeypatch, tile_elements, compiled
     eagerly and compiled."""
     if tile_elements is not None:
         # V = 9: 4 rows per tile (5 tiles of 20 rows), or 6 (3 + remainder 2).
-        monkeypatch.setattr(functional, "TILE_ELEMENTS", tile_elements)
+        monkeypatch.setattr(plif_kernels, "TILE_ELEMENTS", tile_elements)
     rng = np.random.default_rng(3)
     z = (rng.normal(size=(4, 5, 9)) * 2).astype(DTYPE)
     raw = rng.normal(size=(24,)).astype(DTYPE)
@@ -226,7 +227,7 @@ def test_fused_log_likelihood_matches_dense(monkeypatch, tile_elements, compiled
 @pytest.mark.parametrize("tile_elements", [None, 40])
 def test_jit_equals_eager(monkeypatch, tile_elements):
     if tile_elements is not None:
-        monkeypatch.setattr(functional, "TILE_ELEMENTS", tile_elements)
+        monkeypatch.setattr(plif_kernels, "TILE_ELEMENTS", tile_elements)
     rng = np.random.default_rng(14)
     z = (rng.normal(size=(6, 9)) * 2).astype("float32")
     raw = rng.normal(size=(24,)).astype("float32")
@@ -248,7 +249,7 @@ def test_graph_mode_gradients(monkeypatch, tile_elements):
     import tensorflow as tf
 
     if tile_elements is not None:
-        monkeypatch.setattr(functional, "TILE_ELEMENTS", tile_elements)
+        monkeypatch.setattr(plif_kernels, "TILE_ELEMENTS", tile_elements)
     rng = np.random.default_rng(15)
     z = tf.constant(rng.normal(size=(4, 5, 9)) * 2, tf.float64)
     raw = tf.constant(rng.normal(size=(24,)), tf.float64)
@@ -324,7 +325,7 @@ def test_memory_does_not_scale_with_knots_times_batch(monkeypatch, path):
     is index-sized (`[N, V]`) and the slope tables and their gradient are
     `[K]`; nothing is `N x K` or `N x V x K` (tiling forced: 2 rows per
     tile)."""
-    monkeypatch.setattr(functional, "TILE_ELEMENTS", 128)  # 2 rows per tile
+    monkeypatch.setattr(plif_kernels, "TILE_ELEMENTS", 128)  # 2 rows per tile
     num_knots, rows, vocab = 200_000, 8, 64
     rng = np.random.default_rng(5)
     z = rng.normal(size=(rows, vocab)).astype("float32")

@@ -18,25 +18,16 @@ class FullSoftmax(PointwiseSoftmaxHead):
     and the chunked path alike.
 
     Args:
-        vocab_size: int, number of words `V` (or omit and pass
-            `token_embedding`).
-        token_embedding: optional `keras.layers.Embedding` of shape `[V, d]`
-            to tie the output projection to.
-        use_bias: bool, add a per-word bias (default `True`).
-        kernel_initializer, bias_initializer: initializers.
-        return_probabilities: bool, `call` returns probabilities instead of
-            log-probabilities.
+        vocab_size: int `V >= 2` (or omit and pass `token_embedding`).
         logit_soft_cap: optional float > 0: soft-cap the scores at this
             value (`None`, the default: no capping).
-        chunk_size: optional int, the vocabulary tile of the chunked exact
-            loss (`PointwiseSoftmaxHead`).
-
-    Call arguments:
-        inputs: context vectors, float tensor `[..., d]`.
+        token_embedding, use_bias, kernel_initializer, bias_initializer,
+        return_probabilities, chunk_size: see `PointwiseSoftmaxHead` and
+            `SoftmaxHead`.
 
     Returns:
-        float32 log-probabilities `[..., V]` (`logsumexp` over the last axis
-        is 0).
+        float32 log-probabilities `[..., V]` of the context vectors `[..., d]`
+        (`logsumexp` over the last axis is 0).
 
     Example:
 
@@ -59,9 +50,9 @@ class FullSoftmax(PointwiseSoftmaxHead):
 
     def __init__(self, *args, logit_soft_cap=None, **kwargs):
         super().__init__(*args, **kwargs)
-        if logit_soft_cap is not None:
-            logit_soft_cap = check_positive("logit_soft_cap", logit_soft_cap)
-        self.logit_soft_cap = logit_soft_cap
+        self.logit_soft_cap = check_positive(
+            "logit_soft_cap", logit_soft_cap, allow_none=True
+        )
 
     def score_transform(self, z):
         if self.logit_soft_cap is None:

@@ -1,23 +1,10 @@
-"""Mixture heads: Mixture of Softmaxes (and its MoSS / MoS+PLIF variants) and
-the low-rank Mixture of Contexts baseline.
+"""`MixtureHead`: what the mixture heads share (priors, latents, dropout).
 
-Both heads share the parameterisation of Yang et al. (2018): from the context
-vector `h` `[..., d]` they compute `K` mixture priors
-`pi_k = softmax(h W_pi + b_pi)_k` and `K` latent context vectors
-`c_k = tanh(h W_k + b_k)` of dimension `latent_dim`, which are scored against
-the shared output projection (`kernel` `[latent_dim, V]`, or a tied
-`token_embedding` `[V, latent_dim]`) and bias. They differ in where the
-mixture happens:
-
-* `MixtureOfSoftmaxes` mixes *probabilities*:
-  `p = sum_k pi_k softmax(c_k W + b)`, computed in log space as
-  `log p = logsumexp_k(log pi_k + log_softmax(c_k W + b))`. Its matrix of
-  log-probabilities is not limited to rank `d + 2` (it breaks the softmax
-  bottleneck).
-* `MixtureOfContexts` mixes the *context vectors* first,
-  `h' = sum_k pi_k c_k`, then applies one softmax: `softmax(h' W + b)`. It is
-  a Linear-Softmax on a non-linear function of `h` and stays low rank
-  (`<= latent_dim + 2`).
+`MixtureOfSoftmaxes` and `MixtureOfContexts` compute, from the context vector
+`h`, `K` priors `pi = softmax(h W_pi + b_pi)` and `K` latent context vectors
+`c_k = tanh(h W_k + b_k)` scored against one output projection; they differ
+in where they mix (probabilities or contexts). The parameterisation, the
+initialisation and the memory of each path: `docs/mixtures.md`.
 """
 
 import keras
@@ -26,12 +13,10 @@ from keras import ops
 
 from keras_softmax_heads import samplers
 from keras_softmax_heads.chunked import check_chunk_size
-from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.head_utils import set_context_dim
-
-def is_int(value):
-    """Whether `value` is an integer (an `__index__` type), not a bool."""
-    return hasattr(value, "__index__") and not isinstance(value, bool)
+from keras_softmax_heads.heads.softmax_head import SoftmaxHead
+from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_rate
 
 
 def near_identity_initializer(num_components, seed=None):
@@ -39,11 +24,23 @@ def near_identity_initializer(num_components, seed=None):
     block is the identity (`eye(d, L)`) plus a Glorot-uniform draw.
 
     With it a mixture head starts close to the Linear-Softmax on `tanh(h)`
-    that it generalises: the gradient reaching the backbone is that of a
-    softmax (with a Glorot-only kernel it is about 3x weaker at the start,
-    and on PTB under Zaremba's SGD the backbone can stall while the output
-    bias learns the unigram; `docs/recipes.md`), and the Glorot draw makes
-    the components differ from the first step.
+    that it generalises (the backbone gets a softmax's gradient from the
+    first step) and the Glorot draw makes the components differ. Why:
+    `docs/mixtures.md` and `docs/recipes.md`.
+
+    Args:
+        num_components: int `K`, the number of `[d, L]` blocks.
+        seed: optional int, seed of the Glorot draw.
+
+    Returns:
+        An initializer `(shape, dtype=None) -> tensor` for `shape = (d, K * L)`.
+
+    Example:
+
+    >>> from keras import ops
+    >>> init = near_identity_initializer(2, seed=0)
+    >>> tuple(ops.shape(init((3, 4), dtype="float32")))
+    (3, 4)
     """
     glorot = keras.initializers.GlorotUniform(seed=seed)
 
@@ -58,7 +55,8 @@ def near_identity_initializer(num_components, seed=None):
 class MixtureHead(SoftmaxHead):
     """Shared machinery of the mixture heads: priors, latents, dropout.
 
-    Not a public head; see `MixtureOfSoftmaxes` and `MixtureOfContexts`.
+    Not a public head; see `MixtureOfSoftmaxes` (whose docstring lists these
+    arguments) and `MixtureOfContexts`.
     """
 
     def __init__(
@@ -68,45 +66,24 @@ class MixtureHead(SoftmaxHead):
         latent_dim=None,
         latent_dropout=0.0,
         token_embedding=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
+        *,
         bias_initializer="unigram",
         prior_initializer="glorot_uniform",
         latent_initializer="identity",
         seed=None,
         chunk_size=None,
-        return_probabilities=False,
         counts=None,
         **kwargs,
     ):
         super().__init__(
             vocab_size=vocab_size,
             token_embedding=token_embedding,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
-            return_probabilities=return_probabilities,
             **kwargs,
         )
-        if not is_int(num_components) or num_components < 1:
-            raise ValueError(
-                "`num_components` must be an integer >= 1. "
-                f"Received: num_components={num_components!r}"
-            )
-        if latent_dim is not None and (not is_int(latent_dim) or latent_dim < 1):
-            raise ValueError(
-                "`latent_dim` must be None (use the input dimension) or an "
-                f"integer >= 1. Received: latent_dim={latent_dim!r}"
-            )
-        if (
-            isinstance(latent_dropout, bool)
-            or not isinstance(latent_dropout, (int, float))
-            or not 0.0 <= latent_dropout < 1.0
-        ):
-            raise ValueError(
-                "`latent_dropout` must be a float in [0, 1). "
-                f"Received: latent_dropout={latent_dropout!r}"
-            )
+        num_components = check_int("num_components", num_components, minimum=1)
+        latent_dim = check_int("latent_dim", latent_dim, minimum=1, allow_none=True)
+        latent_dropout = check_rate("latent_dropout", latent_dropout)
         if (
             latent_dim is not None
             and token_embedding is not None
@@ -120,9 +97,9 @@ class MixtureHead(SoftmaxHead):
             )
         self._counts = samplers.check_counts(counts, self.vocab_size)
         self.chunk_size = check_chunk_size(chunk_size, default=None)
-        self.num_components = int(num_components)
-        self.latent_dim = None if latent_dim is None else int(latent_dim)
-        self.latent_dropout = float(latent_dropout)
+        self.num_components = num_components
+        self.latent_dim = latent_dim
+        self.latent_dropout = latent_dropout
         self.prior_initializer = keras.initializers.get(prior_initializer)
         self.latent_initializer = (
             latent_initializer
@@ -138,14 +115,7 @@ class MixtureHead(SoftmaxHead):
 
     def named_bias_values(self, name):
         """`"unigram"`: `log((counts + 1) / sum(counts + 1))`, zeros without
-        `counts`.
-
-        Started at the unigram, the components' scores carry no shared
-        "frequent words" gradient in the first steps; from zeros that
-        gradient is the largest of the head and, under Zaremba's SGD, drives
-        the latent vectors towards the unigram direction while the backbone
-        stalls (`docs/recipes.md`).
-        """
+        `counts` (why: `docs/mixtures.md`)."""
         del name
         if self._counts is None:
             return np.zeros(self.vocab_size)
@@ -242,12 +212,6 @@ class MixtureHead(SoftmaxHead):
         if self.bias is not None:
             z = z + ops.cast(self.bias, self.accumulation_dtype)
         return z
-
-    def _chunk_kernel(self):
-        """The output projection for the chunked loss, never transposed."""
-        if self.token_embedding is not None:
-            return self.token_embedding.embeddings, True
-        return self.kernel, False
 
     def _output_shape_of(self, inputs):
         return tuple(ops.shape(inputs)[:-1]) + (self.vocab_size,)

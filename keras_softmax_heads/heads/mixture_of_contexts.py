@@ -1,85 +1,57 @@
-"""`MixtureOfContexts`: see `keras_softmax_heads.heads.mixture_head` for the shared
-parameterisation."""
+"""`MixtureOfContexts`: the low-rank mixture baseline of Yang et al. (2018)."""
 
 
 import keras
 from keras import ops
 
 from keras_softmax_heads.chunked import chunked_pointwise_nll
-from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.heads.head_utils import gather_targets
-from keras_softmax_heads.validation import nan_if_invalid
 from keras_softmax_heads.heads.mixture_head import MixtureHead
+from keras_softmax_heads.validation import check_targets
+from keras_softmax_heads.validation import nan_if_invalid
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class MixtureOfContexts(MixtureHead):
     """Mixture of Contexts (MoC): the low-rank baseline of Yang et al. (2018).
 
-    Same priors and latent context vectors as `MixtureOfSoftmaxes`,
-
-    `pi = softmax(h W_pi + b_pi)`, `c_k = tanh(h W_k + b_k)`,
-
-    but the *contexts* are mixed before a single softmax (Yang et al. 2018,
-    section 2.3):
+    The priors and latent context vectors of `MixtureOfSoftmaxes`, mixed
+    before a single softmax (Yang et al. 2018, section 2.3):
 
     `h' = sum_k pi_k c_k`, `log p(w | h) = log_softmax(h' W + b)_w`.
 
-    This is a Linear-Softmax applied to a non-linear function of `h`, so its
-    matrix of log-probabilities over many contexts has rank at most
-    `latent_dim + 2`, like Linear-Softmax: it does not break the softmax
-    bottleneck (it is the control experiment showing that MoS's gain comes
-    from mixing probabilities). Cost: `O(N K latent_dim)` for the mixture
-    plus one `[N, V]` softmax; nothing of size `[N, K, V]` is formed.
+    A Linear-Softmax on a non-linear function of `h`: its log-probability
+    matrix has rank at most `latent_dim + 2`, so it does not break the
+    softmax bottleneck (the control experiment for MoS). Nothing of size
+    `[N, K, V]` is formed.
 
     Args:
-        vocab_size: int, number of words `V` (or omit and pass
-            `token_embedding`).
-        num_components: int `K >= 1`, number of mixed context vectors.
-        latent_dim: int, dimension of the latent context vectors; `None`
-            (default) uses the input dimension `d`. With a tied
-            `token_embedding` it must equal the embedding's `output_dim`.
-        latent_dropout: float in `[0, 1)`, dropout rate on the latent context
-            vectors `c_k`, active only in training.
-        token_embedding: optional `keras.layers.Embedding` `[V, latent_dim]`
-            to tie the output projection to.
-        use_bias: bool, add a per-word output bias (default `True`).
-        kernel_initializer, bias_initializer: initializers of the output
-            projection and bias.
-        prior_initializer: initializer of the prior kernel `[d, K]`.
-        latent_initializer: initializer of the latent kernel
-            `[d, K * latent_dim]`; the default `"identity"` starts every
-            component at the identity plus a Glorot-uniform draw (as
-            `MixtureOfSoftmaxes`).
-        counts: optional `[V]` training word counts: the default
-            `bias_initializer="unigram"` starts the output bias at their log
-            unigram (at zero without them).
-        seed: optional int, seed of the latent dropout.
-        chunk_size: optional int >= 1. If set, `log_likelihood` and
-            `training_loss` compute the exact NLL in vocabulary tiles of this
-            width (`chunked_pointwise_nll` on the mixed context) without the
-            `[N, V]` scores; `None` (default) uses the dense path.
-        return_probabilities: bool, `call` returns probabilities instead of
-            log-probabilities.
+        vocab_size, num_components, latent_dim, latent_dropout,
+        token_embedding, use_bias, kernel_initializer, bias_initializer,
+        prior_initializer, latent_initializer, counts, seed,
+        return_probabilities: as in `MixtureOfSoftmaxes`.
+        chunk_size: optional int >= 1: `log_likelihood` and
+            `training_loss` compute the exact NLL of the mixed context in
+            vocabulary tiles (`chunked_pointwise_nll`), never holding the
+            `[N, V]` scores; `None` (default): the dense path.
 
     Call arguments:
-        inputs: context vectors, float tensor `[..., d]`.
+        inputs: float context vectors `[..., d]`.
         training: bool, enables the latent dropout.
 
     Returns:
-        float32 log-probabilities `[..., V]` (`logsumexp` over the last axis
-        is 0).
+        float32 `log_softmax(h' W + b)`, shape `[..., V]`.
 
     Example:
 
     >>> import numpy as np
     >>> from keras_softmax_heads.heads.mixture_of_contexts import MixtureOfContexts
-    >>> head = MixtureOfContexts(vocab_size=7, num_components=3)
-    >>> log_p = head(np.random.rand(2, 5, 4).astype("float32"))
-    >>> tuple(log_p.shape)
-    (2, 5, 7)
-    >>> bool(np.allclose(np.exp(log_p).sum(-1), 1.0, atol=1e-5))
-    True
+    >>> head = MixtureOfContexts(vocab_size=7, num_components=3, latent_dim=2)
+    >>> h = np.random.rand(10, 4).astype("float32")
+    >>> tuple(head(h).shape), tuple(head.logits(h).shape)  # one score vector
+    ((10, 7), (10, 7))
+    >>> tuple(head.training_loss(h, np.arange(10) % 7).shape)
+    (10,)
 
     References:
         - Breaking the softmax bottleneck (section 2.3, Mixture of Contexts):
@@ -108,7 +80,7 @@ class MixtureOfContexts(MixtureHead):
         targets = check_targets(targets, self.vocab_size)
         if self.chunk_size is not None:
             inputs = self._check_inputs(inputs)
-            kernel, transposed = self._chunk_kernel()
+            kernel, transposed = self.chunked_projection()
             nll = chunked_pointwise_nll(
                 self._mixed_context(inputs, training),
                 kernel,

@@ -1,5 +1,4 @@
-"""`MixtureOfSoftmaxes`: see `keras_softmax_heads.heads.mixture_head` for the shared
-parameterisation."""
+"""`MixtureOfSoftmaxes`: Mixture of Softmaxes (MoS), MoSS and MoS+PLIF."""
 
 
 import keras
@@ -7,10 +6,12 @@ from keras import ops
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.chunked import chunked_mixture_nll
+from keras_softmax_heads.heads.mixture_head import MixtureHead
+from keras_softmax_heads.validation import check_choice
+from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_positive
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
-from keras_softmax_heads.heads.mixture_head import MixtureHead
-from keras_softmax_heads.heads.mixture_head import is_int
 
 #: Mixture components: softmax (MoS) or sigsoftmax (MoSS).
 COMPONENTS = ("softmax", "sigsoftmax")
@@ -20,99 +21,63 @@ COMPONENTS = ("softmax", "sigsoftmax")
 class MixtureOfSoftmaxes(MixtureHead):
     """Mixture of Softmaxes (MoS) output head, with MoSS and MoS+PLIF variants.
 
-    From the context vector `h` (dimension `d`) the head computes `K` priors
-    and `K` latent context vectors (Yang et al., 2018)
+    From the context vector `h` `[..., d]`, `K` priors and latent context
+    vectors (Yang et al., 2018) scored against one output projection `W`
+    (the `kernel` `[latent_dim, V]` or a tied `token_embedding`):
 
     `pi = softmax(h W_pi + b_pi)`, `c_k = tanh(h W_k + b_k)`,
+    `z_k = c_k W + b`,
+    `log p(w | h) = logsumexp_k(log pi_k + log_softmax(g(z_k))_w)`,
 
-    scores every latent against the shared output projection,
-    `z_k = c_k W + b` (`W` is the owned `kernel` `[latent_dim, V]` or the
-    transposed tied `token_embedding`), and mixes the `K` distributions:
-
-    `p(w | h) = sum_k pi_k softmax(g(z_k))_w`,
-
-    evaluated in log space as
-    `log p = logsumexp_k(log pi_k + log_softmax(g(z_k)))` (never the log of a
-    sum of probabilities), all in float32. `g` is the identity for MoS.
-
-    * `component="sigsoftmax"` gives the mixture of sigsoftmax (MoSS, Kanai
-      et al. 2018, eq. 19): the components *and the priors* are sigsoftmax,
-      `sigsoftmax(a)_i = exp(a_i) sigmoid(a_i) / sum_j exp(a_j) sigmoid(a_j)`.
-    * `num_knots=n` gives MoS + PLIF (Ganea et al. 2019, Table 1): one
-      piecewise linear increasing function `g` with `n` intervals on
-      `[-knot_bound, knot_bound]`, shared by all components, is applied to
-      the component scores before their softmax. It is initialised to the
-      identity, so an untrained MoS+PLIF equals MoS.
-
-    The log-probability matrix of a mixture is not limited to rank `d + 2`
-    as Linear-Softmax is (it breaks the "softmax bottleneck").
-
-    Memory: the dense path materialises the `[N, K, V]` component scores
-    (`N` = number of context vectors): `K` times the memory and matmul cost
-    of a Linear-Softmax, and the backward pass keeps tensors of that size
-    too. This is inherent to `call` / `log_probs`, which return the mixture
-    over all `V` words. The dense `log_likelihood` (hence `training_loss` and
-    `HeadModel.evaluate`) avoids the extra `[N, K, V]` log-softmax and the
-    `[N, V]` mixture (it gathers the target score of each component and uses
-    each component's log-sum-exp over `V`) but still computes the
-    `[N, K, V]` scores. With `chunk_size` set, `log_likelihood` and
-    `training_loss` use `keras_softmax_heads.chunked.chunked_mixture_nll`
-    instead: tiles of `[N * K, chunk_size]` scores, never the `[N, K, V]`
-    tensor, at the price of recomputing the tiles in the backward pass.
+    in float32 and in log space. `g` is the identity for MoS; with
+    `component="sigsoftmax"` the components and the priors are sigsoftmax
+    (MoSS, Kanai et al. 2018, eq. 19); with `num_knots` `g` is one PLIF
+    shared by the components, initialised to the identity (MoS + PLIF,
+    Ganea et al. 2019). The mixture is not limited to rank `d + 2` as
+    Linear-Softmax is. The dense path computes the `[N, K, V]` component
+    scores; with `chunk_size` the loss never does (`docs/mixtures.md`).
 
     Args:
-        vocab_size: int, number of words `V` (or omit and pass
-            `token_embedding`).
-        num_components: int `K >= 1`, number of mixture components
-            (Yang et al. use 15 on PTB; `K = 1` is a Linear-Softmax on
-            `tanh(h W_1 + b_1)`).
-        latent_dim: int, dimension of the latent context vectors `c_k`, which
-            is also the input dimension of the output projection. `None`
-            (default) uses the input dimension `d`. With a tied
-            `token_embedding` it must equal the embedding's `output_dim`.
-        latent_dropout: float in `[0, 1)`, dropout rate on the latent context
-            vectors, active only in training (`call(..., training=True)`,
-            `training_loss(..., training=True)`, `fit`).
-        component: `"softmax"` (MoS) or `"sigsoftmax"` (MoSS: sigsoftmax
-            components and priors).
-        num_knots: `None` (no PLIF) or int `>= 1`, the number of PLIF
-            intervals (MoS + PLIF).
-        knot_bound: float `T > 0`, the PLIF knots cover `[-T, T]`; outside,
-            the first and last pieces extend linearly.
+        vocab_size: int `V >= 2` (or omit and pass `token_embedding`).
+        num_components: int `K >= 1` (Yang et al. use 15 on PTB).
+        latent_dim: int >= 1, the dimension of the latent vectors `c_k` and
+            the input dimension of the output projection; `None` (default):
+            the input dimension `d`. With a tied `token_embedding`, its
+            `output_dim`.
+        latent_dropout: float in `[0, 1)`, dropout on the latent vectors in
+            training (`call(..., training=True)`, `training_loss`, `fit`).
+        component: `"softmax"` (MoS) or `"sigsoftmax"` (MoSS).
+        num_knots: `None` (no PLIF) or int `>= 1`, the PLIF intervals.
+        knot_bound: float `T > 0`, the PLIF knots cover `[-T, T]`.
         token_embedding: optional `keras.layers.Embedding` `[V, latent_dim]`
             to tie the output projection to.
         use_bias: bool, add a per-word output bias (default `True`).
         kernel_initializer: initializer of the output projection.
         bias_initializer: initializer of the output bias; the default
-            `"unigram"` starts it at the log unigram of `counts` (at zero
+            `"unigram"` starts it at the log unigram of `counts` (zeros
             without them).
-        prior_initializer: initializer of the prior kernel `[d, K]` (its bias
-            starts at zero).
+        prior_initializer: initializer of the prior kernel `[d, K]`.
         latent_initializer: initializer of the latent kernel
-            `[d, K * latent_dim]` (its bias starts at zero). The default
-            `"identity"` starts every component at the identity plus a
-            Glorot-uniform draw, so that the untrained head is close to a
-            Linear-Softmax on `tanh(h)` (`near_identity_initializer`).
+            `[d, K * latent_dim]`; the default `"identity"` is
+            `near_identity_initializer` (the untrained head is close to a
+            Linear-Softmax on `tanh(h)`).
         counts: optional `[V]` training word counts, for the `"unigram"`
-            bias start (`keras_softmax_heads.training` passes them). The
-            defaults are the recipe that trains on PTB under Zaremba's SGD;
-            the Glorot latents and zero bias of 0.2 stalled at the unigram
-            on 2 of 3 seeds (`docs/recipes.md`).
-        seed: optional int, seed of the latent dropout.
-        chunk_size: optional int >= 1. If set, `log_likelihood` and
-            `training_loss` compute the exact NLL in vocabulary tiles of this
-            width (`chunked_mixture_nll`) without the `[N, K, V]` scores;
-            `None` (default) uses the dense path.
-        return_probabilities: bool, `call` returns probabilities instead of
-            log-probabilities.
+            bias (`keras_softmax_heads.training` passes them). Why these
+            defaults: `docs/mixtures.md`.
+        seed: optional int, seed of the latent dropout and the identity
+            start's Glorot draw.
+        chunk_size: optional int >= 1: `log_likelihood` and `training_loss`
+            compute the exact NLL in vocabulary tiles
+            (`chunked_mixture_nll`), never the `[N, K, V]` scores; `None`
+            (default): the dense path.
+        return_probabilities: bool, `call` returns probabilities.
 
     Call arguments:
         inputs: context vectors, float tensor `[..., d]`.
         training: bool, enables the latent dropout.
 
     Returns:
-        float32 log-probabilities `[..., V]` (`logsumexp` over the last axis
-        is 0).
+        float32 log-probabilities of the mixture, `[..., V]`.
 
     Example:
 
@@ -146,66 +111,12 @@ class MixtureOfSoftmaxes(MixtureHead):
           https://arxiv.org/abs/1902.08077
     """
 
-    def __init__(
-        self,
-        vocab_size=None,
-        num_components=4,
-        latent_dim=None,
-        latent_dropout=0.0,
-        component="softmax",
-        num_knots=None,
-        knot_bound=10.0,
-        token_embedding=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="unigram",
-        prior_initializer="glorot_uniform",
-        latent_initializer="identity",
-        seed=None,
-        chunk_size=None,
-        return_probabilities=False,
-        counts=None,
-        **kwargs,
-    ):
-        super().__init__(
-            vocab_size=vocab_size,
-            num_components=num_components,
-            latent_dim=latent_dim,
-            latent_dropout=latent_dropout,
-            token_embedding=token_embedding,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            prior_initializer=prior_initializer,
-            latent_initializer=latent_initializer,
-            seed=seed,
-            chunk_size=chunk_size,
-            return_probabilities=return_probabilities,
-            counts=counts,
-            **kwargs,
-        )
-        if component not in COMPONENTS:
-            raise ValueError(
-                f"`component` must be one of {COMPONENTS}. "
-                f"Received: component={component!r}"
-            )
-        if num_knots is not None and (not is_int(num_knots) or num_knots < 1):
-            raise ValueError(
-                "`num_knots` must be None (no PLIF) or an integer >= 1. "
-                f"Received: num_knots={num_knots!r}"
-            )
-        if (
-            isinstance(knot_bound, bool)
-            or not isinstance(knot_bound, (int, float))
-            or not knot_bound > 0
-        ):
-            raise ValueError(
-                "`knot_bound` must be a number > 0. "
-                f"Received: knot_bound={knot_bound!r}"
-            )
-        self.component = component
-        self.num_knots = None if num_knots is None else int(num_knots)
-        self.knot_bound = float(knot_bound)
+    def __init__(self, *args, component="softmax", num_knots=None, knot_bound=10.0,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self.component = check_choice("component", component, COMPONENTS)
+        self.num_knots = check_int("num_knots", num_knots, minimum=1, allow_none=True)
+        self.knot_bound = check_positive("knot_bound", knot_bound)
 
     def build_head(self, input_shape):
         self.raw_slopes = None
@@ -295,7 +206,7 @@ class MixtureOfSoftmaxes(MixtureHead):
         targets = check_targets(targets, self.vocab_size)
         log_priors, latent = self._priors_and_latents(inputs, training)
         if self.chunk_size is not None:
-            kernel, transposed = self._chunk_kernel()
+            kernel, transposed = self.chunked_projection()
             transform, params = self._chunk_transform()
             nll = chunked_mixture_nll(
                 latent,

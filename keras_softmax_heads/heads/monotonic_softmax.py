@@ -6,9 +6,10 @@ import numpy as np
 from keras import ops
 
 from keras_softmax_heads import functional
+from keras_softmax_heads.functional.dispatch import upstream_gradient
+from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_positive
-from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 
 
 def _softplus_inverse(y):
@@ -20,18 +21,12 @@ def _softplus_inverse(y):
 def monotonic_mlp(z, raw_input_weights, hidden_biases, raw_output_weights):
     """`f(z) = sum_k v_k sigmoid(u_k z + b_k)`, `u = softplus(.)`, `v = softplus(.)`.
 
-    The one-hidden-layer monotonic network of Ganea et al. (2019, eq. 14;
-    Daniels & Velikova, 2010) applied elementwise, with a custom gradient
-    (`ops.custom_gradient`) that keeps memory at `O(z.size)`: the units are
-    summed one at a time in a loop (`functional.scan_tiles`: `ops.scan`, on
-    TensorFlow a `tf.while_loop` with one iteration in flight; the naive
-    broadcast `sigmoid(z[..., None] * u + b)` holds `K` tensors of the size
-    of `z` for the backward pass, `[N, V, K]`; so does a Python loop, whose
-    unrolled units TensorFlow and XLA schedule side by side); the backward
-    pass recomputes each unit's sigmoid and accumulates `df/dz` and the
-    three `[K]` parameter gradients. Saved for the backward pass: `z` only.
-    The cost is `K` sigmoids per score in the forward pass and again in the
-    backward pass, each unit a pass over `z`.
+    The one-hidden-layer monotonic network of Ganea et al. (2019, eq. 14)
+    applied elementwise, with a custom gradient that saves only `z`: the
+    units are summed one at a time in a `functional.scan_tiles` loop and
+    the backward pass recomputes each unit's sigmoid, so memory is
+    `O(z.size)` whatever `K` (the broadcast `monotonic_mlp_dense` holds
+    `[..., K]`; `docs/plif.md`, "MonotonicSoftmax").
 
     Args:
         z: float tensor of any shape.
@@ -70,8 +65,7 @@ def monotonic_mlp(z, raw_input_weights, hidden_biases, raw_output_weights):
         (out,), _ = functional.scan_tiles(forward, (ops.zeros_like(z_),), units, ())
 
         def grad(*args, upstream=None):
-            upstream = args[-1] if upstream is None else upstream
-            upstream = ops.cast(upstream, z.dtype)
+            upstream = ops.cast(upstream_gradient(args, upstream), z.dtype)
 
             def backward(carry, unit):
                 u_k, b_k, v_k = unit
@@ -113,18 +107,23 @@ def monotonic_mlp_tabulated(z, raw_input_weights, hidden_biases, raw_output_weig
                             grid_size):
     """`monotonic_mlp` through a table: `f` at `grid_size` points, interpolated.
 
-    The grid covers the interval where `f` is not flat, from
+    The grid spans the interval where `f` is not flat, from
     `min_k (-b_k - SATURATION) / u_k` to `max_k (-b_k + SATURATION) / u_k`
-    (it depends on the parameters only, not on the scores: a context gets
-    the same log-probabilities in any batch); beyond it every unit is
-    saturated and the end pieces extend with a slope below `1e-7`. The
-    gradients are those of the interpolant on that grid (the grid's own
-    movement with `u` and `b` is not differentiated). `f` is evaluated exactly at the grid points (`[grid_size, K]`,
-    with automatic differentiation to its `3K` parameters) and
-    `functional.interpolate_table` interpolates it at every score: one
-    lookup per score instead of `K` sigmoids, and one weighted histogram in
-    the backward pass instead of `K` more (the error bound and measurements
-    are in `docs/recipes.md`).
+    (it depends on the parameters only, not on the scores); beyond it every
+    unit is saturated. `f` is evaluated exactly at the grid points
+    (`monotonic_mlp_dense`, automatic differentiation to its `3K`
+    parameters) and `functional.interpolate_table` interpolates it at every
+    score: one lookup per score instead of `K` sigmoids. The gradients are
+    those of the interpolant (the grid's own movement is not
+    differentiated). Error bound: `docs/recipes.md`.
+
+    Args:
+        z: float tensor of any shape.
+        raw_input_weights, hidden_biases, raw_output_weights: float `[K]`.
+        grid_size: int >= 2, the number of grid points.
+
+    Returns:
+        `f(z)` interpolated, the shape and dtype of `z`.
     """
     z = ops.convert_to_tensor(z)
     dtype = "float64" if keras.backend.standardize_dtype(z.dtype) == "float64" else "float32"
@@ -145,69 +144,45 @@ def monotonic_mlp_tabulated(z, raw_input_weights, hidden_biases, raw_output_weig
 class MonotonicSoftmax(PointwiseSoftmaxHead):
     """Linear-Monotonic-Softmax with a learnable monotonic MLP (Ganea et al. 2019).
 
-    `log p = log_softmax(f(z))` with `z = h W + b` and the learnable,
-    increasing pointwise function of eq. 14,
+    `log p = log_softmax(f(z))`, `z = h W + b`, with the learnable increasing
+    pointwise function of eq. 14,
 
-    `f(x) = sum_{k=1..K} v_k sigmoid(u_k x + b_k)`, `u_k, v_k > 0`,
+    `f(x) = sum_{k=1..K} v_k sigmoid(u_k x + b_k)`,
+    `u_k = softplus(raw_input_weights_k) > 0`, `v_k = softplus(raw_output_weights_k) > 0`,
 
-    a one-hidden-layer network with positive weights (Daniels & Velikova,
-    2010), a universal approximator of increasing functions. Positivity is
-    a reparametrisation: `u_k = softplus(raw_input_weights_k)`,
-    `v_k = softplus(raw_output_weights_k)`; the biases `b_k` are free. The
-    paper's output bias `b` is left out: softmax is shift-invariant, its
-    gradient would always be zero. Being increasing, `f` preserves the
-    order of the scores (the argmax); being non-linear it lifts the rank
-    bound of Linear-Softmax. `f` is bounded (`0 < f < sum_k v_k`), so the
-    ratio of two probabilities is at most `exp(sum_k v_k)`.
-
-    Initialisation: `u_k = 1` and the sigmoid centres `-b_k` at the
-    midpoints of `K` equal cells of `[-init_range, init_range]`, with
-    `v_k` = the cell width, so that `f(x) ~ x + init_range` (a shifted
-    identity, i.e. Linear-Softmax) on that interval, saturating outside.
-
-    Cost: `K` sigmoids per score in the forward pass and `K` more in the
-    backward pass (`O(N V K)` time, like MoS; the paper moves to PLIF for
-    this reason). Memory: the naive broadcast holds `[N, V, K]` for the
-    backward pass; here a custom gradient sums the units one at a time and
-    saves only `z`, so the extra memory is `O(N V)` whatever `K`. Measured
-    step time and memory relative to `FullSoftmax`
-    (`benchmarks/bench_exact_heads.py`) are in `docs/plif.md`.
+    a monotonic network (Daniels & Velikova, 2010) that keeps the argmax and
+    lifts the rank bound of Linear-Softmax. The paper's output bias is left
+    out (softmax is shift-invariant). `f` starts close to `x + init_range`
+    on `[-init_range, init_range]`: `u_k = 1`, sigmoid centres at the
+    midpoints of `K` equal cells, `v_k` the cell width. Cost `O(N V K)`
+    without a grid; memory `O(N V)` whatever `K` (custom gradient). Design
+    and measurements: `docs/plif.md`, "MonotonicSoftmax"; the defaults:
+    `docs/recipes.md`.
 
     Args:
-        vocab_size: int, number of words `V` (or omit and pass
-            `token_embedding`).
+        vocab_size: int `V >= 2` (or omit and pass `token_embedding`).
         num_units: int >= 1, the number of hidden units `K` (default 16).
         init_range: float > 0, half-width of the interval on which the
             initial `f` is close to the identity (default 10).
         parameter_scale: float > 0 (default 0.05). The `3K` parameters of
-            `f` are stored divided by it (the weights hold `raw / scale`):
-            their gradients, and so their share of a global clipping norm,
-            are multiplied by it, and an SGD step moves them
-            `parameter_scale ** 2` times as far as an unscaled parameter
-            (Adam: about `parameter_scale` times). Shared by all `N V`
-            scores, these few parameters otherwise get the largest
-            gradients of the model: under Zaremba's SGD (clip 0.25 per
-            token) they took most of the clipping norm and the backbone
-            learned at half speed (`docs/recipes.md`). 1.0 is the plain
+            `f` are stored divided by it, which scales their gradients (and
+            their share of a global clipping norm) by it. 1.0 is the plain
             parameterisation (files written before 0.3 load with it).
         grid_size: int >= 2 (default 4096) or None. `f` is evaluated at
-            `grid_size` points spanning the interval where it is not flat
-            and interpolated linearly at every score
-            (`monotonic_mlp_tabulated`: one table lookup per score instead
-            of `K` sigmoids, and a histogram instead of `K` more in the
-            backward pass). The interpolation error is at most
-            `h**2 / 8 * max |f''|` for a grid step `h` (about 2e-6 at
-            initialisation, where the grid spans [-26.4, 26.4]). `None` evaluates the
-            `K` sigmoids at every score (`monotonic_mlp`; files written
-            before 0.3 load with it).
+            `grid_size` points where it is not flat and interpolated
+            linearly at every score (`monotonic_mlp_tabulated`; error at
+            most `h**2 / 8 * max |f''|` for a grid step `h`). `None`
+            evaluates the `K` sigmoids at every score (`monotonic_mlp`;
+            files written before 0.3 load with it).
         token_embedding, use_bias, kernel_initializer, bias_initializer,
-        return_probabilities, chunk_size: as in `PointwiseSoftmaxHead`.
+        return_probabilities, chunk_size: the `PointwiseSoftmaxHead`
+            arguments.
 
     Call arguments:
-        inputs: context vectors, float tensor `[..., d]`.
+        inputs: float context vectors `[..., d]`.
 
     Returns:
-        float32 log-probabilities `[..., V]`.
+        float32 log-probabilities `log_softmax(f(z))` `[..., V]`.
 
     Example:
 
@@ -235,13 +210,12 @@ class MonotonicSoftmax(PointwiseSoftmaxHead):
         num_units = check_int("num_units", num_units, minimum=1)
         init_range = check_positive("init_range", init_range)
         parameter_scale = check_positive("parameter_scale", parameter_scale)
-        if grid_size is not None:
-            grid_size = check_int("grid_size", grid_size, minimum=2)
+        grid_size = check_int("grid_size", grid_size, minimum=2, allow_none=True)
         super().__init__(vocab_size, **kwargs)
-        self.grid_size = None if grid_size is None else int(grid_size)
-        self.num_units = int(num_units)
-        self.init_range = float(init_range)
-        self.parameter_scale = float(parameter_scale)
+        self.grid_size = grid_size
+        self.num_units = num_units
+        self.init_range = init_range
+        self.parameter_scale = parameter_scale
 
     def build_head(self, input_shape):
         k = self.num_units

@@ -1,11 +1,11 @@
 """Linear-Monotonic-Softmax with a piecewise linear increasing function (PLIF)."""
 
-import numbers
-
 import keras
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
+from keras_softmax_heads.validation import check_int
+from keras_softmax_heads.validation import check_positive
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
 
@@ -14,63 +14,33 @@ from keras_softmax_heads.validation import nan_if_invalid
 class PLIFSoftmax(PointwiseSoftmaxHead):
     """LMS-PLIF output head (Ganea et al. 2019, section 4).
 
-    `log p = log_softmax(f(z))` with `z = h W + b` and `f` a learnable
-    piecewise linear increasing function (PLIF): `K + 1` equally spaced
-    knots `l_i = -T + 2Ti/K` on `[-T, T]`, slope `s_i = softplus(v_i) > 0`
-    on `[l_i, l_{i+1}]`, continuity through a cumulative sum,
+    `log p = log_softmax(f(z))`, `z = h W + b`, with `f` a learnable piecewise
+    linear increasing function (PLIF) of `K` intervals on `[-T, T]`:
 
     `f(x) = -T + (2T/K) sum_{j<i} s_j + s_i (x - l_i)`,
-    `i = clip(floor((x + T) K / 2T), 0, K - 1)`,
+    `i = clip(floor((x + T) K / 2T), 0, K - 1)`, `s_j = softplus(v_j)`,
 
-    so the first and last pieces extend linearly outside `[-T, T]` (`f` is
-    increasing and defined on all of R). The forward pass is one index
-    computation and two table lookups per score; the paper's free offset
-    `b_0` is left out (softmax is shift-invariant). The slopes start at 1
-    (`v_i = log(e - 1)`): an untrained `PLIFSoftmax` equals `FullSoftmax`
-    with the same kernel and bias.
-
-    `log_likelihood` / `training_loss` use
-    `keras_softmax_heads.functional.plif_log_likelihood`, which fuses PLIF,
-    `log_softmax` and the target lookup in one custom gradient: it saves the
-    scores `z`, their int32 interval index and two per-row vectors (not the
-    `[..., V]` PLIF scores or log-probabilities), so the extra memory over
-    Linear-Softmax is the index, independent of `K`. `call` / `log_probs`
-    use `ops.plif` (custom gradient saving `z` and the index). With
-    `chunk_size` set the loss goes through the chunked vocabulary-tiled path
-    instead (see `PointwiseSoftmaxHead`).
-
-    Cost: `O(N V)` on top of Linear-Softmax's `O(N V d)`, whatever `K`
-    (plus `O(K)` for the slope tables). The paper's "negligible" is a GPU
-    statement: on a memory-bound CPU the slopes' gradient, a weighted
-    histogram of all `N V` scores into `K` intervals (a serial scatter-add
-    under XLA), and the extra passes over `[N, V]` for the index and the
-    lookups remain, so the ratio to `FullSoftmax` is lowest at large `d`,
-    where the matrix products weigh more (see the module docstring of
-    `keras_softmax_heads.functional`; measured ratios in `docs/plif.md`). Peak step
-    memory stays close to `FullSoftmax`'s, unlike the straightforward PLIF
-    (automatic differentiation of two gathers), which keeps several more
-    `[N, V]` tensors. The kernels are `keras.ops` code and run on
-    TensorFlow, JAX and PyTorch; the histogram of the slopes' gradient is
-    `functional.knot_histogram`.
+    with knots `l_i = -T + 2Ti/K`; the end pieces extend linearly. The
+    slopes start at 1: an untrained `PLIFSoftmax` equals `FullSoftmax` with
+    the same kernel and bias. `log_likelihood` / `training_loss` use the
+    fused `keras_softmax_heads.functional.plif_log_likelihood` (never the
+    `[..., V]` PLIF scores), `call` / `log_probs` `functional.plif`. How the
+    kernels work and what they cost: `docs/plif.md`.
 
     Args:
-        vocab_size: int, number of words `V` (or omit and pass
-            `token_embedding`).
+        vocab_size: int `V >= 2` (or omit and pass `token_embedding`).
         num_knots: int >= 1, the number of intervals `K` (default `100_000`,
-            the paper's PTB / WikiText-2 setting; they also use `10**6` with
-            MoS).
-        knot_bound: float `T > 0`, the knots cover `[-T, T]` (default 20; the
-            paper does not give its value. Scores outside `[-T, T]` see the
-            first / last slope only, so `T` should cover the range of the
-            logits; the interval width is `2T / K`).
-        token_embedding, use_bias, kernel_initializer, bias_initializer,
-        return_probabilities, chunk_size: as in `PointwiseSoftmaxHead`.
-
-    Call arguments:
-        inputs: context vectors, float tensor `[..., d]`.
+            the paper's PTB / WikiText-2 setting).
+        knot_bound: float `T > 0` (default 20, not given by the paper).
+            Scores outside `[-T, T]` see the first / last slope only, so `T`
+            should cover the range of the logits.
+        **kwargs: `token_embedding`, `use_bias`, `kernel_initializer`,
+            `bias_initializer`, `return_probabilities`, `chunk_size` and the
+            Keras layer arguments (`PointwiseSoftmaxHead`).
 
     Returns:
-        float32 log-probabilities `[..., V]`.
+        float32 `log_softmax(f(h W + b))` `[..., V]` for context vectors `h`
+        `[..., d]`.
 
     Example:
 
@@ -99,18 +69,10 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
     """
 
     def __init__(self, vocab_size=None, num_knots=100_000, knot_bound=20.0, **kwargs):
-        if (
-            isinstance(num_knots, bool)
-            or not isinstance(num_knots, numbers.Integral)
-            or num_knots < 1
-        ):
-            raise ValueError(
-                "`num_knots` must be an integer >= 1. "
-                f"Received: num_knots={num_knots!r}"
-            )
-        knot_bound = functional.check_knot_bound(knot_bound)
+        num_knots = check_int("num_knots", num_knots, minimum=1)
+        knot_bound = check_positive("knot_bound", knot_bound)
         super().__init__(vocab_size, **kwargs)
-        self.num_knots = int(num_knots)
+        self.num_knots = num_knots
         self.knot_bound = knot_bound
 
     def build_head(self, input_shape):
@@ -125,7 +87,7 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
         )
 
     def score_transform(self, z):
-        """The PLIF `f(z)` (custom gradient, see `keras_softmax_heads.functional.plif`)."""
+        """The PLIF `f(z)` (`keras_softmax_heads.functional.plif`)."""
         return functional.plif(z, self.raw_slopes, self.knot_bound)
 
     def log_likelihood(self, inputs, targets):

@@ -2,40 +2,31 @@
 
 import keras
 from keras import ops
+
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
+from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
-from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class PointwiseSoftmaxHead(SoftmaxHead):
-    """A head of the form `log p = log_softmax(g(h W + b))`, `g` pointwise.
+    """A head `log p = log_softmax(g(h W + b))` with `g` pointwise.
 
-    Linear-Softmax (`g` = identity), sigsoftmax and its siblings, and the
+    Linear-Softmax (`g` the identity), sigsoftmax and its siblings, and the
     learnable monotonic functions (MLP, PLIF) share this form. Subclasses
-    implement `score_transform(z)`; the layer normalises in float32.
-    Keeping `g` separate from the normalisation lets a chunked exact loss
-    (tiles over the vocabulary) be written once for all of them.
-
-    With `chunk_size` set, `training_loss` and `log_likelihood` compute the
-    exact negative log-likelihood with
-    `keras_softmax_heads.chunked.chunked_pointwise_nll`: the vocabulary is
-    processed in tiles of `chunk_size` words with an online log-sum-exp and a
-    custom gradient that recomputes the tiles, so neither training nor
-    evaluation ever holds the `[N, V]` scores (peak extra memory
-    `O(N * chunk_size)` plus the kernel's gradient, at the cost of one extra
-    `N x d x V` matrix product per training step). `call` and `log_probs`
-    still return the full `[..., V]` log-probabilities. The chunked scores
-    are the exact float32 products of the inputs (the kernel is read in its
-    variable dtype, float32 under mixed precision), where the dense path
-    multiplies in the compute dtype.
+    implement `score_transform(z)` (`g`); the layer normalises in float32.
+    With `chunk_size` set, `log_likelihood` and `training_loss` compute the
+    exact NLL in vocabulary tiles (`keras_softmax_heads.chunked`), never
+    holding the `[N, V]` scores, at the cost of one extra `N x d x V` matrix
+    product per step; `call` and `log_probs` still return `[..., V]`. See
+    `docs/chunked.md`.
 
     Args:
         chunk_size: optional int >= 1, the vocabulary tile width of the
-            chunked exact loss; `None` (default) uses the dense path. See
-            `docs/chunked.md` for how to choose it (4096 to 8192 on CPU).
+            chunked exact loss (4096 to 8192 on CPU, `docs/chunked.md`);
+            `None` (default): the dense path.
         *args, **kwargs: the `SoftmaxHead` arguments (`vocab_size`,
             `token_embedding`, `use_bias`, ...).
 
@@ -72,18 +63,6 @@ class PointwiseSoftmaxHead(SoftmaxHead):
     def log_probs(self, inputs):
         return ops.log_softmax(self.score_transform(self.logits(inputs)), axis=-1)
 
-    def chunked_projection(self):
-        """The output matrix for the chunked loss: `(matrix, kernel_transposed)`.
-
-        `(kernel [d, V], False)` for an owned `[d, V]` kernel, `(embeddings
-        [V, d], True)` for a tied `token_embedding` or a `word_major` kernel
-        (no transposed copy). A subclass that stores its projection
-        differently may override this method.
-        """
-        if self.token_embedding is not None or self.word_major:
-            return self.output_embeddings(), True
-        return self.kernel, False
-
     def score_transform_variables(self):
         """The variables `score_transform` may read, for the chunked loss.
 
@@ -104,7 +83,12 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         ]
 
     def _chunked_nll(self, inputs, targets):
-        """`-log p(targets)` by `chunked_pointwise_nll`, shape `targets.shape`."""
+        """`-log p(targets)` by `chunked_pointwise_nll`, shape `targets.shape`.
+
+        The chunked scores are the exact float32 products of the inputs (the
+        kernel is read in its variable dtype), where the dense path
+        multiplies in the compute dtype.
+        """
         inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
         kernel, transposed = self.chunked_projection()
         transform, variables = None, []  # identity: no vector-Jacobian product
@@ -118,13 +102,8 @@ class PointwiseSoftmaxHead(SoftmaxHead):
                 return self.score_transform(z)
 
         return chunked_pointwise_nll(
-            inputs,
-            kernel,
-            self.bias,
-            targets,
-            transform_fn=transform,
-            transform_params=variables,
-            chunk_size=self.chunk_size,
+            inputs, kernel, self.bias, targets, transform_fn=transform,
+            transform_params=variables, chunk_size=self.chunk_size,
             kernel_transposed=transposed,
         )
 

@@ -1,12 +1,11 @@
 """Sigsoftmax and the other output functions of Kanai et al. (2018)."""
 
-import math
-import numbers
-
 import keras
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
+from keras_softmax_heads.validation import check_choice
+from keras_softmax_heads.validation import check_positive
 
 OUTPUT_FUNCTIONS = ("sigsoftmax", "sigmoid", "relu")
 
@@ -16,47 +15,31 @@ class SigSoftmax(PointwiseSoftmaxHead):
     """Sigsoftmax output head (Kanai et al., 2018), and its g:sigmoid / g:ReLU
     siblings.
 
-    The output function of Kanai et al. (eq. 9) normalises a non-negative
-    pointwise `g` of the linear scores `z = h W + b`:
+    Normalises a non-negative pointwise `g` of the linear scores
+    `z = h W + b` (eq. 9), in float32 and in log space:
 
-    `p(w | h) = g(z_w) / sum_v g(z_v)`, computed as
-    `log p = log_softmax(log g(z))`, in float32 and in log space:
+    `p(w | h) = g(z_w) / sum_v g(z_v)`, `log p = log_softmax(log g(z))`.
 
-    * `output_fn="sigsoftmax"` (eq. 11): `g(z) = exp(z) sigmoid(z)`,
-      `log g(z) = z - softplus(-z)` (`= 2z - softplus(z)`, eq. 12). Breaks
-      the softmax bottleneck (`log g` is non-linear) and keeps softmax's
-      numerical stability and monotonicity.
-    * `output_fn="sigmoid"`: `g(z) = sigmoid(z)`, `log g(z) = -softplus(-z)`.
-      Stable, but `g <= 1` bounds the ratio of any two probabilities by
-      `1 / sigmoid(min z)`; the paper finds it below softmax on WikiText-2.
-    * `output_fn="relu"`: `g(z) = ReLU(z) + epsilon`. With `epsilon = 0` this
-      is the paper's g:ReLU, which divides by zero when all scores of a row
-      are non-positive and has an unbounded gradient of `log g` (the
-      paper's "numerically unstable": perplexities in the thousands, table
-      1). Here `epsilon > 0` (default `1e-6`) keeps every log-probability
-      finite: a row whose scores are all `<= 0` gives the uniform
-      distribution, and `d log g / dz = 1 / (z + epsilon)` stays bounded by
+    * `"sigsoftmax"` (eq. 11): `g(z) = exp(z) sigmoid(z)`,
+      `log g(z) = z - softplus(-z)`. Breaks the softmax bottleneck and keeps
+      softmax's stability and monotonicity.
+    * `"sigmoid"`: `g(z) = sigmoid(z)`, `log g(z) = -softplus(-z)`; `g <= 1`
+      bounds the ratio of two probabilities.
+    * `"relu"`: `g(z) = ReLU(z) + epsilon`. The paper's g:ReLU
+      (`epsilon = 0`) divides by zero when a row's scores are all `<= 0`;
+      with `epsilon > 0` that row is uniform and `d log g / dz` stays below
       `1 / epsilon`. Expect it to train worse than the other two.
 
     Args:
-        vocab_size: int, number of words `V` (or omit and pass
-            `token_embedding`).
+        vocab_size: int `V >= 2` (or omit and pass `token_embedding`).
         output_fn: one of `"sigsoftmax"` (default), `"sigmoid"`, `"relu"`.
-        epsilon: float > 0, the constant added to `ReLU(z)` for
-            `output_fn="relu"` (ignored otherwise).
-        token_embedding: optional `keras.layers.Embedding` `[V, d]` to tie
-            the output projection to.
-        use_bias: bool, add a per-word bias (default `True`).
-        kernel_initializer, bias_initializer: initializers.
-        return_probabilities: bool, `call` returns probabilities.
-        chunk_size: optional int, exact chunked loss over vocabulary tiles
-            (see `PointwiseSoftmaxHead`).
-
-    Call arguments:
-        inputs: context vectors, float tensor `[..., d]`.
+        epsilon: float > 0 added to `ReLU(z)` for `output_fn="relu"`
+            (default `1e-6`; ignored otherwise).
+        token_embedding, use_bias, kernel_initializer, bias_initializer,
+            return_probabilities, chunk_size: as in `PointwiseSoftmaxHead`.
 
     Returns:
-        float32 log-probabilities `[..., V]`.
+        float32 `log_softmax(log g(z))`, shape `[..., V]` for inputs `[..., d]`.
 
     Example:
 
@@ -81,20 +64,11 @@ class SigSoftmax(PointwiseSoftmaxHead):
     """
 
     def __init__(self, vocab_size=None, output_fn="sigsoftmax", epsilon=1e-6, **kwargs):
-        if output_fn not in OUTPUT_FUNCTIONS:
-            raise ValueError(
-                f"`output_fn` must be one of {OUTPUT_FUNCTIONS}. "
-                f"Received: output_fn={output_fn!r}"
-            )
-        is_number = isinstance(epsilon, numbers.Real) and not isinstance(epsilon, bool)
-        if not is_number or not math.isfinite(epsilon) or epsilon <= 0:
-            raise ValueError(
-                "`epsilon` must be a finite number > 0. "
-                f"Received: epsilon={epsilon!r}"
-            )
+        output_fn = check_choice("output_fn", output_fn, OUTPUT_FUNCTIONS)
+        epsilon = check_positive("epsilon", epsilon)
         super().__init__(vocab_size, **kwargs)
         self.output_fn = output_fn
-        self.epsilon = float(epsilon)
+        self.epsilon = epsilon
 
     def score_transform(self, z):
         """`log g(z)`: the log of the chosen non-negative output function."""

@@ -1,22 +1,11 @@
-"""The head contract shared by every output head of keras-softmax-heads.
+"""`SoftmaxHead`: the base class and contract of every output head.
 
-See `docs/head_contract.md` for the reasoning. In short, a head is a Keras
-layer mapping context vectors `h` of shape `[..., d]` to a distribution over a
-vocabulary of `V` words, and exposes:
-
-* `call(h)` -> exact normalised log-probabilities `[..., V]` (float32), or
-  probabilities when built with `return_probabilities=True`;
-* `log_probs(h)` -> the same log-probabilities whatever `return_probabilities`;
-* `log_likelihood(h, targets)` -> exact `log p(targets | h)` of shape
-  `targets.shape`, validated targets, computed without the full `[..., V]`
-  tensor where the head allows it (hierarchical softmax);
-* `training_loss(h, targets, training=True)` -> the per-token training
-  objective, shape `targets.shape`; `-log_likelihood` for exact heads, the
-  sampled / noise-contrastive / self-normalised objective for the others.
-
-`ksh.HeadModel` trains any head with `model.fit` through `training_loss`;
-exact heads also work as the last layer of a `keras.Sequential` with
-`SparseCategoricalCrossentropy(from_logits=True)`.
+A head maps context vectors `h` `[..., d]` to a distribution over `V` words:
+`call` / `log_probs` return exact log-probabilities `[..., V]`,
+`log_likelihood(h, targets)` the exact `log p(targets | h)` and
+`training_loss(h, targets)` the per-token objective. Why the contract has
+this shape, weight layouts, training with `fit` and saving:
+`docs/head_contract.md`.
 """
 
 import math
@@ -31,7 +20,9 @@ from keras_softmax_heads.heads.head_utils import build_context_checks
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.heads.head_utils import gather_targets
 from keras_softmax_heads.validation import nan_if_invalid
+from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_embedding_layer
+from keras_softmax_heads.validation import check_int
 
 
 #: What `call(h, training=True)` may return (see `SoftmaxHead`).
@@ -70,39 +61,54 @@ def check_context_dtype(layer, inputs):
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class SoftmaxHead(keras.layers.Layer):
-    """Base class of all output heads: a linear map to `V` scores, then a head.
+    """Base class of all output heads: linear scores `z = h W + b`, then a head.
 
-    Subclasses implement `log_probs(h)` (exact normalised log-probabilities)
-    and override `log_likelihood` / `training_loss` where the head has a
-    cheaper exact likelihood or a different training objective.
-
-    The linear scores are `z = h W + b` with `W` of shape `[d, V]` owned by the
-    head (`kernel`) or tied to an input `keras.layers.Embedding` of shape
-    `[V, d]` (then `W = E^T`). They are computed in the layer's compute dtype
-    (fast under mixed precision) and returned in float32: every normalisation
-    happens in float32.
+    `W` is the head's `[d, V]` `kernel` or, tied, the `[V, d]` matrix of an
+    input `keras.layers.Embedding` (`W = E^T`). The product runs in the
+    compute dtype and `z` is returned in float32: every normalisation happens
+    in float32. Subclasses implement `log_probs(h)` and override
+    `log_likelihood` / `training_loss` where they have a cheaper exact
+    likelihood or a different training objective (`docs/head_contract.md`).
 
     Args:
-        vocab_size: int, the number of words `V`. May be omitted when
-            `token_embedding` is given.
+        vocab_size: int `V >= 2`; may be omitted when `token_embedding` is
+            given.
         token_embedding: optional `keras.layers.Embedding` (or
-            `keras.layers.ReversibleEmbedding`) whose `[V, d]` matrix is used,
-            transposed, as the output projection (weight tying).
-        use_bias: bool, whether to add a per-word output bias.
+            `keras.layers.ReversibleEmbedding`) `[V, d]` whose matrix,
+            transposed, is the output projection (weight tying).
+        use_bias: bool, add a per-word output bias.
         kernel_initializer: initializer of the owned `[d, V]` kernel.
         bias_initializer: initializer of the `[V]` bias.
-        return_probabilities: bool. If `True`, `call` returns probabilities
-            instead of log-probabilities (other methods are unaffected).
+        return_probabilities: bool, `call` returns probabilities instead of
+            log-probabilities (other methods are unaffected).
         training_output: what `call(h, training=True)` returns:
-            `"log_probs"` (default; what a standard Keras loss needs) or
-            `"contexts"`: the context vectors, `h[..., None, :]`, for
-            `keras_softmax_heads.HeadLoss`, which then trains
-            `training_loss` without the `[..., V]` tensor. `HeadLoss(head)`
-            sets it. Heads whose training objective is not the exact NLL
-            (`exact_training_objective = False`: sampled, NCE,
-            self-normalised) refuse `"log_probs"` in training: a Keras loss
-            on log-probabilities would silently train the full softmax.
+            `"log_probs"` (default, for a standard Keras loss) or
+            `"contexts"` (`h[..., None, :]`, for
+            `keras_softmax_heads.HeadLoss`, which sets it). Heads whose
+            objective is not the exact NLL (`exact_training_objective =
+            False`) refuse `"log_probs"` in training.
         **kwargs: standard `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: float context vectors `[..., d]`.
+        training: bool.
+
+    Returns:
+        float32 log-probabilities `[..., V]` (probabilities with
+        `return_probabilities=True`).
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_softmax_heads.heads.softmax_head import SoftmaxHead
+    >>> class Linear(SoftmaxHead):
+    ...     def log_probs(self, inputs):
+    ...         return ops.log_softmax(self.logits(inputs), axis=-1)
+    >>> head = Linear(vocab_size=5)
+    >>> h = np.zeros((2, 3), "float32")
+    >>> tuple(head(h).shape), tuple(head.log_likelihood(h, np.array([0, 4])).shape)
+    ((2, 5), (2,))
     """
 
     exact_training_objective = True
@@ -143,12 +149,7 @@ class SoftmaxHead(keras.layers.Layer):
                     f"token_embedding.input_dim={token_embedding.input_dim}"
                 )
             vocab_size = token_embedding.input_dim
-        if int(vocab_size) != vocab_size or vocab_size < 2:
-            raise ValueError(
-                "`vocab_size` must be an integer >= 2. "
-                f"Received: vocab_size={vocab_size}"
-            )
-        self.vocab_size = int(vocab_size)
+        self.vocab_size = check_int("vocab_size", vocab_size, minimum=2)
         self.token_embedding = token_embedding
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -173,12 +174,7 @@ class SoftmaxHead(keras.layers.Layer):
 
     @training_output.setter
     def training_output(self, value):
-        if value not in TRAINING_OUTPUTS:
-            raise ValueError(
-                f"`training_output` must be one of {TRAINING_OUTPUTS}. "
-                f"Received: training_output={value!r}"
-            )
-        self._training_output = value
+        self._training_output = check_choice("training_output", value, TRAINING_OUTPUTS)
         if value == "contexts" and all(r() is not self for r in _CONTEXT_OUTPUT_HEADS):
             _CONTEXT_OUTPUT_HEADS.append(weakref.ref(self))
 
@@ -260,6 +256,18 @@ class SoftmaxHead(keras.layers.Layer):
         else:
             kernel = self.kernel
         return ops.cast(kernel, self.compute_dtype)
+
+    def chunked_projection(self):
+        """The output matrix as stored, for the chunked losses:
+        `(matrix, kernel_transposed)`.
+
+        `(kernel [d, V], False)` for an owned `[d, V]` kernel, `(embeddings
+        [V, d], True)` for a tied `token_embedding` or a `word_major` kernel
+        (no transposed copy).
+        """
+        if self.token_embedding is not None or self.word_major:
+            return self.output_embeddings(), True
+        return self.kernel, False
 
     def logits(self, inputs):
         """Linear scores `z = h W + b`, shape `[..., V]`.

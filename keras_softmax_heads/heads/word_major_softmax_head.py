@@ -1,17 +1,8 @@
 """`WordMajorSoftmaxHead`: a pointwise head whose output matrix is `[V, d]`.
 
 The base of the heads whose training loss touches only a few rows of the
-output matrix (`SampledSoftmax`, `NCE`, `SelfNormalizedSoftmax`). The matrix
-is stored word-major, `kernel` `[V, d]` (the layout of an embedding and of
-`tf.nn.sampled_softmax_loss`'s `weights`), like `HierarchicalSoftmax`.
-Scoring `S` candidate words is then a row gather whose gradient is sparse
-(`tf.IndexedSlices`, `[S, d]`, O(S d) memory). With the contract's `[d, V]`
-layout the gradient of a column gather is a dense `[d, V]` tensor built by a
-segment sum and a transpose: O(V d) memory and time per step, which at large
-`V` costs far more than the sampled loss itself (measurement:
-`docs/head_contract.md`, "Weight layout"). `output_kernel()` still returns the
-`[d, V]` matrix (a transpose) for code that needs it, and `logits()`
-multiplies by the word-major matrix directly.
+output matrix (`SampledSoftmax`, `NCE`, `SelfNormalizedSoftmax`). Why the
+layout: `docs/head_contract.md`, "Weight layout".
 """
 
 import keras
@@ -27,12 +18,31 @@ class WordMajorSoftmaxHead(PointwiseSoftmaxHead):
     """A pointwise head whose output matrix is stored word-major, `[V, d]`.
 
     `z = h W^T + b` with `W` the layer's `kernel` `[V, d]` (or the tied
-    `token_embedding`'s `[V, d]` matrix, the same code path). Why word-major:
-    see the module docstring. Subclasses add a training objective that scores only
-    some words: `target_scores` and `candidate_scores` gather rows of `W`
-    (sparse gradients). On its own the class is a Linear-Softmax with the
-    word-major layout. To move weights to a `FullSoftmax` (kernel `[d, V]`),
-    transpose the kernel.
+    `token_embedding`'s `[V, d]` matrix, the same code path). Scoring `S`
+    candidate words is then a row gather with a sparse gradient
+    (`tf.IndexedSlices`, `[S, d]`), where a `[d, V]` kernel would get a
+    dense `[d, V]` gradient every step. Subclasses add a training objective
+    that scores only some words (`target_scores`, `candidate_scores`); on
+    its own the class is a Linear-Softmax with the word-major layout (to
+    move its weights to a `FullSoftmax`, transpose the kernel).
+    `output_kernel()` still returns the `[d, V]` view.
+
+    Args:
+        *args, **kwargs: the `PointwiseSoftmaxHead` arguments.
+
+    Returns:
+        float32 log-probabilities `[..., V]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
+    >>> head = WordMajorSoftmaxHead(vocab_size=6)
+    >>> h = np.ones((3, 4), "float32")
+    >>> tuple(head(h).shape), tuple(head.kernel.shape)
+    ((3, 6), (6, 4))
+    >>> tuple(head.candidate_scores(h, np.array([0, 5])).shape)
+    (3, 2)
     """
 
     word_major = True

@@ -1,0 +1,31 @@
+"""Pure functions on scores, shared by the heads (any Keras backend).
+
+* `outputs`: output functions in log space (`soft_cap`,
+  `log_sigmoid_scores`, `log_sigsoftmax`, `log_sigmoid_output_scores`,
+  `log_relu_output_scores`);
+* `plif_kernels`: PLIF (Ganea et al. 2019), `plif` and the fused
+  `plif_log_likelihood` with their custom gradients (design:
+  `docs/plif.md`);
+* `tabulated`: `interpolate_table`, a tabulated function interpolated
+  linearly;
+* `dispatch`: the package's only backend-specific code, one dispatch
+  function each (`scan_tiles`, `knot_histogram`; `lookup` and
+  `upstream_gradient` are imported from `functional.dispatch`).
+
+Every public name is importable from `keras_softmax_heads.functional`.
+"""
+
+from keras_softmax_heads.functional.dispatch import knot_histogram
+from keras_softmax_heads.functional.dispatch import scan_tiles
+from keras_softmax_heads.functional.outputs import log_relu_output_scores
+from keras_softmax_heads.functional.outputs import log_sigmoid_output_scores
+from keras_softmax_heads.functional.outputs import log_sigmoid_scores
+from keras_softmax_heads.functional.outputs import log_sigsoftmax
+from keras_softmax_heads.functional.outputs import soft_cap
+from keras_softmax_heads.functional.plif_kernels import TILE_ELEMENTS
+from keras_softmax_heads.functional.plif_kernels import check_knot_bound
+from keras_softmax_heads.functional.plif_kernels import plif
+from keras_softmax_heads.functional.plif_kernels import plif_identity_raw_slope
+from keras_softmax_heads.functional.plif_kernels import plif_log_likelihood
+from keras_softmax_heads.functional.plif_kernels import plif_reference
+from keras_softmax_heads.functional.tabulated import interpolate_table
