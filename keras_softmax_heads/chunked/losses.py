@@ -57,7 +57,8 @@ def chunked_pointwise_nll(
     Peak extra memory: `O(N * chunk_size + d * chunk_size)` for the tiles,
     plus the kernel's gradient (`[d, V]`, like the kernel) in the backward
     pass. The number of tiles and their shapes are static, so it compiles
-    with XLA (`jit_compile=True`, `jax.jit`).
+    with XLA (`jit_compile=True`, `jax.jit`). Design notes and when each
+    path wins: `docs/chunked.md`.
 
     Args:
         h: float tensor `[..., d]`, the context vectors.
