@@ -1,8 +1,10 @@
 """The tiled core: exact `-log softmax(g(h W + b))[target]` over vocabulary tiles.
 
 `pointwise_nll` is the one implementation of the algorithm, in `keras.ops`
-inside a `keras.ops.custom_gradient`; what the backends do differently is
-named in `chunked.dispatch`. Per tile `z = h W_tile + b_tile`, `g = g(z)`:
+inside a `keras.ops.custom_gradient`; what the backends do differently
+(the transform's vector-Jacobian product, how a pass runs, JAX's
+low-precision product) is named in `chunked.dispatch`. Per tile
+`z = h W_tile + b_tile`, `g = g(z)`:
 
 * forward (`forward_tile`): online log-sum-exp (a running max and sum per
   row), the target's score and, with `stats`, the score sum and argmax;
@@ -68,7 +70,7 @@ class CoreSpec:
     """The static description of one call of the core (no tensors)."""
 
     def __init__(self, d, tiling, acc, low_matmul, transform_fn, variables,
-                 kernel_transposed, has_bias, stats, implementation):
+                 kernel_transposed, has_bias, stats):
         self.d = d
         self.tiling = tiling
         self.acc = acc
@@ -82,7 +84,14 @@ class CoreSpec:
         self.kernel_transposed = kernel_transposed
         self.has_bias = has_bias
         self.stats = stats
-        self.implementation = implementation
+
+
+def tile_loop(count, body, state):
+    """`state = body(i, state)` for `i` in `range(count)` (a static count):
+    one call with a Python 0 for a single tile, else `keras.ops.fori_loop`."""
+    if count == 1:
+        return body(0, state)
+    return ops.fori_loop(0, count, body, state)
 
 
 def linear_tile(p, start, mask):
@@ -162,11 +171,10 @@ def forward(p):
         state += (zeros, zeros)
     if tiling.overlap:
         state = forward_tile(p, state, tiling.tail_start, p.tail_mask, tiling.overlap)
-    state = dispatch.loop(
+    state = tile_loop(
         tiling.num_full,
         lambda i, state: forward_tile(p, state, i * tiling.size, None, 0),
         state,
-        p.spec.implementation,
     )
     run_max, run_sum, target_score = state[:3]
     lse = run_max + ops.log(run_sum)
@@ -230,12 +238,10 @@ def backward_tile(p, lse, cot, state, start, mask, skip):
     else:  # w: [d, size]
         dh = dh + spec.product(dz, ops.transpose(w))
         dw, begin = spec.product(p.h_t, dz), [0, start]
-    dkernel = dispatch.update_slice(
-        dkernel, begin, ops.cast(dw, dkernel.dtype), spec.implementation
-    )
+    dkernel = ops.slice_update(dkernel, begin, ops.cast(dw, dkernel.dtype))
     if spec.has_bias:
         db = ops.cast(ops.sum(dz, axis=0), dbias.dtype)
-        dbias = dispatch.update_slice(dbias, [start], db, spec.implementation)
+        dbias = ops.slice_update(dbias, [start], db)
     return dh, dparams, dkernel, dbias
 
 
@@ -255,11 +261,10 @@ def backward(p, lse, upstream):
         state = backward_tile(
             p, lse, cot, state, tiling.tail_start, p.tail_mask, tiling.overlap
         )
-    dh, dparams, dkernel, dbias = dispatch.loop(
+    dh, dparams, dkernel, dbias = tile_loop(
         tiling.num_full,
         lambda i, state: backward_tile(p, lse, cot, state, i * tiling.size, None, 0),
         state,
-        spec.implementation,
     )
     grads = [ops.cast(dh, p.h.dtype), ops.cast(dkernel, p.kernel.dtype)]
     if spec.has_bias:
@@ -289,7 +294,8 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
     read from (or None): while `transform_fn` runs, reading that variable
     gives `params[j]` (a `keras.StatelessScope`). A trainable variable the
     transform reads without it being listed is an error on TensorFlow (the
-    only backend that sees the read).
+    only backend that sees the read). `implementation` picks how the passes
+    run (`dispatch.run_pass`).
     """
     d, vocab = kernel_geometry(h, kernel, kernel_transposed)
     has_bias = bias is not None
@@ -303,7 +309,6 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
         kernel_transposed=kernel_transposed,
         has_bias=has_bias,
         stats=stats,
-        implementation=implementation,
     )
 
     @ops.custom_gradient
@@ -311,7 +316,7 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
         bias = args[2] if has_bias else None
         p = TileProblem(spec, args[0], args[1], bias, targets,
                         list(args[2 + int(has_bias):]))
-        out, lse = forward(p)
+        out, lse = dispatch.run_pass(lambda: forward(p), implementation)
 
         def grad_fn(*args, upstream=None, variables=None):
             # TensorFlow and JAX call grad_fn(upstream); PyTorch
@@ -320,7 +325,8 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
                 raise unlisted_variables_error(variables)
             if upstream is None:
                 (upstream,) = args
-            return (None, *backward(p, lse, upstream))  # None: the int targets
+            grads = dispatch.run_pass(lambda: backward(p, lse, upstream), implementation)
+            return (None, *grads)  # None: the int targets
 
         return out, grad_fn
 

@@ -5,16 +5,16 @@ what the backends do differently:
 
 * `value_and_vjp`: the vector-Jacobian product of the pointwise transform
   over one tile (`jax.vjp`, a `tf.GradientTape`, `torch.autograd.grad`);
-* `loop`: the loop over the tiles (`keras.ops.fori_loop`; on TensorFlow
-  with `implementation="auto"` a `tf.while_loop` that runs one tile at a
-  time);
-* `update_slice`: writing a tile's kernel / bias gradient into place
-  (`keras.ops.slice_update`; see `docs/chunked.md` for TensorFlow);
+* `run_pass`: how a whole pass over the tiles runs. On TensorFlow with
+  `implementation="auto"`, in a graph, it is compiled with XLA (a nested
+  `tf.function(jit_compile=True)`), so each tile's kernel-gradient write
+  (`keras.ops.slice_update`) is in place in graph mode too, where
+  TensorFlow's executor would copy the buffer (`docs/chunked.md`);
 * `low_precision_matmul`: JAX's low-precision products with float32
   results; `matmul_fn`: float64 products on PyTorch.
 
-`implementation="ops"` makes `loop` and `update_slice` the plain
-`keras.ops` ones on every backend (the reference they are tested against).
+`implementation="ops"` runs the passes as they are on every backend (the
+reference the TensorFlow path is tested against).
 """
 
 import keras
@@ -93,38 +93,23 @@ def value_and_vjp(fn, primals):
     )
 
 
-def loop(count, body, state, implementation="auto"):
-    """`state = body(i, state)` for `i` in `range(count)` (a static count).
+def run_pass(fn, implementation="auto"):
+    """`fn()`: one pass (the forward or the backward) over the tiles.
 
-    One call with a Python 0 for a single tile. Else `keras.ops.fori_loop`,
-    or on TensorFlow with `implementation="auto"` a `tf.while_loop` with
-    `parallel_iterations=1`: one tile's temporaries alive at a time in graph
-    mode (`fori_loop` lets TensorFlow start the next tile early).
+    On TensorFlow with `implementation="auto"`, inside a `tf.function`, the
+    pass is a nested `tf.function(jit_compile=True)`: XLA updates the
+    loop-carried kernel gradient in place, where TensorFlow's graph
+    executor copies it at each tile's write; under an enclosing
+    `jit_compile=True` it is simply part of that program. Eagerly, and on
+    the other backends, `fn()` as is.
     """
-    if count == 1:
-        return body(0, state)
     if not _fast_tensorflow(implementation):
-        return ops.fori_loop(0, count, body, state)
+        return fn()
     import tensorflow as tf
 
-    return tf.while_loop(
-        lambda i, _: i < count,
-        lambda i, state: (i + 1, body(i, state)),
-        (tf.constant(0), state),
-        parallel_iterations=1,
-        maximum_iterations=count,
-    )[1]
-
-
-def update_slice(buffer, start_indices, value, implementation="auto"):
-    """`buffer` with the block at `start_indices` replaced by `value`.
-
-    `keras.ops.slice_update`: in place under XLA and on JAX. (TensorFlow's
-    graph mode copies a loop-carried buffer at each write whatever the op:
-    `docs/chunked.md`.)
-    """
-    del implementation
-    return ops.slice_update(buffer, start_indices, value)
+    if tf.executing_eagerly():
+        return fn()
+    return tf.function(fn, jit_compile=True, autograph=False)()
 
 
 def low_precision_matmul(*tensors):
