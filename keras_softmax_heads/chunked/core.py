@@ -52,6 +52,7 @@ class TileProblem:
         self.bias = bias
         self.targets = targets
         self.params = params
+        self.h_t = None  # h transposed, made by the backward pass for [d, V]
         self.tail_mask = None
         if self.tiling.overlap:
             self.tail_mask = ops.convert_to_tensor(self.tiling.tail_mask(), spec.acc)
