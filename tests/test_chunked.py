@@ -457,11 +457,11 @@ def test_variables_as_inputs_and_read_inside_transform(implementation):
 
 
 @TF_ONLY
-def test_unlisted_variable_read_by_the_transform_raises():
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_unlisted_variable_read_by_the_transform_raises(implementation):
     """A transform that reads a trainable variable it was not given would
-    get no gradient for it from the `keras.ops` version: TensorFlow sees the
-    read, and it is an error. (The TensorFlow fast path returns its gradient
-    through `tf.custom_gradient`'s `variables`.)"""
+    get no gradient for it: TensorFlow sees the read, and it is an error,
+    with either implementation (one core)."""
     import tensorflow as tf
 
     h, kernel, bias, targets, _ = problem(seed=8)
@@ -469,7 +469,8 @@ def test_unlisted_variable_read_by_the_transform_raises():
     with tf.GradientTape() as tape:
         nll = chunked_pointwise_nll(
             h.astype("float32"), kernel.astype("float32"), None, targets,
-            lambda z: plif_ops(z, slopes), chunk_size=8, implementation="ops",
+            lambda z: plif_ops(z, slopes), chunk_size=8,
+            implementation=implementation,
         )
     with pytest.raises(ValueError, match="transform_params"):
         tape.gradient(nll, [slopes.value])

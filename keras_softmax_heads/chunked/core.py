@@ -1,0 +1,336 @@
+"""The tiled core: exact `-log softmax(g(h W + b))[target]` over vocabulary tiles.
+
+`pointwise_nll` is the one implementation of the algorithm, in `keras.ops`
+inside a `keras.ops.custom_gradient`; what the backends do differently
+(the transform's vector-Jacobian product, how a pass runs, JAX's
+low-precision product) is named in `chunked.dispatch`. Per tile
+`z = h W_tile + b_tile`, `g = g(z)`:
+
+* forward (`forward_tile`): online log-sum-exp (a running max and sum per
+  row), the target's score and, with `stats`, the score sum and argmax;
+* backward (`backward_tile`): the tile is recomputed,
+  `dg = (u_nll + u_lse) softmax - u_nll onehot(target) + u_sum`, the
+  vector-Jacobian product of `g` gives `dz` and the transform's parameter
+  gradients, then `dh += dz W_tile^T` and the tile's kernel / bias
+  gradient is written into place.
+
+Tile order and masks: `chunked.tiling`. Design notes: `docs/chunked.md`.
+"""
+
+import keras
+from keras import ops
+
+from keras_softmax_heads.chunked import dispatch
+from keras_softmax_heads.chunked.tiling import Tiling
+from keras_softmax_heads.chunked.tiling import kernel_geometry
+
+
+def accumulation_dtype(*tensors):
+    """`"float64"` if any of `tensors` is float64, else `"float32"`."""
+    for t in tensors:
+        if t is not None and keras.backend.standardize_dtype(t.dtype) == "float64":
+            return "float64"
+    return "float32"
+
+
+class TileProblem:
+    """What every tile function reads: the static geometry, the inputs (as
+    the custom gradient received them) and the transform.
+
+    Built inside the custom-gradient function from its arguments: JAX's
+    custom gradients must not close over values traced outside them.
+    """
+
+    def __init__(self, spec, h, kernel, bias, targets, params):
+        self.spec = spec
+        self.tiling = spec.tiling
+        self.acc = spec.acc
+        self.h = h
+        # The low-precision product takes h in its own dtype.
+        self.h_acc = h if spec.low_matmul else ops.cast(h, spec.acc)
+        self.kernel = kernel
+        self.bias = bias
+        self.targets = targets
+        self.params = params
+        self.h_t = None  # h transposed, made by the backward pass for [d, V]
+        self.tail_mask = None
+        if self.tiling.overlap:
+            self.tail_mask = ops.convert_to_tensor(self.tiling.tail_mask(), spec.acc)
+
+    def transform(self, z, *values):
+        """`g(z)` in the accumulation dtype; listed variables read `values`."""
+        spec = self.spec
+        if not spec.mapped:
+            return ops.cast(spec.transform_fn(z, *values), self.acc)
+        mapping = [(spec.variables[j], values[j]) for j in spec.mapped]
+        with keras.StatelessScope(state_mapping=mapping, initialize_variables=False):
+            return ops.cast(spec.transform_fn(z, *values), self.acc)
+
+
+class CoreSpec:
+    """The static description of one call of the core (no tensors)."""
+
+    def __init__(self, d, tiling, acc, low_matmul, transform_fn, variables,
+                 kernel_transposed, has_bias, stats):
+        self.d = d
+        self.tiling = tiling
+        self.acc = acc
+        self.low_matmul = low_matmul
+        # The tiles' products: in the inputs' low-precision dtype with float32
+        # results where the backend has that, else on float32 (float64) tiles.
+        self.product = low_matmul or dispatch.matmul_fn(acc)
+        self.transform_fn = transform_fn
+        self.variables = variables
+        self.mapped = [j for j, v in enumerate(variables) if v is not None]
+        self.kernel_transposed = kernel_transposed
+        self.has_bias = has_bias
+        self.stats = stats
+
+
+def tile_loop(count, body, state):
+    """`state = body(i, state)` for `i` in `range(count)` (a static count):
+    one call with a Python 0 for a single tile, else `keras.ops.fori_loop`."""
+    if count == 1:
+        return body(0, state)
+    return ops.fori_loop(0, count, body, state)
+
+
+def linear_tile(p, start, mask):
+    """`(z, w)`: `z = h W_tile + b_tile` `[N, size]` and the kernel tile, in
+    the accumulation dtype. For the identity transform `mask` (the tail
+    tile's) rides on the bias add."""
+    spec, size = p.spec, p.tiling.size
+    if spec.kernel_transposed:
+        w = ops.slice(p.kernel, [start, 0], [size, spec.d])
+    else:
+        w = ops.slice(p.kernel, [0, start], [spec.d, size])
+    if spec.low_matmul is None:
+        w = ops.cast(w, p.acc)
+    z = spec.product(p.h_acc, ops.transpose(w) if spec.kernel_transposed else w)
+    shift = None
+    if spec.has_bias:
+        shift = ops.cast(ops.slice(p.bias, [start], [size]), p.acc)
+    if mask is not None and spec.transform_fn is None:
+        shift = mask if shift is None else shift + mask
+    if shift is not None:
+        z = z + shift
+    return z, w
+
+
+def target_columns(p, start, skip):
+    """`(col, inside)`: each target's column in the tile starting at
+    `start` (clipped into it) and whether it is one of the tile's unmasked
+    columns (`skip` leading columns are masked)."""
+    col = p.targets - start
+    inside = ops.logical_and(col >= skip, col < p.tiling.size)
+    return ops.clip(col, 0, p.tiling.size - 1), inside
+
+
+def forward_tile(p, state, start, mask, skip):
+    """One tile of the forward pass: `state` is `(run_max, run_sum,
+    target_score)`, plus `(score_sum, argmax)` with `stats`, all `[N]`."""
+    run_max, run_sum, target_score = state[:3]
+    z, _ = linear_tile(p, start, mask)
+    g = z
+    if p.spec.transform_fn is not None:
+        g = p.transform(z, *p.params)
+        if mask is not None:
+            g = g + mask
+    tile_max = ops.max(g, axis=1)
+    extra = ()
+    if p.spec.stats:
+        score_sum, run_arg = state[3:]
+        # `skip` is static here: the masked columns are left out.
+        score_sum = score_sum + ops.sum(g[:, skip:] if skip else g, axis=1)
+        tile_arg = ops.cast(ops.argmax(g, axis=1), p.acc) + ops.cast(start, p.acc)
+        # The first maximal word wins (the tail tile comes first).
+        better = ops.logical_or(
+            tile_max > run_max,
+            ops.logical_and(tile_max == run_max, tile_arg < run_arg),
+        )
+        extra = (score_sum, ops.where(better, tile_arg, run_arg))
+    # Not `ops.maximum`: Keras' PyTorch backend returns float32 for it.
+    new_max = ops.where(tile_max > run_max, tile_max, run_max)
+    # Rows whose scores are all -inf so far: avoid (-inf) - (-inf).
+    safe_max = ops.where(ops.isfinite(new_max), new_max, ops.zeros_like(new_max))
+    run_sum = run_sum * ops.exp(run_max - safe_max) + ops.sum(
+        ops.exp(g - safe_max[:, None]), axis=1
+    )
+    col, inside = target_columns(p, start, skip)
+    picked = ops.take_along_axis(g, col[:, None], axis=1)[:, 0]
+    target_score = target_score + ops.where(inside, picked, ops.zeros_like(picked))
+    return (new_max, run_sum, target_score) + extra
+
+
+def forward(p):
+    """`(out, lse)`: `out` is the nll `[N]` (with `stats` `[N, 4]`: nll,
+    lse, score_sum, argmax) and `lse` the log-sum-exp `[N]`."""
+    tiling = p.tiling
+    zeros = ops.zeros_like(p.targets, dtype=p.acc)
+    state = (ops.full_like(p.targets, float("-inf"), dtype=p.acc), zeros, zeros)
+    if p.spec.stats:
+        state += (zeros, zeros)
+    if tiling.overlap:
+        state = forward_tile(p, state, tiling.tail_start, p.tail_mask, tiling.overlap)
+    state = tile_loop(
+        tiling.num_full,
+        lambda i, state: forward_tile(p, state, i * tiling.size, None, 0),
+        state,
+    )
+    run_max, run_sum, target_score = state[:3]
+    lse = run_max + ops.log(run_sum)
+    nll = lse - target_score
+    if p.spec.stats:
+        return ops.stack([nll, lse, state[3], state[4]], axis=1), lse
+    return nll, lse
+
+
+class Cotangents:
+    """The backward pass's per-row weights of `softmax`, `onehot(target)`
+    and the constant term in `dg` (None: no sum term)."""
+
+    def __init__(self, upstream, acc, stats):
+        upstream = ops.cast(upstream, acc)
+        if stats:  # d/dg of u_nll nll + u_lse lse + u_sum score_sum
+            self.soft = upstream[:, 0] + upstream[:, 1]
+            self.onehot = upstream[:, 0]
+            self.sum = upstream[:, 2]
+        else:
+            self.soft, self.onehot, self.sum = upstream, upstream, None
+
+
+def score_gradient(p, g, lse, cot, start, mask, skip):
+    """`dg = soft softmax - onehot onehot(target) (+ sum)` of one tile; the
+    masked columns have `g = -inf`, hence no softmax and no gradient."""
+    dg = ops.exp(g - lse[:, None]) * cot.soft[:, None]
+    col, inside = target_columns(p, start, skip)
+    columns = ops.arange(p.tiling.size, dtype="int32")
+    hit = ops.logical_and(ops.equal(columns[None, :], col[:, None]), inside[:, None])
+    dg = ops.where(hit, dg - cot.onehot[:, None], dg)
+    if cot.sum is not None:
+        if mask is None:
+            dg = dg + cot.sum[:, None]
+        else:  # not on the masked columns
+            dg = ops.where(mask[None, :] == 0, dg + cot.sum[:, None], dg)
+    return dg
+
+
+def backward_tile(p, lse, cot, state, start, mask, skip):
+    """One tile of the backward pass: `state` is `(dh, dparams, dkernel,
+    dbias)`; the tile's kernel and bias gradient columns are complete here
+    and written into place in the kernel's / bias' own dtype."""
+    spec = p.spec
+    dh, dparams, dkernel, dbias = state
+    z, w = linear_tile(p, start, mask)
+    if spec.transform_fn is not None:
+        g, pullback = dispatch.value_and_vjp(p.transform, [z] + p.params)
+        if mask is not None:
+            g = g + mask
+    else:
+        g = z
+    dz = score_gradient(p, g, lse, cot, start, mask, skip)
+    if spec.transform_fn is not None:
+        grads = pullback(dz)
+        dz = ops.cast(grads[0], p.acc)
+        dparams = [a + ops.cast(g_p, p.acc) for a, g_p in zip(dparams, grads[1:])]
+    if spec.kernel_transposed:  # w: [size, d]
+        dh = dh + spec.product(dz, w)
+        dw, begin = spec.product(ops.transpose(dz), p.h_acc), [start, 0]
+    else:  # w: [d, size]
+        dh = dh + spec.product(dz, ops.transpose(w))
+        dw, begin = spec.product(p.h_t, dz), [0, start]
+    dkernel = ops.slice_update(dkernel, begin, ops.cast(dw, dkernel.dtype))
+    if spec.has_bias:
+        db = ops.cast(ops.sum(dz, axis=0), dbias.dtype)
+        dbias = ops.slice_update(dbias, [start], db)
+    return dh, dparams, dkernel, dbias
+
+
+def backward(p, lse, upstream):
+    """The gradients of `h`, the kernel, the bias (if any) and the
+    transform's parameters, in their dtypes."""
+    spec, tiling = p.spec, p.tiling
+    cot = Cotangents(upstream, p.acc, spec.stats)
+    p.h_t = None if spec.kernel_transposed else ops.transpose(p.h_acc)
+    state = (
+        ops.zeros_like(p.h, dtype=p.acc),
+        [ops.zeros(x.shape, p.acc) for x in p.params],
+        ops.zeros(p.kernel.shape, p.kernel.dtype),
+        ops.zeros((tiling.vocab,), p.bias.dtype) if spec.has_bias else ops.zeros((), p.acc),
+    )
+    if tiling.overlap:
+        state = backward_tile(
+            p, lse, cot, state, tiling.tail_start, p.tail_mask, tiling.overlap
+        )
+    dh, dparams, dkernel, dbias = tile_loop(
+        tiling.num_full,
+        lambda i, state: backward_tile(p, lse, cot, state, i * tiling.size, None, 0),
+        state,
+    )
+    grads = [ops.cast(dh, p.h.dtype), ops.cast(dkernel, p.kernel.dtype)]
+    if spec.has_bias:
+        grads.append(ops.cast(dbias, p.bias.dtype))
+    return grads + [ops.cast(g, x.dtype) for g, x in zip(dparams, p.params)]
+
+
+def unlisted_variables_error(variables):
+    return ValueError(
+        "The `transform_fn` of a chunked loss read trainable variables it "
+        f"was not given: {[v.name for v in variables]}. Pass them in "
+        "`transform_params`."
+    )
+
+
+def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
+                  chunk_size, kernel_transposed, stats=False, implementation="auto"):
+    """Flat core: h `[N, d]`, targets `[N]` int32 -> nll `[N]` (acc dtype).
+
+    With `stats=True` the result is `[N, 4]`: the columns `nll`, `lse`
+    (`logsumexp_v g_v`), `score_sum` (`sum_v g_v`) and `argmax` (the word of
+    the largest score, as a float: exact below 2**24 words). The first three
+    are differentiable (their cotangents combine in one backward pass), the
+    argmax gets no gradient.
+
+    `params` are tensors, `variables[j]` the Keras variable `params[j]` was
+    read from (or None): while `transform_fn` runs, reading that variable
+    gives `params[j]` (a `keras.StatelessScope`). A trainable variable the
+    transform reads without it being listed is an error on TensorFlow (the
+    only backend that sees the read). `implementation` picks how the passes
+    run (`dispatch.run_pass`).
+    """
+    d, vocab = kernel_geometry(h, kernel, kernel_transposed)
+    has_bias = bias is not None
+    spec = CoreSpec(
+        d=d,
+        tiling=Tiling.of(vocab, chunk_size),
+        acc=accumulation_dtype(h, kernel),
+        low_matmul=dispatch.low_precision_matmul(h, kernel),
+        transform_fn=transform_fn,
+        variables=variables,
+        kernel_transposed=kernel_transposed,
+        has_bias=has_bias,
+        stats=stats,
+    )
+
+    @ops.custom_gradient
+    def nll_fn(targets, *args):
+        bias = args[2] if has_bias else None
+        p = TileProblem(spec, args[0], args[1], bias, targets,
+                        list(args[2 + int(has_bias):]))
+        out, lse = dispatch.run_pass(lambda: forward(p), implementation)
+
+        def grad_fn(*args, upstream=None, variables=None):
+            # TensorFlow and JAX call grad_fn(upstream); PyTorch
+            # grad_fn(*inputs, upstream=upstream).
+            if variables:
+                raise unlisted_variables_error(variables)
+            if upstream is None:
+                (upstream,) = args
+            grads = dispatch.run_pass(lambda: backward(p, lse, upstream), implementation)
+            return (None, *grads)  # None: the int targets
+
+        return out, grad_fn
+
+    args = [h, kernel] + ([bias] if has_bias else []) + list(params)
+    return nll_fn(targets, *args)
+

@@ -1,0 +1,141 @@
+"""The backend-specific primitives of the tiled core, one function each.
+
+The core (`chunked.core`) is written in `keras.ops`; it calls these for
+what the backends do differently:
+
+* `value_and_vjp`: the vector-Jacobian product of the pointwise transform
+  over one tile (`jax.vjp`, a `tf.GradientTape`, `torch.autograd.grad`);
+* `run_pass`: how a whole pass over the tiles runs. On TensorFlow with
+  `implementation="auto"`, in a graph, it is compiled with XLA (a nested
+  `tf.function(jit_compile=True)`), so each tile's kernel-gradient write
+  (`keras.ops.slice_update`) is in place in graph mode too, where
+  TensorFlow's executor would copy the buffer (`docs/chunked.md`);
+* `low_precision_matmul`: JAX's low-precision products with float32
+  results; `matmul_fn`: float64 products on PyTorch.
+
+`implementation="ops"` runs the passes as they are on every backend (the
+reference the TensorFlow path is tested against).
+"""
+
+import keras
+from keras import ops
+
+
+def _fast_tensorflow(implementation):
+    return implementation == "auto" and keras.backend.backend() == "tensorflow"
+
+
+def value_and_vjp(fn, primals):
+    """`fn(*primals)` and its vector-Jacobian product.
+
+    Returns `(out, vjp)`: `out = fn(*primals)` and a function `vjp(cotangent)`
+    giving the gradients of `sum(out * cotangent)` with respect to each of
+    `primals`, as a list of dense tensors of their shapes (zeros for a primal
+    `out` does not depend on). `fn` is differentiated by the backend's
+    automatic differentiation: `jax.vjp`, a `tf.GradientTape`,
+    `torch.autograd.grad`. The chunked losses call it on one `[N, chunk]`
+    tile at a time.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> x = ops.convert_to_tensor(np.array([1.0, 2.0], "float32"))
+    >>> out, vjp = value_and_vjp(lambda x: x * x, [x])
+    >>> [ops.convert_to_numpy(g).tolist() for g in vjp(ops.ones((2,)))]
+    [[2.0, 4.0]]
+    """
+    backend = keras.backend.backend()
+    primals = list(primals)
+    if backend == "jax":
+        import jax
+
+        out, pullback = jax.vjp(fn, *primals)
+        return out, lambda cotangent: list(pullback(cotangent))
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(primals)
+            out = fn(*primals)
+
+        def tf_vjp(cotangent):
+            grads = tape.gradient(
+                out,
+                primals,
+                output_gradients=cotangent,
+                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            )
+            return [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices
+
+        return out, tf_vjp
+    if backend == "torch":
+        import torch
+
+        leaves = [p.detach().requires_grad_(True) for p in primals]
+        with torch.enable_grad():
+            out = fn(*leaves)
+
+        def torch_vjp(cotangent):
+            if not out.requires_grad:
+                return [torch.zeros_like(p) for p in leaves]
+            grads = torch.autograd.grad(
+                out, leaves, grad_outputs=cotangent, allow_unused=True
+            )
+            return [
+                torch.zeros_like(p) if g is None else g for g, p in zip(grads, leaves)
+            ]
+
+        return out.detach(), torch_vjp
+    raise NotImplementedError(
+        "The chunked losses need automatic differentiation: the TensorFlow, "
+        f"JAX or PyTorch backend. Received: backend {backend!r}"
+    )
+
+
+def run_pass(fn, implementation="auto"):
+    """`fn()`: one pass (the forward or the backward) over the tiles.
+
+    On TensorFlow with `implementation="auto"`, inside a `tf.function`, the
+    pass is a nested `tf.function(jit_compile=True)`: XLA updates the
+    loop-carried kernel gradient in place, where TensorFlow's graph
+    executor copies it at each tile's write; under an enclosing
+    `jit_compile=True` it is simply part of that program. Eagerly, and on
+    the other backends, `fn()` as is.
+    """
+    if not _fast_tensorflow(implementation):
+        return fn()
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return fn()
+    return tf.function(fn, jit_compile=True, autograph=False)()
+
+
+def low_precision_matmul(*tensors):
+    """For bfloat16 / float16 inputs on JAX: `(a, b) -> a @ b` taking both in
+    the inputs' dtype and returning the exact float32 products
+    (`preferred_element_type`: the GPU's low-precision matrix units,
+    accumulated in float32, no rounding of the result). None elsewhere: the
+    tiles are then upcast to float32 before their products."""
+    low = {keras.backend.standardize_dtype(t.dtype) for t in tensors if t is not None}
+    if keras.backend.backend() != "jax" or len(low) != 1 or low - {"bfloat16", "float16"}:
+        return None
+    import jax.numpy as jnp
+
+    (dtype,) = low
+
+    def matmul(a, b):
+        return jnp.matmul(
+            ops.cast(a, dtype), ops.cast(b, dtype), preferred_element_type=jnp.float32
+        )
+
+    return matmul
+
+
+def matmul_fn(dtype):
+    """`ops.matmul`, or for float64 an `ops.einsum` (Keras' PyTorch `matmul`
+    computes float64 products in float32)."""
+    if dtype == "float64":
+        return lambda a, b: ops.einsum("ij,jk->ik", a, b)
+    return ops.matmul
