@@ -83,7 +83,13 @@ def _other_backends():
     return [b for b in ("tensorflow", "jax", "torch") if b != keras.backend.backend()]
 
 
-@pytest.mark.parametrize("backend", _other_backends())
+# JAX under `-m slow` (30 s: its own process and compilation); the default run
+# keeps PyTorch here, and tests/test_serialization.py loads TensorFlow-written
+# files on JAX in the JAX run.
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param(b, marks=pytest.mark.slow) if b == "jax" else b for b in _other_backends()],
+)
 def test_keras_file_loads_on_another_backend(saved, backend):
     pytest.importorskip({"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}[backend])
     directory, losses = saved

@@ -61,7 +61,9 @@ def numpy_plif_grads(z, raw, knot_bound, w):
     return w * slopes[idx], d_slopes / (1.0 + np.exp(-raw))
 
 class TestPLIFBattery(HeadBattery):
-    torch_compile_by_default = True
+    # torch.compile of the PLIF fit step now really compiles (it fell back to
+    # eager before issue 27): 37 s, so under `-m slow` with the other heads'.
+    torch_compile_by_default = False
     cases = {"k64": lambda v, d, **kw: PLIFSoftmax(v, num_knots=64, knot_bound=5.0, **kw)}
 
 
