@@ -576,6 +576,38 @@ def test_no_tensor_of_size_tokens_times_vocabulary():
     assert _largest_f32_array(_compiled_hlo(chunked, *args)) <= max(d * v, n * chunk)
 
 
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's tile reader and writer")
+@pytest.mark.parametrize("transposed", [False, True])
+def test_bfloat16_kernel_is_not_widened_whole(transposed):
+    """With a bfloat16 kernel, the optimised XLA program of the loss and its
+    gradients holds no float32 array as large as the kernel: each tile is
+    widened on its own (XLA's CPU compiler would otherwise widen the whole
+    kernel once, ahead of the tile loop)."""
+    n, d, v, chunk = 16, 64, 1024, 128
+    rng = np.random.default_rng(0)
+    h = ops.cast(rng.normal(size=(n, d)).astype("float32"), "bfloat16")
+    shape = (v, d) if transposed else (d, v)
+    kernel = ops.cast(rng.normal(size=shape).astype("float32") * 0.1, "bfloat16")
+    targets = ops.convert_to_tensor(rng.integers(0, v, size=(n,)).astype("int32"))
+
+    def loss(h, kernel):
+        return ops.sum(chunked_pointwise_nll(
+            h, kernel, None, targets, chunk_size=chunk, kernel_transposed=transposed))
+
+    import tensorflow as tf
+
+    def step(h, kernel):
+        with tf.GradientTape() as tape:
+            tape.watch([h, kernel])
+            value = loss(h, kernel)
+        return value, tape.gradient(value, [h, kernel])
+
+    hlo = tf.function(step, jit_compile=True).experimental_get_compiler_ir(
+        h, kernel)(stage="optimized_hlo")
+    assert _largest_f32_array(hlo) < d * v
+
+
 # ------------------------------------------------------------------ mixture
 def mixture_problem(n=11, k=3, d=5, v=23, seed=0):
     rng = np.random.default_rng(seed)

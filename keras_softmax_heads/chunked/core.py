@@ -49,10 +49,15 @@ class TileProblem:
         # The low-precision product takes h in its own dtype.
         self.h_acc = h if spec.low_matmul else ops.cast(h, spec.acc)
         self.kernel = kernel
+        # Tiles in the accumulation dtype (None: the product takes them as is).
+        self.read_tile = None
+        if spec.low_matmul is None:
+            self.read_tile = dispatch.tile_reader(kernel, spec.acc, spec.implementation)
         self.bias = bias
         self.targets = targets
         self.params = params
         self.h_t = None  # h transposed, made by the backward pass for [d, V]
+        self.write_gradient = None  # the kernel gradient's tile write (backward)
         self.tail_mask = None
         if self.tiling.overlap:
             self.tail_mask = ops.convert_to_tensor(self.tiling.tail_mask(), spec.acc)
@@ -71,7 +76,7 @@ class CoreSpec:
     """The static description of one call of the core (no tensors)."""
 
     def __init__(self, d, tiling, acc, low_matmul, transform_fn, variables,
-                 kernel_transposed, has_bias, stats):
+                 kernel_transposed, has_bias, stats, implementation="auto"):
         self.d = d
         self.tiling = tiling
         self.acc = acc
@@ -85,6 +90,7 @@ class CoreSpec:
         self.kernel_transposed = kernel_transposed
         self.has_bias = has_bias
         self.stats = stats
+        self.implementation = implementation
 
 
 def tile_loop(count, body, state):
@@ -101,11 +107,13 @@ def linear_tile(p, start, mask):
     tile's) rides on the bias add."""
     spec, size = p.spec, p.tiling.size
     if spec.kernel_transposed:
-        w = ops.slice(p.kernel, [start, 0], [size, spec.d])
+        begin, shape = [start, 0], [size, spec.d]
     else:
-        w = ops.slice(p.kernel, [0, start], [spec.d, size])
-    if spec.low_matmul is None:
-        w = ops.cast(w, p.acc)
+        begin, shape = [0, start], [spec.d, size]
+    if p.read_tile is None:
+        w = ops.slice(p.kernel, begin, shape)
+    else:
+        w = p.read_tile(begin, shape)
     z = spec.product(p.h_acc, ops.transpose(w) if spec.kernel_transposed else w)
     shift = None
     if spec.has_bias:
@@ -239,7 +247,7 @@ def backward_tile(p, lse, cot, state, start, mask, skip):
     else:  # w: [d, size]
         dh = dh + spec.product(dz, ops.transpose(w))
         dw, begin = spec.product(p.h_t, dz), [0, start]
-    dkernel = ops.slice_update(dkernel, begin, ops.cast(dw, dkernel.dtype))
+    dkernel = p.write_gradient(dkernel, begin, dw)
     if spec.has_bias:
         db = ops.cast(ops.sum(dz, axis=0), dbias.dtype)
         dbias = ops.slice_update(dbias, [start], db)
@@ -252,10 +260,12 @@ def backward(p, lse, upstream):
     spec, tiling = p.spec, p.tiling
     cot = Cotangents(upstream, p.acc, spec.stats)
     p.h_t = None if spec.kernel_transposed else ops.transpose(p.h_acc)
+    dkernel, p.write_gradient, finish = dispatch.gradient_writer(
+        p.kernel.shape, p.kernel.dtype, spec.implementation)
     state = (
         ops.zeros_like(p.h, dtype=p.acc),
         [ops.zeros(x.shape, p.acc) for x in p.params],
-        ops.zeros(p.kernel.shape, p.kernel.dtype),
+        dkernel,
         ops.zeros((tiling.vocab,), p.bias.dtype) if spec.has_bias else ops.zeros((), p.acc),
     )
     if tiling.overlap:
@@ -267,7 +277,7 @@ def backward(p, lse, upstream):
         lambda i, state: backward_tile(p, lse, cot, state, i * tiling.size, None, 0),
         state,
     )
-    grads = [ops.cast(dh, p.h.dtype), ops.cast(dkernel, p.kernel.dtype)]
+    grads = [ops.cast(dh, p.h.dtype), ops.cast(finish(dkernel), p.kernel.dtype)]
     if spec.has_bias:
         grads.append(ops.cast(dbias, p.bias.dtype))
     return grads + [ops.cast(g, x.dtype) for g, x in zip(dparams, p.params)]
@@ -310,6 +320,7 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
         kernel_transposed=kernel_transposed,
         has_bias=has_bias,
         stats=stats,
+        implementation=implementation,
     )
 
     @ops.custom_gradient

@@ -11,7 +11,10 @@ what the backends do differently:
   (`keras.ops.slice_update`) is in place in graph mode too, where
   TensorFlow's executor would copy the buffer (`docs/chunked.md`);
 * `low_precision_matmul`: JAX's low-precision products with float32
-  results; `matmul_fn`: float64 products on PyTorch.
+  results; `matmul_fn`: float64 products on PyTorch;
+* `tile_reader`, `gradient_writer`: how a kernel tile is read in the
+  accumulation dtype and how the kernel gradient is written tile by tile
+  (TensorFlow handles a bfloat16 kernel as its bits: see there).
 
 `implementation="ops"` runs the passes as they are on every backend (the
 reference the TensorFlow path is tested against).
@@ -131,6 +134,60 @@ def low_precision_matmul(*tensors):
         )
 
     return matmul
+
+
+def tile_reader(kernel, acc, implementation="auto"):
+    """`read(begin, size)`: the tile `kernel[begin : begin + size]` (a
+    static `size` per axis) in the accumulation dtype `acc`.
+
+    On TensorFlow with `implementation="auto"`, a bfloat16 kernel is sliced
+    as its `uint16` bits and widened to float32 by a 16-bit shift (exact:
+    bfloat16 is the top half of a float32). XLA's CPU compiler would
+    otherwise widen the whole kernel before slicing it and hoist that out of
+    the tile loop: a float32 copy of the kernel alive through each pass
+    (`docs/chunked.md`). Elsewhere: `keras.ops.slice` then `keras.ops.cast`.
+    """
+    if not (acc == "float32" and _bfloat16_bits(kernel.dtype, implementation)):
+        return lambda begin, size: ops.cast(ops.slice(kernel, begin, size), acc)
+    import tensorflow as tf
+
+    bits = tf.bitcast(tf.convert_to_tensor(kernel), tf.uint16)
+
+    def read(begin, size):
+        tile = tf.cast(tf.slice(bits, begin, size), tf.uint32)
+        return tf.bitcast(tf.bitwise.left_shift(tile, 16), tf.float32)
+
+    return read
+
+
+def _bfloat16_bits(dtype, implementation):
+    return (keras.backend.standardize_dtype(dtype) == "bfloat16"
+            and _fast_tensorflow(implementation))
+
+
+def gradient_writer(shape, dtype, implementation="auto"):
+    """`(buffer, write, finish)`: the kernel gradient written tile by tile.
+
+    `buffer` is the zero gradient, `write(buffer, begin, tile)` writes a
+    float32 tile into it (rounded once to `dtype`), `finish(buffer)` is the
+    gradient in `dtype`. On TensorFlow with `implementation="auto"`, a
+    bfloat16 gradient is kept as its `uint16` bits: XLA's CPU compiler
+    would otherwise widen the whole buffer to float32 and back at each
+    tile's write. Elsewhere: `keras.ops.slice_update` on a `dtype` buffer.
+    """
+    if not _bfloat16_bits(dtype, implementation):
+        def write(buffer, begin, tile):
+            return ops.slice_update(buffer, begin, ops.cast(tile, dtype))
+
+        return ops.zeros(shape, dtype), write, lambda buffer: buffer
+    import tensorflow as tf
+
+    def write_bits(buffer, begin, tile):
+        bits = tf.bitcast(tf.cast(tile, tf.bfloat16), tf.uint16)
+        return ops.slice_update(buffer, begin, bits)
+
+    return (tf.zeros(shape, tf.uint16), write_bits,
+            lambda buffer: tf.bitcast(buffer, tf.bfloat16))
 
 
 def matmul_fn(dtype):
