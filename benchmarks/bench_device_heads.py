@@ -216,6 +216,7 @@ def run(args):
         "machine": measure.machine(), "loadavg": os.getloadavg(),
         "devices": [str(x) for x in jax.devices()], "jax": jax.__version__,
         "keras": keras.__version__, "rows": [],
+        "jax_default_matmul_precision": str(jax.config.jax_default_matmul_precision),
     }
     names = ["full"] + [x for x in args.heads if x != "full"]
     for vocab in args.vocab_sizes:
