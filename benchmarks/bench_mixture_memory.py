@@ -9,11 +9,13 @@ abstract inputs and `compiled.memory_analysis()` read
 (`measure.compiled_memory`). The rows: FullSoftmax, MoS(15), MoS(4), MoSS(15),
 MoS(4)+PLIF, MoC(15) (their default, tiled loss) and MoS(15) / MoS(4) with
 the `[N, K, V]` reference loss (`dense_log_likelihood`, the default before
-issue 28), each with the platform's tile width (`chunked.platform`).
+issue 28), each with the platform's tile width (`chunked.platform`;
+`--platform=gpu` forces a GPU's wider tiles, still compiled for the CPU).
 
 Usage:
     python benchmarks/bench_mixture_memory.py \
         --out=docs/results/mixture_memory/mixture_memory_cpu.json
+    python benchmarks/bench_mixture_memory.py --platform=gpu  # the GPU's widths
     python benchmarks/bench_mixture_memory.py --tokens=64 --dim=16 --vocab=300
 """
 
@@ -28,6 +30,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROWS = ("full", "mos15", "mos4", "moss15", "mos4_plif", "moc15", "mos15_dense")
 
 
+def tile_chunk_size(name, head, n, vocab):
+    """The `chunk_size` a head's default training loss tiles with (None:
+    not tiled: FullSoftmax's dense default, the `[N, K, V]` reference)."""
+    from keras_softmax_heads.chunked.platform import chunk_size_for
+
+    if name.endswith("_dense") or not name.startswith(("mos", "moc")):
+        return head.chunk_size
+    k = head.num_components if name.startswith("mos") else 1
+    return head.chunk_size or chunk_size_for(vocab, rows=n * k, components=k)
+
+
 def memory_rows(names, n, d, vocab):
     """`compiled_memory` of each head's training step, and its temporary
     memory's ratio to FullSoftmax's (the first row must be `"full"`)."""
@@ -35,7 +48,6 @@ def memory_rows(names, n, d, vocab):
     import jax.numpy as jnp
     from bench_device_heads import build  # benchmarks/bench_device_heads.py
 
-    from keras_softmax_heads.chunked.platform import chunk_size_for
     from keras_softmax_heads.chunked.platform import current_platform
 
     h = jax.ShapeDtypeStruct((n, d), jnp.float32)
@@ -47,10 +59,7 @@ def memory_rows(names, n, d, vocab):
             head, step, weights = build(name, vocab, d)
             weights = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in weights]
             row["memory"] = measure.compiled_memory(step, weights, h, y)
-            k = getattr(head, "num_components", 1)
-            row["chunk_size"] = head.chunk_size or chunk_size_for(
-                vocab, rows=n * k if name.startswith("mos") else n,
-                components=k if name.startswith("mos") else 1)
+            row["chunk_size"] = tile_chunk_size(name, head, n, vocab)
         except Exception as err:  # noqa: BLE001 (a failed head is a row)
             row["error"] = measure.error_text(err)
         rows.append(row)
@@ -67,6 +76,8 @@ def parse_args(argv=None):
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=33278)
     parser.add_argument("--heads", type=str, default=",".join(ROWS))
+    parser.add_argument("--platform", type=str, default=None,
+                        help="force the tile width of this platform (cpu, gpu, tpu)")
     parser.add_argument("--out", type=str, default=None, help="raw JSON here")
     args = parser.parse_args(argv)
     args.heads = ["full"] + [x for x in args.heads.split(",") if x != "full"]
@@ -78,7 +89,13 @@ def main(argv=None):
     import jax
     import keras
 
-    result = memory_rows(args.heads, args.tokens, args.dim, args.vocab)
+    import contextlib
+
+    from keras_softmax_heads.chunked.platform import forced_platform
+
+    scope = forced_platform(args.platform) if args.platform else contextlib.nullcontext()
+    with scope:
+        result = memory_rows(args.heads, args.tokens, args.dim, args.vocab)
     result.update(script="benchmarks/bench_mixture_memory.py", args=vars(args),
                   machine=measure.machine(), loadavg=os.getloadavg(),
                   jax=jax.__version__, keras=keras.__version__)
