@@ -15,6 +15,7 @@ from keras import ops
 
 from keras_softmax_heads.chunked.core import pointwise_nll
 from keras_softmax_heads.chunked.platform import chunk_size_for
+from keras_softmax_heads.chunked.platform import current_platform
 from keras_softmax_heads.chunked.tiling import check_chunk_size
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 from keras_softmax_heads.validation import check_choice
@@ -23,15 +24,16 @@ from keras_softmax_heads.validation import check_choice
 def resolve_chunk_size(chunk_size, h, kernel, kernel_transposed, components=1):
     """`chunk_size` checked, or for None the platform's choice
     (`chunked.platform.chunk_size_for`) for the static rows of `h` `[..., d]`
-    (with `components` mixture components folded into them) and the
-    kernel's vocabulary."""
+    (with `components` mixture components folded into them), the kernel's
+    vocabulary and the platform `h` is computed on."""
     chunk_size = check_chunk_size(chunk_size, default=None)
     if chunk_size is not None:
         return chunk_size
     _, vocab = kernel_geometry(h, kernel, kernel_transposed)
     lead = tuple(h.shape[:-1])
     rows = math.prod(lead) if all(x is not None for x in lead) else None
-    return chunk_size_for(vocab, rows=rows, components=components)
+    return chunk_size_for(vocab, rows=rows, components=components,
+                          platform=current_platform(h))
 
 
 def as_tensor(x):
