@@ -116,6 +116,21 @@ def build(name, vocab, d):
         v.value for v in head.trainable_variables]
 
 
+def time_rounds(rows, calls, rounds, baseline):
+    """Times `calls` in interleaved rounds into their `rows`: the median
+    `step_s`, every round's time, and the median per-round ratio to
+    `baseline`'s step."""
+    if not calls:
+        return
+    wall, _ = measure.interleaved(calls, rounds)
+    for name, times in wall.items():
+        rows[name]["step_s"] = statistics.median(times)
+        rows[name]["step_s_all"] = times
+        if baseline in wall:
+            rows[name]["ratio_to_full"] = statistics.median(
+                t / f for t, f in zip(times, wall[baseline]))
+
+
 def head_rows(names, n, d, vocab, warmup, rounds, deadline):
     """The rows of one vocabulary size: memory, first call, interleaved times."""
     import jax
@@ -143,14 +158,7 @@ def head_rows(names, n, d, vocab, warmup, rounds, deadline):
         except Exception as err:  # noqa: BLE001 (a failed head is a row)
             row["error"] = measure.error_text(err)
         rows[name] = row
-    if calls:
-        wall, _ = measure.interleaved(calls, rounds)
-        for name, times in wall.items():
-            rows[name]["step_s"] = statistics.median(times)
-            rows[name]["step_s_all"] = times
-            if "full" in wall:
-                rows[name]["ratio_to_full"] = statistics.median(
-                    t / f for t, f in zip(times, wall["full"]))
+    time_rounds(rows, calls, rounds, "full")
     for row in rows.values():
         memory = row.get("compiled_memory")
         full = rows.get("full", {}).get("compiled_memory")
@@ -195,13 +203,7 @@ def torch_rows(n, d, vocab, rounds, knots=100_000):
         except Exception as err:  # noqa: BLE001 (a failed head is a row)
             row["error"] = measure.error_text(err)
         rows[name] = row
-    if calls:
-        wall, _ = measure.interleaved(calls, rounds)
-        for name, times in wall.items():
-            rows[name]["step_s"] = statistics.median(times)
-            if "torch_full_compile" in wall:
-                rows[name]["ratio_to_full"] = statistics.median(
-                    t / f for t, f in zip(times, wall["torch_full_compile"]))
+    time_rounds(rows, calls, rounds, "torch_full_compile")
     return list(rows.values())
 
 
