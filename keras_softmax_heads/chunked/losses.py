@@ -14,9 +14,26 @@ import keras
 from keras import ops
 
 from keras_softmax_heads.chunked.core import pointwise_nll
-from keras_softmax_heads.chunked.tiling import DEFAULT_CHUNK_SIZE
+from keras_softmax_heads.chunked.platform import chunk_size_for
+from keras_softmax_heads.chunked.platform import current_platform
 from keras_softmax_heads.chunked.tiling import check_chunk_size
+from keras_softmax_heads.chunked.tiling import kernel_geometry
 from keras_softmax_heads.validation import check_choice
+
+
+def resolve_chunk_size(chunk_size, h, kernel, kernel_transposed, components=1):
+    """`chunk_size` checked, or for None the platform's choice
+    (`chunked.platform.chunk_size_for`) for the static rows of `h` `[..., d]`
+    (with `components` mixture components folded into them), the kernel's
+    vocabulary and the platform `h` is computed on."""
+    chunk_size = check_chunk_size(chunk_size, default=None)
+    if chunk_size is not None:
+        return chunk_size
+    _, vocab = kernel_geometry(h, kernel, kernel_transposed)
+    lead = tuple(h.shape[:-1])
+    rows = math.prod(lead) if all(x is not None for x in lead) else None
+    return chunk_size_for(vocab, rows=rows, components=components,
+                          platform=current_platform(h))
 
 
 def as_tensor(x):
@@ -33,7 +50,7 @@ def chunked_pointwise_nll(
     targets,
     transform_fn=None,
     transform_params=(),
-    chunk_size=DEFAULT_CHUNK_SIZE,
+    chunk_size=None,
     kernel_transposed=False,
     implementation="auto",
 ):
@@ -81,7 +98,9 @@ def chunked_pointwise_nll(
             directly (e.g. `self.raw_slopes` in a head's `score_transform`):
             it then holds the value passed in (a `keras.StatelessScope`).
         chunk_size: int, maximum vocabulary tile width (`tile_width`);
-            `None` means `DEFAULT_CHUNK_SIZE`.
+            `None` (default): the width chosen for the platform running
+            the computation (`chunked.platform.chunk_size_for`:
+            `DEFAULT_CHUNK_SIZE` on a CPU, larger tiles on a GPU / TPU).
         kernel_transposed: bool, `kernel` is `[V, d]`.
         implementation: `"auto"` (default): the backend's fast primitives
             for the tile loop and the gradient writes (`chunked.dispatch`:
@@ -121,7 +140,7 @@ def chunked_pointwise_stats(
     targets,
     transform_fn=None,
     transform_params=(),
-    chunk_size=DEFAULT_CHUNK_SIZE,
+    chunk_size=None,
     kernel_transposed=False,
     implementation="auto",
 ):
@@ -175,10 +194,10 @@ def run_core(
 ):
     """Flattens, checks and calls the core; the result has shape
     `targets.shape` (plus a last axis of 4 with `stats`)."""
-    chunk_size = check_chunk_size(chunk_size)
     implementation = check_choice("implementation", implementation, ("auto", "ops"))
     h = as_tensor(h)
     kernel = as_tensor(kernel)
+    chunk_size = resolve_chunk_size(chunk_size, h, kernel, kernel_transposed)
     if bias is not None:
         bias = as_tensor(bias)
     transform_params = list(transform_params)
@@ -225,7 +244,7 @@ def chunked_mixture_nll(
     targets,
     transform_fn=None,
     transform_params=(),
-    chunk_size=DEFAULT_CHUNK_SIZE,
+    chunk_size=None,
     kernel_transposed=False,
     implementation="auto",
 ):
@@ -234,7 +253,7 @@ def chunked_mixture_nll(
     `log p(t) = logsumexp_k(log pi_k + g(z_k)_t - logsumexp_v g(z_k)_v)` with
     `z_k = latent_k W + b`. The `K` components are folded into the rows of
     `chunked_pointwise_nll` (`N * K` rows of dimension `d`, the target repeated
-    `K` times), so only tiles `[N * K, chunk_size]` are ever held; the
+    `K` times), so only tiles `[N * K, width]` are ever held; the
     mixture itself is an ordinary `[N, K]` log-sum-exp whose gradient
     (the posterior responsibilities) flows into the chunked function through
     ordinary autodiff. Gradients reach `latents`, `log_priors`, `kernel`,
@@ -252,7 +271,11 @@ def chunked_mixture_nll(
             (`log_softmax` of the prior logits).
         kernel, bias, transform_fn, transform_params, chunk_size,
         kernel_transposed, implementation: as in `chunked_pointwise_nll`
-            (`transform_fn` is applied to every component's scores).
+            (`transform_fn` is applied to every component's scores). The
+            default `chunk_size=None` is the platform's width for `K`
+            components (`chunked.platform.chunk_size_for`): on a CPU
+            `DEFAULT_CHUNK_SIZE // K`, so a `[N * K, width]` tile holds as
+            many scores as one softmax's `[N, DEFAULT_CHUNK_SIZE]`.
         targets: integer word ids `[...]`.
 
     Returns:
@@ -285,6 +308,10 @@ def chunked_mixture_nll(
             "`latents` needs static last two dimensions [K, d]. "
             f"Received: latents.shape={latents.shape}"
         )
+    kernel = as_tensor(kernel)
+    chunk_size = resolve_chunk_size(
+        chunk_size, latents, kernel, kernel_transposed, components=num_components
+    )
     out_shape = ops.shape(targets)
     flat_t = ops.reshape(targets, (-1,))
     flat_latents = ops.reshape(latents, (-1, d))

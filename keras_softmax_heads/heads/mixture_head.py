@@ -146,14 +146,7 @@ class MixtureHead(SoftmaxHead):
                 shape=(latent_dim, self.vocab_size),
                 initializer=self.kernel_initializer,
             )
-        self.bias = None
-        if self.use_bias:
-            self.bias = self.add_weight(
-                name="bias",
-                shape=(self.vocab_size,),
-                initializer=self.bias_initializer,
-                autocast=False,  # read in float32 under mixed precision
-            )
+        self.bias = self.build_bias()
         k = self.num_components
         self.prior_kernel = self.add_weight(
             name="prior_kernel",

@@ -30,10 +30,11 @@ class MixtureOfContexts(MixtureHead):
         token_embedding, use_bias, kernel_initializer, bias_initializer,
         prior_initializer, latent_initializer, counts, seed,
         return_probabilities: as in `MixtureOfSoftmaxes`.
-        chunk_size: optional int >= 1: `log_likelihood` and
-            `training_loss` compute the exact NLL of the mixed context in
-            vocabulary tiles (`chunked_pointwise_nll`), never holding the
-            `[N, V]` scores; `None` (default): the dense path.
+        chunk_size: optional int >= 1, the maximum vocabulary tile width of
+            the exact tiled NLL of `log_likelihood` and `training_loss`
+            (`chunked_pointwise_nll` of the mixed context, never the
+            `[N, V]` scores); `None` (default): the platform's width
+            (`chunked.platform.chunk_size_for`).
 
     Call arguments:
         inputs: float context vectors `[..., d]`.
@@ -76,19 +77,29 @@ class MixtureOfContexts(MixtureHead):
         return ops.log_softmax(self.logits(inputs, training=training), axis=-1)
 
     def log_likelihood(self, inputs, targets, training=None):
-        """Exact `log p(targets | inputs)`, float32 of shape `targets.shape`."""
+        """Exact `log p(targets | inputs)`, float32 of shape `targets.shape`.
+
+        Computed in vocabulary tiles of the mixed context
+        (`chunked_pointwise_nll`), never holding the `[N, V]` scores; the
+        tile width is `chunk_size`, or with `chunk_size=None` the
+        platform's choice (`chunked.platform.chunk_size_for`).
+        """
         targets = check_targets(targets, self.vocab_size)
-        if self.chunk_size is not None:
-            inputs = self._check_inputs(inputs)
-            kernel, transposed = self.chunked_projection()
-            nll = chunked_pointwise_nll(
-                self._mixed_context(inputs, training),
-                kernel,
-                self.bias,
-                targets,
-                chunk_size=self.chunk_size,
-                kernel_transposed=transposed,
-            )
-            return nan_if_invalid(-nll, targets, self.vocab_size)
+        inputs = self._check_inputs(inputs)
+        kernel, transposed = self.chunked_projection()
+        nll = chunked_pointwise_nll(
+            self._mixed_context(inputs, training),
+            kernel,
+            self.bias,
+            targets,
+            chunk_size=self.chunk_size,
+            kernel_transposed=transposed,
+        )
+        return nan_if_invalid(-nll, targets, self.vocab_size)
+
+    def dense_log_likelihood(self, inputs, targets, training=None):
+        """`log_likelihood` from the `[N, V]` log-probabilities (the
+        reference of the tiled path)."""
+        targets = check_targets(targets, self.vocab_size)
         ll = gather_targets(self.log_probs(inputs, training=training), targets)
         return nan_if_invalid(ll, targets, self.vocab_size)

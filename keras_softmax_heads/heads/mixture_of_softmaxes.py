@@ -34,8 +34,10 @@ class MixtureOfSoftmaxes(MixtureHead):
     (MoSS, Kanai et al. 2018, eq. 19); with `num_knots` `g` is one PLIF
     shared by the components, initialised to the identity (MoS + PLIF,
     Ganea et al. 2019). The mixture is not limited to rank `d + 2` as
-    Linear-Softmax is. The dense path computes the `[N, K, V]` component
-    scores; with `chunk_size` the loss never does (`docs/mixtures.md`).
+    Linear-Softmax is. `call` / `log_probs` compute the `[N, K, V]`
+    component scores; the training loss (`log_likelihood`, `training_loss`,
+    hence `fit` with `HeadModel` / `HeadLoss`) never does: it runs in
+    vocabulary tiles (`chunked_mixture_nll`, `docs/mixtures.md`).
 
     Args:
         vocab_size: int `V >= 2` (or omit and pass `token_embedding`).
@@ -66,10 +68,11 @@ class MixtureOfSoftmaxes(MixtureHead):
             defaults: `docs/mixtures.md`.
         seed: optional int, seed of the latent dropout and the identity
             start's Glorot draw.
-        chunk_size: optional int >= 1: `log_likelihood` and `training_loss`
-            compute the exact NLL in vocabulary tiles
-            (`chunked_mixture_nll`), never the `[N, K, V]` scores; `None`
-            (default): the dense path.
+        chunk_size: optional int >= 1, the maximum vocabulary tile width of
+            the exact tiled NLL of `log_likelihood` and `training_loss`
+            (`chunked_mixture_nll`: tiles `[K * N, width]`); `None`
+            (default): the width chosen for the platform and `K`
+            (`chunked.platform.chunk_size_for`).
         return_probabilities: bool, `call` returns probabilities.
 
     Call arguments:
@@ -198,6 +201,36 @@ class MixtureOfSoftmaxes(MixtureHead):
     def log_likelihood(self, inputs, targets, training=None):
         """Exact `log p(targets | inputs)`, float32 of shape `targets.shape`.
 
+        Computed in vocabulary tiles (`chunked_mixture_nll`): per component
+        the target's score and the log-sum-exp over the vocabulary, tile by
+        tile, gradients by recomputation; neither the `[N, K, V]` scores nor
+        the `[N, V]` mixture is formed. The tile width is `chunk_size`, or
+        with `chunk_size=None` the platform's choice for `K` components
+        (`chunked.platform.chunk_size_for`). `dense_log_likelihood` is the
+        same value from the `[N, K, V]` scores.
+        """
+        inputs = self._check_inputs(inputs)
+        targets = check_targets(targets, self.vocab_size)
+        log_priors, latent = self._priors_and_latents(inputs, training)
+        kernel, transposed = self.chunked_projection()
+        transform, params = self._chunk_transform()
+        nll = chunked_mixture_nll(
+            latent,
+            log_priors,
+            kernel,
+            self.bias,
+            targets,
+            transform_fn=transform,
+            transform_params=params,
+            chunk_size=self.chunk_size,
+            kernel_transposed=transposed,
+        )
+        return nan_if_invalid(-nll, targets, self.vocab_size)
+
+    def dense_log_likelihood(self, inputs, targets, training=None):
+        """`log_likelihood` from the `[N, K, V]` component scores (the
+        reference of the tiled path; memory `O(N K V)`).
+
         Gathers the target's score in each component and subtracts that
         component's log-sum-exp over the vocabulary, so neither the
         `[N, K, V]` log-softmax nor the `[N, V]` mixture is formed.
@@ -205,21 +238,6 @@ class MixtureOfSoftmaxes(MixtureHead):
         inputs = self._check_inputs(inputs)
         targets = check_targets(targets, self.vocab_size)
         log_priors, latent = self._priors_and_latents(inputs, training)
-        if self.chunk_size is not None:
-            kernel, transposed = self.chunked_projection()
-            transform, params = self._chunk_transform()
-            nll = chunked_mixture_nll(
-                latent,
-                log_priors,
-                kernel,
-                self.bias,
-                targets,
-                transform_fn=transform,
-                transform_params=params,
-                chunk_size=self.chunk_size,
-                kernel_transposed=transposed,
-            )
-            return nan_if_invalid(-nll, targets, self.vocab_size)
         scores = self._component_scores(latent)  # [N, K, V]
         lse = ops.logsumexp(scores, axis=-1)  # [N, K]
         flat_t = ops.clip(ops.reshape(targets, (-1, 1, 1)), 0, self.vocab_size - 1)

@@ -194,24 +194,32 @@ class SoftmaxHead(keras.layers.Layer):
                 shape=(vocab, d) if self.word_major else (d, vocab),
                 initializer=self.kernel_initializer,
             )
-        self.bias = None
-        if self.use_bias:
-            initializer = self.bias_initializer
-            if self.bias_initializer_name is not None:
-                values = np.asarray(self.named_bias_values(self.bias_initializer_name))
-
-                def named_start(shape, dtype=None):
-                    return ops.cast(np.broadcast_to(values, shape), dtype)
-
-                initializer = named_start
-
-            self.bias = self.add_weight(
-                name="bias",
-                shape=(self.vocab_size,),
-                initializer=initializer,
-                autocast=False,  # read in float32 under mixed precision
-            )
+        self.bias = self.build_bias()
         self.build_head(input_shape)
+
+    def build_bias(self):
+        """Adds and returns the `[V]` output bias (None without `use_bias`).
+
+        Starts from `bias_initializer`, or for a named start (one of
+        `named_bias_initializers`) from `named_bias_values(name)`. Every
+        head with a per-word output bias builds it here.
+        """
+        if not self.use_bias:
+            return None
+        initializer = self.bias_initializer
+        if self.bias_initializer_name is not None:
+            values = np.asarray(self.named_bias_values(self.bias_initializer_name))
+
+            def named_start(shape, dtype=None):
+                return ops.cast(np.broadcast_to(values, shape), dtype)
+
+            initializer = named_start
+        return self.add_weight(
+            name="bias",
+            shape=(self.vocab_size,),
+            initializer=initializer,
+            autocast=False,  # read in float32 under mixed precision
+        )
 
     def build_head(self, input_shape):
         """Hook for subclasses: create the head's own weights."""

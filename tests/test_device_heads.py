@@ -1,0 +1,56 @@
+"""Smoke tests of the issue-28 benchmarks (JAX scripts): the one-call GPU
+table `benchmarks/bench_device_heads.py` and the mixtures' compiled memory
+`benchmarks/bench_mixture_memory.py`, at tiny shapes on the CPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from backends import BACKEND
+
+pytestmark = [
+    pytest.mark.multibackend,
+    pytest.mark.skipif(BACKEND != "jax", reason="the benchmarks are JAX scripts"),
+]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+
+
+def test_device_heads_and_mixture_memory_in_process(monkeypatch):
+    """Every row of a tiny table has its compiled memory and its time, the
+    ratios are to FullSoftmax of the same rounds, and the tiled MoS needs
+    less temporary memory than its `[N, K, V]` reference loss."""
+    monkeypatch.syspath_prepend(BENCH)
+    import bench_device_heads
+    import bench_mixture_memory
+
+    args = bench_device_heads.parse_args(
+        ["--tokens=16", "--dim=8", "--vocab_sizes=40", "--rounds=1", "--warmup=0",
+         "--heads=full,mos4"])
+    rows = {r["head"]: r for r in bench_device_heads.run(args)["rows"]}
+    assert list(rows) == ["full", "mos4"]
+    assert rows["full"]["ratio_to_full"] == 1.0
+    for row in rows.values():
+        assert row["step_s"] > 0 and row["compiled_memory"]["temp"] >= 0, row
+    memory = bench_mixture_memory.memory_rows(["full", "mos15", "mos15_dense"], 32, 8, 40)
+    assert memory["platform"] == "cpu"
+    temp = {r["head"]: r["memory"]["temp"] for r in memory["rows"]}
+    assert temp["mos15"] < temp["mos15_dense"]
+
+
+@pytest.mark.slow
+def test_device_heads_script_end_to_end(tmp_path):
+    """The script as the device call runs it (with PyTorch's compiled rows)."""
+    out = tmp_path / "device_heads.json"
+    env = dict(os.environ, KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    subprocess.run(
+        [sys.executable, os.path.join(BENCH, "bench_device_heads.py"), "--tokens=32",
+         "--dim=8", "--vocab_sizes=50", "--rounds=2", "--warmup=1", "--torch",
+         f"--out={out}"], check=True, env=env, timeout=600)
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["head"] for r in rows} >= {"full", "mos15_dense", "torch_plif_compile"}
+    assert all("error" not in r for r in rows), rows
