@@ -150,3 +150,29 @@ def test_pallas_kernel_lowers_to_triton():
     w = jax.ShapeDtypeStruct((2**12,), jnp.float32)
     text = fn.trace(idx, w, w).lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in text
+
+
+@jax_only
+@pytest.mark.slow
+def test_benchmark_smoke(tmp_path):
+    """`benchmarks/bench_plif_histogram.py` at a tiny shape, one round
+    (about 40 s: under `-m slow`)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "h.json"
+    env = dict(os.environ, PYTHONPATH=root, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "bench_plif_histogram.py"),
+         "--quick", "--rows", "histogram", "--rounds", "1",
+         "--methods", "scatter,sorted", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["knots"], r["method"]) for r in rows] == [
+        (1000, "scatter"), (1000, "sorted"), (100, "scatter"), (100, "sorted")]
+    assert max(r["max_abs_diff_to_first_method_rel"] for r in rows) < 1e-5
