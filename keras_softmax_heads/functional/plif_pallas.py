@@ -85,6 +85,8 @@ def pallas_knot_histogram(idx, weights, num_knots, lanes=None, programs=None, in
     size = idx.shape[0]
     num_weights = len(weights)
     stacked = jnp.stack([jnp.reshape(w, [-1]).astype("float32") for w in weights])
+    if size == 0:
+        return tuple(jnp.zeros([num_knots], "float32") for _ in weights)
     row = _next_power_of_two(num_knots + lanes)
     vectors = -(-size // lanes)
     if programs is None:
