@@ -134,12 +134,14 @@ def test_plif_gradients_on_each_path(monkeypatch):
 @jax_only
 def test_pallas_kernel_shapes():
     """The Pallas kernel (interpreted) at vector widths and program counts
-    that leave padding, with more lanes than scores, and hot bins."""
+    that leave padding, programs sharing a private histogram, more lanes
+    than scores, and hot bins."""
     from keras_softmax_heads.functional.plif_pallas import pallas_knot_histogram
 
-    for lanes, programs in [(8, 3), (32, None)]:
+    for lanes, programs, copies in [(8, 5, 2), (32, None, None)]:
         idx, weights = _histogram_inputs(301, 7, seed=lanes)
-        out = pallas_knot_histogram(idx, weights, 7, lanes=lanes, programs=programs)
+        out = pallas_knot_histogram(idx, weights, 7, lanes=lanes, programs=programs,
+                                    copies=copies)
         for h, w in zip(out, weights):
             expected = np.bincount(idx, w.astype("float64"), 7)
             np.testing.assert_allclose(np.asarray(h), expected,

@@ -5,10 +5,11 @@ result (`out[k] = sum of w where idx == k`, one `[K]` vector per weight
 tensor) from a `jax.experimental.pallas` kernel written for JAX's GPU
 (Triton) backend, without contended atomic updates:
 
-* **privatised**: program `p` of the grid owns one row of a
-  `[P, W, K']` buffer and adds its slab of scores into that row only, so
-  no two programs ever update the same address (a hot bin has `P`
-  copies); the rows are summed afterwards (`P K'` reads);
+* **privatised**: program `p` of the grid adds its slab of scores into
+  row `p mod C` of a `[C, W, K']` buffer, `C` private copies of the
+  histogram, so only programs of the same row can update the same address
+  (a hot bin has `C` copies; with `C = P` programs never contend); the
+  rows are summed afterwards (`C K'` reads);
 * **aggregated within a vector**: a program reads `lanes` scores at a
   time, sums the weights of equal indices inside the vector (an
   `[lanes, lanes]` comparison) and sends one atomic add per distinct
@@ -30,31 +31,38 @@ LANES = 128
 """Scores per vector (the aggregation's comparison is `LANES x LANES`)."""
 
 BUFFER_BYTES = 2**27
-"""Upper bound on the privatised `[P, W, K']` buffer (it bounds `P`)."""
+"""Upper bound on the privatised `[C, W, K']` buffer (it bounds `C`)."""
 
 
 def _next_power_of_two(n):
     return 1 << max(0, int(n - 1).bit_length())
 
 
-def pallas_knot_histogram(idx, weights, num_knots, lanes=None, programs=None, interpret=None):
+def pallas_knot_histogram(idx, weights, num_knots, lanes=None, programs=None, copies=None,
+                          interpret=None):
     """Per-interval sums of weights by a privatised Pallas kernel (JAX).
 
     `out[w][k] = sum_m weights[w][m] [idx[m] == k]`, the result of
     `knot_histogram`, computed by `P` programs that each add a slab of
-    `idx.size / P` scores into a private row of a `[P, W, K']` float32
-    buffer (`K' >= K + lanes`, a power of two), `lanes` scores at a time
-    with equal indices combined inside the vector first (module
-    docstring), then the rows summed. No two programs touch the same
-    address; one vector never sends two updates to one address.
+    `idx.size / P` scores into row `p mod C` of a `[C, W, K']` float32
+    buffer (`C` private copies of the histogram, `K' >= K + lanes` a power
+    of two), `lanes` scores at a time with equal indices combined inside
+    the vector first (module docstring), then the rows summed. With
+    `C = P` no two programs touch the same address; one vector never
+    sends two updates to one address.
 
     Args:
         idx: int32 JAX array of any shape, values in `[0, num_knots)`.
         weights: tuple of float JAX arrays of the shape of `idx`.
         num_knots: int, the number of intervals `K` (static).
         lanes: scores per vector, a power of two (default `LANES`).
-        programs: number of programs `P` (default: as many as the slabs
-            of `8 * lanes` scores, at most what fits `BUFFER_BYTES`).
+        programs: number of programs `P` (default: one per `8 * lanes`
+            scores).
+        copies: number of private histograms `C <= P` (default: as many
+            as keep the buffer within `BUFFER_BYTES` and its zero-fill and
+            reduction within the traffic of reading the inputs: few for
+            large `K`, whose updates rarely collide, up to `P` for small
+            `K`, whose hot bins collide most).
         interpret: run Pallas' interpreter (default: off the GPU).
 
     Returns:
@@ -90,9 +98,14 @@ def pallas_knot_histogram(idx, weights, num_knots, lanes=None, programs=None, in
     row = _next_power_of_two(num_knots + lanes)
     vectors = -(-size // lanes)
     if programs is None:
-        fits = max(1, BUFFER_BYTES // (4 * num_weights * row))
-        programs = max(1, min(fits, -(-vectors // 8)))
+        programs = -(-vectors // 8)
     programs = check_int("programs", programs, minimum=1)
+    if copies is None:
+        fits = BUFFER_BYTES // (4 * num_weights * row)
+        # Zero-fill + reduction (8 W row bytes a copy) <= input (4 + 4 W bytes a score).
+        cheap = size * (1 + num_weights) // (2 * num_weights * row)
+        copies = max(1, min(programs, fits, cheap))
+    copies = check_int("copies", copies, minimum=1, maximum=programs)
     steps = -(-vectors // programs)
     padded = programs * steps * lanes
     # Padding adds weight 0 to bin 0.
@@ -119,16 +132,16 @@ def pallas_knot_histogram(idx, weights, num_knots, lanes=None, programs=None, in
 
         jax.lax.fori_loop(0, steps, step, 0)
 
-    zeros = jnp.zeros([programs, num_weights, row], "float32")
+    zeros = jnp.zeros([copies, num_weights, row], "float32")
     out = pl.pallas_call(
         kernel,
         grid=(programs,),
         in_specs=[
             pl.BlockSpec((slab,), lambda p: (p,)),
             pl.BlockSpec((num_weights, slab), lambda p: (0, p)),
-            pl.BlockSpec((None, num_weights, row), lambda p: (p, 0, 0)),
+            pl.BlockSpec((None, num_weights, row), lambda p: (p % copies, 0, 0)),
         ],
-        out_specs=pl.BlockSpec((None, num_weights, row), lambda p: (p, 0, 0)),
+        out_specs=pl.BlockSpec((None, num_weights, row), lambda p: (p % copies, 0, 0)),
         out_shape=jax.ShapeDtypeStruct(zeros.shape, "float32"),
         input_output_aliases={2: 0},
         # Triton (JAX's default GPU lowering is now Mosaic GPU).
