@@ -104,7 +104,8 @@ def test_bad_method():
 
 
 def test_plif_gradients_on_each_path(monkeypatch):
-    """`plif` and `plif_log_likelihood` (tiled: 3 tiles and a remainder),
+    """`plif`, `plif_log_likelihood` (tiled: 3 tiles and a remainder) and
+    (not on JAX) `interpolate_table`,
     compiled (eager on TensorFlow), with the path of each forced platform whose path is not the
     CPU's (TPU: sorted; GPU on JAX: Pallas) give the gradients of the CPU
     path (scatter)."""
@@ -117,7 +118,14 @@ def test_plif_gradients_on_each_path(monkeypatch):
 
     def loss(z, raw):
         plif = ops.sum(ops.multiply(functional.plif(z, raw, 2.0), w))
-        return plif + ops.sum(functional.plif_log_likelihood(z, raw, 2.0, t))
+        plif = plif + ops.sum(functional.plif_log_likelihood(z, raw, 2.0, t))
+        if BACKEND == "jax":
+            # `interpolate_table`'s custom gradient closes over values
+            # traced from `z`, which `jax.jit` refuses (as before).
+            return plif
+        # `interpolate_table` (MonotonicSoftmax's grid) also takes the path.
+        table = functional.interpolate_table(z, ops.cumsum(ops.softplus(raw)), -3.0, 6.0)
+        return plif + ops.sum(ops.multiply(table, w))
 
     # TensorFlow eagerly (its XLA compilations of the two tiled PLIFs
     # take 18 s; the histogram tests above compile the sorted path there).
