@@ -9,8 +9,11 @@ dispatch function tested against its `keras.ops` path.
 
 * `scan_tiles`: a loop over tiles with one iteration in flight
   (`tf.while_loop` + `TensorArray` on TensorFlow, `ops.scan` elsewhere);
-* `knot_histogram`: per-interval sums of weights (`DenseBincount` on
-  TensorFlow, `ops.segment_sum` elsewhere);
+* `knot_histogram`: per-interval sums of weights, by platform
+  (`histogram_method`, `device_platform`): on the CPU `DenseBincount` on
+  TensorFlow, `ops.segment_sum` elsewhere; on a TPU the scatter-free
+  `sorted_knot_histogram`; on a GPU under JAX the Pallas kernel of
+  `plif_pallas`;
 * `lookup`: `table[idx]` for indices known to be in range (`tf.gather` on
   TensorFlow, `ops.take` elsewhere);
 * `upstream_gradient`: the upstream gradient inside an
@@ -20,6 +23,8 @@ dispatch function tested against its `keras.ops` path.
 
 import keras
 from keras import ops
+
+from keras_softmax_heads.validation import check_choice
 
 
 def scan_tiles(body, carry, xs, ys_dtypes):
@@ -75,19 +80,86 @@ def scan_tiles(body, carry, xs, ys_dtypes):
     return carry, tuple(a.stack() for a in arrays)
 
 
-def knot_histogram(idx, weights, num_knots):
+HISTOGRAM_METHODS = ("scatter", "sorted", "pallas")
+"""The paths of `knot_histogram` (see `histogram_method`)."""
+
+HISTOGRAM_METHOD = None
+"""A path forced for every `knot_histogram` call (None: by platform)."""
+
+
+def device_platform():
+    """`"cpu"`, `"gpu"` or `"tpu"`: where the backend places its computations.
+
+    JAX: `jax.default_backend()`; TensorFlow: a logical TPU or GPU device
+    if there is one; PyTorch: `"gpu"` when CUDA is available (Keras puts
+    its tensors there). Tests replace this function to force a platform.
+    """
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        platform = jax.default_backend()
+        return "gpu" if platform in ("cuda", "rocm") else platform
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        for kind in ("TPU", "GPU"):
+            if tf.config.list_logical_devices(kind):
+                return kind.lower()
+        return "cpu"
+    if backend == "torch":
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return "cpu"
+
+
+def histogram_method():
+    """The path `knot_histogram` takes here: `HISTOGRAM_METHOD` when set,
+    else by `device_platform()` and backend.
+
+    * CPU (every backend), and GPU on TensorFlow / PyTorch: `"scatter"`
+      (`DenseBincount` on TensorFlow, `ops.segment_sum` elsewhere);
+    * GPU on JAX: `"pallas"` (`plif_pallas.pallas_knot_histogram`, a
+      privatised kernel without contended atomics);
+    * TPU: `"sorted"` (`sorted_knot_histogram`, no scatter at all).
+
+    Why (and what is measured): `docs/plif.md`.
+    """
+    if HISTOGRAM_METHOD is not None:
+        return check_choice("HISTOGRAM_METHOD", HISTOGRAM_METHOD, HISTOGRAM_METHODS)
+    platform = device_platform()
+    if platform == "tpu":
+        return "sorted"
+    if platform == "gpu" and keras.backend.backend() == "jax":
+        return "pallas"
+    return "scatter"
+
+
+def knot_histogram(idx, weights, num_knots, method=None):
     """Per-interval sums of weights: `out[i] = sum of w where idx == i`.
 
-    The slopes' gradient of PLIF: TensorFlow uses `DenseBincount`
-    (multi-threaded partial histograms on CPU, much faster there than
-    `unsorted_segment_sum`; a scatter-add under XLA), the other backends
-    `ops.segment_sum` (a scatter-add; `jax.ops.segment_sum` under JAX).
-    `O(idx.size)` time, `O(num_knots)` memory per weight tensor.
+    The slopes' gradient of PLIF, by one of three paths (`method`; by
+    default `histogram_method()`, chosen by platform):
+
+    * `"scatter"`: TensorFlow's `DenseBincount` (multi-threaded partial
+      histograms on CPU, much faster there than `unsorted_segment_sum`; a
+      scatter-add under XLA), `ops.segment_sum` on the other backends (a
+      scatter-add; `jax.ops.segment_sum` under JAX). On a GPU its updates
+      collide on the few bins where most scores fall.
+    * `"sorted"`: `sorted_knot_histogram`, without any scatter (`keras.ops`,
+      every backend).
+    * `"pallas"` (JAX only): `plif_pallas.pallas_knot_histogram`, per-program
+      private histograms (interpreted off the GPU).
+
+    `O(idx.size)` time (the sorted path `O(idx.size log idx.size)`),
+    `O(num_knots)` memory per weight tensor beyond the paths' buffers.
 
     Args:
         idx: int32 tensor of any shape, values in `[0, num_knots)`.
         weights: tuple of float tensors of the shape of `idx`.
         num_knots: int, the number of intervals `K` (static).
+        method: None, or one of `HISTOGRAM_METHODS`.
 
     Returns:
         A tuple of `[K]` tensors, one per weight tensor, in its dtype.
@@ -101,9 +173,27 @@ def knot_histogram(idx, weights, num_knots):
     >>> w = np.array([1.0, 2.0, 3.0, 4.0], "float32")
     >>> [ops.convert_to_numpy(h).tolist() for h in functional.knot_histogram(idx, (w,), 4)]
     [[1.0, 4.0, 5.0, 0.0]]
+    >>> [ops.convert_to_numpy(h).tolist()
+    ...  for h in functional.knot_histogram(idx, (w,), 4, method="sorted")]
+    [[1.0, 4.0, 5.0, 0.0]]
     """
+    if method is None:
+        method = histogram_method()
+    method = check_choice("method", method, HISTOGRAM_METHODS)
     idx = ops.reshape(idx, [-1])
     weights = [ops.reshape(w, [-1]) for w in weights]
+    if method == "sorted":
+        return sorted_knot_histogram(idx, weights, num_knots)
+    if method == "pallas":
+        if keras.backend.backend() != "jax":
+            raise ValueError(
+                "`method='pallas'` needs the JAX backend. "
+                f"Received: backend={keras.backend.backend()}"
+            )
+        from keras_softmax_heads.functional.plif_pallas import pallas_knot_histogram
+
+        sums = pallas_knot_histogram(idx, weights, num_knots)
+        return tuple(ops.cast(h, w.dtype) for h, w in zip(sums, weights))
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
@@ -114,6 +204,95 @@ def knot_histogram(idx, weights, num_knots):
             for w in weights
         )
     return tuple(ops.segment_sum(w, idx, num_segments=num_knots) for w in weights)
+
+
+def sorted_knot_histogram(idx, weights, num_knots):
+    """`knot_histogram` without a scatter: sort, segmented scan, gather.
+
+    The scores are sorted by interval (`ops.argsort` of `idx`, the weights
+    gathered in that order); a segmented inclusive sum
+    (`ops.associative_scan` of `(starts a segment, weight)` pairs, restarted
+    at every change of index) leaves each interval's sum at its last sorted
+    position; `ops.searchsorted` of `0..K-1` finds those positions, and one
+    gather of `K` values reads them (0 for empty intervals). Every sum runs
+    over its own interval's weights only (no difference of running sums,
+    so no cancellation): float32-exact like a scatter-add. Static shapes:
+    `[idx.size]` and `[K]`. Plain `keras.ops`, on every backend; on
+    accelerators the sort replaces the contended atomic updates of a
+    scatter-add.
+
+    Args:
+        idx: int32 tensor of any shape, values in `[0, num_knots)`.
+        weights: tuple of float tensors of the shape of `idx`.
+        num_knots: int, the number of intervals `K` (static).
+
+    Returns:
+        A tuple of `[K]` tensors, one per weight tensor, in its dtype.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_softmax_heads.functional.dispatch import sorted_knot_histogram
+    >>> idx = np.array([0, 2, 2, 1], "int32")
+    >>> w = np.array([1.0, 2.0, 3.0, 4.0], "float32")
+    >>> [ops.convert_to_numpy(h).tolist() for h in sorted_knot_histogram(idx, (w,), 4)]
+    [[1.0, 4.0, 5.0, 0.0]]
+    """
+    idx = ops.reshape(ops.cast(idx, "int32"), [-1])
+    weights = [ops.reshape(w, [-1]) for w in weights]
+    if idx.shape[0] == 0:
+        return tuple(ops.zeros([num_knots], w.dtype) for w in weights)
+    order = ops.argsort(idx)
+    keys = ops.take(idx, order)
+    values = tuple(ops.take(w, order) for w in weights)
+    # int32 flags: PyTorch's `associative_scan` cannot interleave bools.
+    starts = ops.concatenate(
+        [ops.ones([1], "int32"), ops.cast(ops.not_equal(keys[1:], keys[:-1]), "int32")],
+        axis=0,
+    )
+
+    sums = _segmented_sums(starts, values)
+    bins = ops.arange(num_knots, dtype="int32")
+    ends = ops.cast(ops.searchsorted(keys, bins, side="right"), "int32")
+    begins = ops.cast(ops.searchsorted(keys, bins, side="left"), "int32")
+    last = ops.maximum(ends - 1, 0)
+    return tuple(
+        ops.where(ends > begins, ops.take(s, last), ops.zeros_like(s[:1])) for s in sums
+    )
+
+
+def _segmented_sums(starts, values):
+    """Inclusive sums of `values` restarted where `starts` is 1.
+
+    `ops.associative_scan` of `(start, value)` pairs (`O(n)` work,
+    `O(log n)` depth), except on TensorFlow, where Keras' `associative_scan`
+    does not compile under XLA (both branches of its `tf.cond` on odd
+    lengths are compiled, one with mismatched shapes): there a
+    Hillis-Steele scan of `ceil(log2 n)` shifted passes (`O(n log n)`).
+    """
+    if keras.backend.backend() != "tensorflow":
+
+        def combine(left, right):
+            # A segment start drops what came before it.
+            restart = ops.greater(right[0], 0)
+            return (ops.maximum(left[0], right[0]),) + tuple(
+                ops.where(restart, b, a + b) for a, b in zip(left[1:], right[1:])
+            )
+
+        return ops.associative_scan(combine, (starts, *values))[1:]
+    size = starts.shape[0]
+    shift = 1
+    values = list(values)
+    while shift < size:
+        # Element i holds the sum over (i - shift, i] cut at a segment start.
+        keep = ops.greater(starts, 0)
+        values = [
+            ops.where(keep, v, v + ops.pad(v[:-shift], [[shift, 0]])) for v in values
+        ]
+        starts = ops.maximum(starts, ops.pad(starts[:-shift], [[shift, 0]], constant_values=1))
+        shift *= 2
+    return tuple(values)
 
 
 def lookup(table, idx):

@@ -1,0 +1,184 @@
+"""PLIF's slope gradient on each path of `functional.knot_histogram` (JAX).
+
+Two rows per number of knots `K` and path (`--methods`: `scatter`, today's
+`segment_sum`; `sorted`, the scatter-free sort + segmented scan; `pallas`,
+the privatised Pallas kernel, interpreted off the GPU):
+
+* `histogram`: the two histograms of the slopes' gradient, `A = hist(g)`
+  and `B = hist(g * offset)`, of all `N * V` scores, in tiles of
+  `TILE_ELEMENTS` scores (a `scan_tiles` loop, as in the PLIF kernels);
+* `loss_grad`: `functional.plif_log_likelihood`'s summed loss and its
+  gradients w.r.t. the scores and the raw slopes (the head's step without
+  its matrix products), the path forced through
+  `functional.dispatch.HISTOGRAM_METHOD`.
+
+Scores `z ~ N(0, --score-scale^2)` (most of them in a few hot intervals at
+`K = 1000`), upstream weights `g ~ N(0, 1)`, `jax.jit`, float32, on JAX's
+default device (the GPU when there is one). The calls of one `K` are
+interleaved (`measure.interleaved`): each ratio to `scatter` is from the
+same rounds. Raw JSON: `docs/results/plif_histogram/<platform>_jax.json`.
+
+Usage:
+    python benchmarks/bench_plif_histogram.py --quick --out /tmp/h.json  # smoke run
+    python benchmarks/bench_plif_histogram.py       # N=2048, V=33278, K in {1e5, 1e3}, CPU paths
+    python benchmarks/bench_plif_histogram.py --n 8192 --methods scatter,sorted,pallas \\
+        --tile-elements 268435456   # on a GPU (one call; see docs/plif.md)
+"""
+
+import argparse
+import os
+import statistics
+
+import measure  # benchmarks/measure.py
+import select_backend  # benchmarks/select_backend.py
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT_DIR = os.path.join(REPO, "docs", "results", "plif_histogram")
+KNOT_BOUND = 20.0  # PLIFSoftmax's default
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2048, help="score rows N")
+    parser.add_argument("--v", type=int, default=33278, help="vocabulary V")
+    parser.add_argument("--knots", default="100000,1000", help="comma-separated K")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated paths (default: scatter,sorted; with pallas on a GPU)")
+    parser.add_argument("--rows", default="histogram,loss_grad", help="which rows")
+    parser.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 2)")
+    parser.add_argument("--score-scale", type=float, default=3.0)
+    parser.add_argument("--tile-elements", type=int, default=None,
+                        help="functional.plif_kernels.TILE_ELEMENTS (default: the library's)")
+    parser.add_argument("--quick", action="store_true", help="N=64, V=500, K in {1000, 100}")
+    parser.add_argument("--out", default=None, help="JSON path (default: by platform)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.n, args.v, args.knots = 64, 500, "1000,100"
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 3
+    return args
+
+
+def histogram_call(method, num_knots, z, g, tile_elements):
+    """A jitted `() -> (A, B)`: the two slope histograms of `z` (flat) with
+    weights `g` and `g * offset`, tile by tile."""
+    import jax
+    from keras import ops
+
+    from keras_softmax_heads import functional
+
+    width = 2.0 * KNOT_BOUND / num_knots
+    size = z.size
+    tile = min(size, tile_elements)
+    tiles = size // tile
+    z_tiles = z[: tiles * tile].reshape(tiles, tile)
+    g_tiles = g[: tiles * tile].reshape(tiles, tile)
+
+    def one_tile(sums, xs):
+        z, g = xs
+        idx = ops.clip(ops.cast(ops.floor((z + KNOT_BOUND) / width), "int32"), 0, num_knots - 1)
+        offset = z - (-KNOT_BOUND + width * ops.cast(idx, "float32"))
+        a, b = functional.knot_histogram(idx, (g, g * offset), num_knots, method=method)
+        return (sums[0] + a, sums[1] + b), ()
+
+    @jax.jit
+    def run(z_tiles, g_tiles):
+        zeros = ops.zeros([num_knots], "float32")
+        sums, _ = functional.scan_tiles(one_tile, (zeros, zeros), (z_tiles, g_tiles), ())
+        return sums
+
+    return lambda: jax.block_until_ready(run(z_tiles, g_tiles))
+
+
+def loss_grad_call(method, num_knots, z, targets, raw):
+    """A jitted `() -> (loss, dz, draw)` of `plif_log_likelihood` with the
+    histogram path `method` forced while tracing."""
+    import jax
+
+    from keras_softmax_heads import functional
+    from keras_softmax_heads.functional import dispatch
+
+    def loss(z, raw):
+        return -functional.plif_log_likelihood(z, raw, KNOT_BOUND, targets).sum()
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    saved = dispatch.HISTOGRAM_METHOD
+    dispatch.HISTOGRAM_METHOD = method
+    try:
+        compiled = grad.lower(z, raw).compile()  # traced with `method`
+    finally:
+        dispatch.HISTOGRAM_METHOD = saved
+    return lambda: jax.block_until_ready(compiled(z, raw))
+
+
+def run(args):
+    """Measures every row; returns the JSON result."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from keras_softmax_heads import functional
+    from keras_softmax_heads.functional import dispatch
+
+    if args.tile_elements:
+        functional.plif_kernels.TILE_ELEMENTS = args.tile_elements
+    platform = dispatch.device_platform()
+    methods = args.methods or ("scatter,sorted,pallas" if platform == "gpu" else "scatter,sorted")
+    methods = methods.split(",")
+    rng = np.random.default_rng(0)
+    z = jnp.asarray((rng.normal(size=(args.n, args.v)) * args.score_scale).astype("float32"))
+    g = jnp.asarray(rng.normal(size=(args.n * args.v,)).astype("float32"))
+    targets = jnp.asarray(rng.integers(0, args.v, size=(args.n,)).astype("int32"))
+    rows = []
+    for num_knots in [int(k) for k in args.knots.split(",")]:
+        raw = jnp.asarray(rng.normal(0.5, 0.3, size=(num_knots,)).astype("float32"))
+        for row in args.rows.split(","):
+            calls, first, check = {}, {}, {}
+            for method in methods:
+                if row == "histogram":
+                    call = histogram_call(method, num_knots, z.reshape(-1), g,
+                                          functional.plif_kernels.TILE_ELEMENTS)
+                else:
+                    call = loss_grad_call(method, num_knots, z, targets, raw)
+                value, first[method], _ = measure.clock(call)
+                # The slopes: B (histogram) or dL/draw (loss_grad).
+                check[method] = np.asarray(jax.tree.leaves(value)[-1]).astype("float64")
+                calls[method] = call
+            wall, cpu = measure.interleaved(calls, args.rounds)
+            reference = check[methods[0]]
+            scale = max(1.0, float(np.abs(reference).max()))
+            for method in methods:
+                rows.append({
+                    "row": row, "knots": num_knots, "method": method,
+                    "first_s": first[method],
+                    "wall_s": wall[method], "cpu_s": cpu[method],
+                    "median_ms": 1e3 * statistics.median(wall[method]),
+                    "ratio_to_first_method": statistics.median(
+                        w / r for w, r in zip(wall[method], wall[methods[0]])),
+                    "max_abs_diff_to_first_method_rel": float(
+                        np.abs(check[method] - reference).max() / scale),
+                })
+                print(f"{row:9s} K={num_knots:6d} {method:8s} {rows[-1]['median_ms']:9.1f} ms "
+                      f"x{rows[-1]['ratio_to_first_method']:.2f} "
+                      f"diff {rows[-1]['max_abs_diff_to_first_method_rel']:.1e}")
+    device = jax.devices()[0]
+    return {
+        "script": "benchmarks/bench_plif_histogram.py", "args": vars(args),
+        "platform": platform, "device": getattr(device, "device_kind", str(device)),
+        "jax": jax.__version__, "tile_elements": functional.plif_kernels.TILE_ELEMENTS,
+        "loadavg": os.getloadavg(), "machine": measure.machine(), "rows": rows,
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    select_backend.use("jax")
+    result = run(args)
+    out = args.out or os.path.join(OUT_DIR, f"{result['platform']}_jax.json")
+    measure.save(result, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""PLIF's slope histogram on every path (`functional.knot_histogram`):
+the scatter-add, the scatter-free sorted form and the Pallas kernel (JAX,
+interpreted on the CPU), the platform dispatch, and PLIF's gradients with
+each path forced."""
+
+import numpy as np
+import pytest
+from backends import BACKEND
+from backends import jit
+from backends import value_and_grad
+from keras import ops
+
+from keras_softmax_heads import functional
+from keras_softmax_heads.functional import dispatch
+
+pytestmark = pytest.mark.multibackend
+
+METHODS = ("scatter", "sorted") + (("pallas",) if BACKEND == "jax" else ())
+jax_only = pytest.mark.skipif(BACKEND != "jax", reason="Pallas runs on JAX")
+
+
+def _histogram_inputs(size, num_knots, seed):
+    """Indices with hot bins (most scores in a few intervals), empty bins,
+    and both ends of the range."""
+    rng = np.random.default_rng(seed)
+    hot = rng.normal(num_knots / 2, 1.5, size=size)
+    idx = np.clip(np.round(hot), 0, num_knots - 1).astype("int32")
+    idx[:2] = [0, num_knots - 1]
+    weights = tuple(rng.normal(size=size).astype("float32") for _ in range(2))
+    return idx, weights
+
+
+def test_knot_histogram_paths_match_numpy():
+    """Every path equals NumPy's float64 `bincount`, compiled (3001 scores)
+    and eagerly (37; not the sorted path on JAX, which compiles each eager
+    op of the scan apart; Pallas compiled only, 301 scores). One
+    test, not parametrised: JAX and PyTorch run only a parametrised test's
+    first case by default."""
+    for method in METHODS:
+        histogram = jit(
+            lambda i, a, b, method=method: functional.knot_histogram(i, (a, b), 40, method=method)
+        )
+        # The interpreted Pallas kernel: compiled only, on fewer scores; on
+        # JAX each eager op compiles apart (the sorted path: 10 s eagerly).
+        cases = ((301, histogram),) if method == "pallas" else ((3001, histogram), (37, None))
+        if BACKEND == "jax" and method == "sorted":
+            cases = cases[:1]
+        for size, run in cases:
+            idx, weights = _histogram_inputs(size, 40, seed=size)
+            if run is None:
+                out = functional.knot_histogram(idx, weights, 40, method=method)
+            else:
+                out = run(idx, *weights)
+            for h, w in zip(out, weights):
+                expected = np.bincount(idx, w.astype("float64"), 40)
+                scale = max(1.0, np.abs(expected).max())  # float32 sums of ~1000 terms
+                np.testing.assert_allclose(
+                    ops.convert_to_numpy(h), expected, rtol=0, atol=2e-6 * scale,
+                    err_msg=f"{method}, {size} scores",
+                )
+
+
+def test_sorted_histogram_edge_cases():
+    """One score, one interval, and every score in one interval (compiled)."""
+
+    def check(idx, w, num_knots, expected):
+        run = jit(lambda i, w: dispatch.sorted_knot_histogram(i, (w,), num_knots)[0])
+        np.testing.assert_allclose(ops.convert_to_numpy(run(idx, w)), expected)
+
+    check(np.array([2], "int32"), np.array([2.5], "float32"), 4, [0, 0, 2.5, 0])
+    w = np.arange(6, dtype="float32")
+    check(np.zeros([2, 3], "int32"), w.reshape(2, 3), 1, [15.0])
+    check(np.full([6], 3, "int32"), w, 5, [0, 0, 0, 15.0, 0])
+
+
+def test_platform_dispatch(monkeypatch):
+    """A forced platform picks its path; `HISTOGRAM_METHOD` overrides it."""
+    expected = {
+        "cpu": "scatter",
+        "tpu": "sorted",
+        "gpu": "pallas" if BACKEND == "jax" else "scatter",
+    }
+    for platform, method in expected.items():
+        monkeypatch.setattr(dispatch, "device_platform", lambda: platform)
+        assert dispatch.histogram_method() == method, platform
+    monkeypatch.setattr(dispatch, "HISTOGRAM_METHOD", "sorted")
+    assert dispatch.histogram_method() == "sorted"
+
+
+def test_this_machine_is_a_cpu():
+    """The test machine's platform, and today's path on it."""
+    assert dispatch.device_platform() == "cpu"
+    assert dispatch.histogram_method() == "scatter"
+
+
+def test_bad_method():
+    with pytest.raises(ValueError, match="`method` must be"):
+        functional.knot_histogram(np.zeros([3], "int32"), (np.ones([3], "float32"),), 2,
+                                  method="bincount")
+    if BACKEND != "jax":
+        with pytest.raises(ValueError, match="needs the JAX backend"):
+            functional.knot_histogram(np.zeros([3], "int32"), (np.ones([3], "float32"),), 2,
+                                      method="pallas")
+
+
+def test_plif_gradients_on_each_path(monkeypatch):
+    """`plif`, `plif_log_likelihood` (tiled: 3 tiles and a remainder) and
+    (not on JAX) `interpolate_table`,
+    compiled (eager on TensorFlow), with the path of each forced platform whose path is not the
+    CPU's (TPU: sorted; GPU on JAX: Pallas) give the gradients of the CPU
+    path (scatter)."""
+    monkeypatch.setattr(functional.plif_kernels, "TILE_ELEMENTS", 40)
+    rng = np.random.default_rng(3)
+    z = (rng.normal(size=(6, 23)) * 2).astype("float32")
+    raw = rng.normal(size=(16,)).astype("float32")
+    w = rng.normal(size=(6, 23)).astype("float32")
+    t = rng.integers(0, 23, size=(6,))
+
+    def loss(z, raw):
+        plif = ops.sum(ops.multiply(functional.plif(z, raw, 2.0), w))
+        plif = plif + ops.sum(functional.plif_log_likelihood(z, raw, 2.0, t))
+        if BACKEND == "jax":
+            # `interpolate_table`'s custom gradient closes over values
+            # traced from `z`, which `jax.jit` refuses (as before).
+            return plif
+        # `interpolate_table` (MonotonicSoftmax's grid) also takes the path.
+        table = functional.interpolate_table(z, ops.cumsum(ops.softplus(raw)), -3.0, 6.0)
+        return plif + ops.sum(ops.multiply(table, w))
+
+    # TensorFlow eagerly (its XLA compilations of the two tiled PLIFs
+    # take 18 s; the histogram tests above compile the sorted path there).
+    run = loss if BACKEND == "tensorflow" else jit(loss)
+    _, ref_grads, _ = value_and_grad(run, [z, raw])
+    for platform in ["tpu"] + (["gpu"] if BACKEND == "jax" else []):
+        monkeypatch.setattr(dispatch, "device_platform", lambda: platform)
+        assert dispatch.histogram_method() in ("sorted", "pallas")
+        _, grads, _ = value_and_grad(run, [z, raw])
+        for a, b in zip(grads, ref_grads):
+            np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * max(1.0, np.abs(b).max()))
+
+
+@jax_only
+def test_pallas_kernel_shapes():
+    """The Pallas kernel (interpreted) at vector widths and program counts
+    that leave padding, programs sharing a private histogram, more lanes
+    than scores, and hot bins."""
+    from keras_softmax_heads.functional.plif_pallas import pallas_knot_histogram
+
+    for lanes, programs, copies in [(8, 5, 2), (32, None, None)]:
+        idx, weights = _histogram_inputs(301, 7, seed=lanes)
+        out = pallas_knot_histogram(idx, weights, 7, lanes=lanes, programs=programs,
+                                    copies=copies)
+        for h, w in zip(out, weights):
+            expected = np.bincount(idx, w.astype("float64"), 7)
+            np.testing.assert_allclose(np.asarray(h), expected,
+                                       atol=2e-6 * np.abs(expected).max())
+        (h,) = pallas_knot_histogram(idx[:3], (weights[0][:3],), 7, lanes=lanes)
+        np.testing.assert_allclose(np.asarray(h), np.bincount(idx[:3], weights[0][:3], 7),
+                                   atol=1e-6)
+
+
+@jax_only
+def test_pallas_kernel_lowers_to_triton():
+    """The kernel passes Pallas' Triton lowering for a GPU (no GPU needed:
+    lowering only), at the benchmark's `K`."""
+    import jax
+    import jax.numpy as jnp
+
+    from keras_softmax_heads.functional.plif_pallas import pallas_knot_histogram
+
+    fn = jax.jit(lambda i, a, b: pallas_knot_histogram(i, (a, b), 100000, interpret=False))
+    idx = jax.ShapeDtypeStruct((2**12,), jnp.int32)
+    w = jax.ShapeDtypeStruct((2**12,), jnp.float32)
+    text = fn.trace(idx, w, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert "triton" in text
+
+
+@jax_only
+@pytest.mark.slow
+def test_benchmark_smoke(tmp_path):
+    """`benchmarks/bench_plif_histogram.py` at a tiny shape, one round
+    (about 40 s: under `-m slow`)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "h.json"
+    env = dict(os.environ, PYTHONPATH=root, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "bench_plif_histogram.py"),
+         "--quick", "--rows", "histogram", "--rounds", "1",
+         "--methods", "scatter,sorted", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["knots"], r["method"]) for r in rows] == [
+        (1000, "scatter"), (1000, "sorted"), (100, "scatter"), (100, "sorted")]
+    assert max(r["max_abs_diff_to_first_method_rel"] for r in rows) < 1e-5
