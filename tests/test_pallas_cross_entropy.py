@@ -184,3 +184,37 @@ def test_kernel_matches_tiled_pass_every_option(dtype, transposed, bias):
         close(loss_k, loss_x, tol, tol)
         for gk, gx in zip(grads_k, grads_x):
             close(gk, gx, tol, tol * float(np.max(np.abs(np.asarray(gx, "float32")))))
+
+
+def test_gpu_benchmark_smoke(tmp_path):
+    """`benchmarks/bench_gpu_cross_entropy.py` at a tiny shape on the CPU:
+    the JAX rows (the kernel in interpret mode) run and agree, the PyTorch
+    rows are skipped without CUDA."""
+    import json
+    import os
+    import sys
+
+    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "benchmarks")
+    sys.path.insert(0, bench_dir)
+    try:
+        import bench_gpu_cross_entropy as bench
+    finally:
+        sys.path.remove(bench_dir)
+    out = tmp_path / "gce.json"
+    bench.main(["--shapes=40x16x100:bfloat16", "--implementation=pallas", "--repeats=1",
+                "--rows=torch_dense,xla_dense,ours,ours_tiled", f"--out={out}"])
+    result = json.loads(out.read_text())
+    rows = {r["row"]: r for r in result["rows"]}
+    assert set(rows) == {"torch_dense", "xla_dense", "ours", "ours_tiled"}
+    for name in ("xla_dense", "ours", "ours_tiled"):
+        r = rows[name]
+        assert r["step_s"] > 0 and r["peak_over_inputs_mib"] > 0, r
+        assert r["loss"] == pytest.approx(rows["xla_dense"]["loss"], rel=1e-3)
+    assert rows["ours"]["pallas_kernel"] and not rows["ours_tiled"]["pallas_kernel"]
+    assert max(rows["ours"]["grad_rel_err_vs_xla_dense"]) < 2e-2
+    import torch
+
+    if not torch.cuda.is_available():
+        assert rows["torch_dense"]["skipped"] == "no CUDA device"
+    assert result["ratios"][0]["time_ours_over_xla_dense"] > 0

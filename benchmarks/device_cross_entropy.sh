@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue 29's side-by-side table on one GPU (JAX, no TensorFlow), one call:
+# PyTorch dense, Liger-Kernel 0.8.5 and Cut Cross-Entropy 25.1.1 (PyTorch on
+# CUDA; triton comes with CUDA PyTorch), XLA dense, ours (the Pallas kernel,
+# implementation "auto"), ours with filter_eps and today's tiled pass, at the
+# Gemma 2 2B shape (bfloat16, float32) and N=4096 d=1024 V=131072 (float32);
+# first the kernel against the tiled pass for every option at a small shape
+# (Triton lowering + exactness). Sized for about 5 minutes on an H100.
+# Wheels in .whl/ (untracked, not git-ignored: carried with the working tree;
+# benchmarks/device_env.sh installs them all with --no-deps): Keras and its two
+# missing dependencies (as for device_linear_cross_entropy.sh) plus
+#   pip download --no-deps liger-kernel==0.8.5 cut-cross-entropy==25.1.1 -d .whl
+# (both need only torch and triton). A missing peer's rows are recorded as skipped.
+# usage: benchmarks/device_cross_entropy.sh OUT_DIR   (e.g. $OUT)
+set -uo pipefail
+out=${1:?OUT_DIR}
+source benchmarks/device_env.sh
+python3 -c "import torch, triton; print('torch', torch.__version__, torch.cuda.is_available(), 'triton', triton.__version__)"
+python3 -c "import liger_kernel, cut_cross_entropy; print('liger + cce import')" \
+    || echo "a peer's wheel is missing: its rows are skipped"
+timeout 540 python3 benchmarks/bench_gpu_cross_entropy.py --check_options \
+    --out=$out/bench_gpu_cross_entropy.json 2>&1 | tee $out/run_log.txt
+echo "bench exit ${PIPESTATUS[0]}"
+ls -la $out
