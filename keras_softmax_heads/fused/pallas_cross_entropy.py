@@ -33,6 +33,8 @@ import functools
 import keras
 from keras import ops
 
+from keras_softmax_heads.validation import check_choice
+from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_number
 
 #: Block sizes `(block_n, block_v, block_d)` on a GPU: 64 tokens x 128
@@ -43,6 +45,16 @@ GPU_BLOCKS = (64, 128, 64)
 
 #: The input dtypes the kernel takes (float64 stays on the XLA path).
 KERNEL_DTYPES = ("float16", "bfloat16", "float32")
+
+#: The forward pass's target number of programs: the vocabulary is split
+#: into `ceil(FORWARD_PROGRAMS / (N / block_n))` runs of blocks (at most one
+#: per block), whose partial statistics `combine_splits` merges.
+FORWARD_PROGRAMS = 1024
+
+#: Values of `backward`: `"gemm"` (score gradients per vocabulary chunk,
+#: then XLA's products), `"atomic"` (one fused kernel, atomic adds; the one
+#: that filters), `"auto"` (`"atomic"` with `filter_eps`, else `"gemm"`).
+BACKWARDS = ("auto", "gemm", "atomic")
 
 
 def check_filter_eps(filter_eps):
@@ -96,6 +108,14 @@ def block_sizes(rows, vocab, dim, blocks=None):
     return fit(bn, rows), fit(bv, vocab), fit(bd, dim)
 
 
+def chunk_width(vocab_pad, block_v, chunk_size):
+    """The `"gemm"` backward's chunk: `block_v` times the largest divisor of
+    `vocab_pad / block_v` that keeps it within `chunk_size` (at least one
+    block), so that the chunks tile the padded vocabulary exactly."""
+    blocks, limit = vocab_pad // block_v, max(1, chunk_size // block_v)
+    return block_v * max(k for k in range(1, min(blocks, limit) + 1) if blocks % k == 0)
+
+
 def padded(x, axis, multiple):
     """`x` padded with zeros on `axis` to a multiple of `multiple` (no copy
     when it already is one)."""
@@ -113,7 +133,9 @@ class KernelSpec:
     """The static configuration of one call (hashable closures only)."""
 
     def __init__(self, vocab, dim, blocks, transform_fn, kernel_transposed,
-                 has_bias, filter_eps, interpret):
+                 has_bias, filter_eps, interpret, backward="gemm", chunk=None):
+        self.backward = backward
+        self.chunk = chunk
         self.vocab = vocab
         self.dim = dim
         self.bn, self.bv, self.bd = blocks
@@ -166,13 +188,16 @@ def transformed(spec, z):
     return jnp.asarray(spec.transform_fn(z), jnp.float32)
 
 
-def forward_kernel(spec, h_ref, w_ref, *refs):
-    """One token block: loops over the vocabulary blocks."""
+def forward_kernel(spec, per_split, h_ref, w_ref, *refs):
+    """One (token block, vocabulary split): loops over the split's
+    `per_split` vocabulary blocks; writes the split's running max, sum of
+    `exp(g - max)`, target score, score sum and first argmax."""
     import jax
     import jax.numpy as jnp
+    from jax.experimental import pallas as pl
 
     b_ref = refs[0] if spec.has_bias else None
-    t_ref, nll_ref, lse_ref, sum_ref, arg_ref = refs[int(spec.has_bias):]
+    t_ref, max_ref, sum_ref, target_ref, total_ref, arg_ref = refs[int(spec.has_bias):]
     targets = t_ref[...]
     bn = spec.bn
     big = jnp.int32(2**31 - 1)
@@ -198,12 +223,68 @@ def forward_kernel(spec, h_ref, w_ref, *refs):
     zeros = jnp.zeros((bn,), jnp.float32)
     init = (zeros - jnp.inf, zeros, zeros, zeros, jnp.zeros((bn,), jnp.int32))
     num_v = w_ref.shape[0 if spec.kernel_transposed else 1] // spec.bv
-    run_max, run_sum, target, total, arg = jax.lax.fori_loop(0, num_v, body, init)
-    lse = run_max + jnp.log(run_sum)
-    nll_ref[...] = lse - target
-    lse_ref[...] = lse
-    sum_ref[...] = total
+    first = pl.program_id(1) * per_split
+    last = jnp.minimum(first + per_split, num_v)
+    run_max, run_sum, target, total, arg = jax.lax.fori_loop(first, last, body, init)
+    max_ref[...] = run_max
+    sum_ref[...] = run_sum
+    target_ref[...] = target
+    total_ref[...] = total
     arg_ref[...] = arg
+
+
+def combine_splits(run_max, run_sum, target, total, arg):
+    """The per-token statistics from the splits' `[S, N]` partials:
+    `lse = m + log(sum_s sum_s exp(max_s - m))` (`m = max_s max_s`), the
+    target score and score sum added, the argmax of the first split that
+    reaches `m`. Returns `(nll, lse, score_sum, argmax)` `[N]`."""
+    import jax.numpy as jnp
+
+    peak = jnp.max(run_max, axis=0)
+    lse = peak + jnp.log(jnp.sum(run_sum * jnp.exp(run_max - peak[None, :]), axis=0))
+    target = jnp.sum(target, axis=0)
+    best = jnp.argmax(run_max, axis=0)  # the first maximal split
+    argmax = jnp.take_along_axis(arg, best[None, :], axis=0)[0]
+    return lse - target, lse, jnp.sum(total, axis=0), argmax
+
+
+def dz_kernel(spec, h_ref, w_ref, *refs):
+    """One (token block, vocabulary block) of a chunk (the `"gemm"`
+    backward): the block's score gradient `dz` (in `h`'s dtype); the chunk's
+    padded words have `valid = 0`."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    b_ref = refs[0] if spec.has_bias else None
+    valid_ref, t_ref, lse_ref, soft_ref, one_ref, sum_ref, dz_ref = refs[int(spec.has_bias):]
+    j = pl.program_id(1)
+    z, cols = block_scores(spec, h_ref, w_ref, b_ref, j)
+    valid = valid_ref[pl.ds(j * spec.bv, spec.bv)][None, :] > 0
+    dz, _, _ = score_gradient(spec, z, cols, valid, t_ref, lse_ref, soft_ref, one_ref, sum_ref)
+    dz_ref[...] = dz.astype(dz_ref.dtype)
+
+
+def score_gradient(spec, z, cols, valid, t_ref, lse_ref, soft_ref, one_ref, sum_ref):
+    """`(dz, prob, hit)` of a score block: `dg = soft softmax - one
+    onehot(target) + u_sum` (valid words), through the transform's
+    `jax.vjp`; 0 on the padded words."""
+    import functools as ft
+
+    import jax
+    import jax.numpy as jnp
+
+    if spec.transform_fn is None:
+        g, pullback = z, None
+    else:
+        g, pullback = jax.vjp(ft.partial(transformed, spec), z)
+    g = jnp.where(valid, g, -jnp.inf)
+    prob = jnp.exp(g - lse_ref[...][:, None])
+    hit = cols[None, :] == t_ref[...][:, None]
+    dg = soft_ref[...][:, None] * prob - jnp.where(hit, one_ref[...][:, None], 0.0)
+    dg = dg + jnp.where(valid, sum_ref[...][:, None], 0.0)
+    dz = dg if pullback is None else pullback(dg)[0]
+    return jnp.where(valid, dz, 0.0), prob, hit
 
 
 def backward_kernel(spec, h_ref, w_ref, *refs):
@@ -227,19 +308,9 @@ def backward_kernel(spec, h_ref, w_ref, *refs):
 
     z, cols = block_scores(spec, h_ref, w_ref, b_ref, j)
     valid = (cols < spec.vocab)[None, :]
-    if spec.transform_fn is None:
-        g, pullback = z, None
-    else:
-        g, pullback = jax.vjp(functools.partial(transformed, spec), z)
-    g = jnp.where(valid, g, -jnp.inf)
-    prob = jnp.exp(g - lse_ref[...][:, None])
-    targets = t_ref[...]
-    hit = cols[None, :] == targets[:, None]
+    dz, prob, hit = score_gradient(spec, z, cols, valid, t_ref, lse_ref, soft_ref,
+                                   one_ref, sum_ref)
     u_sum = sum_ref[...]
-    dg = soft_ref[...][:, None] * prob - jnp.where(hit, one_ref[...][:, None], 0.0)
-    dg = dg + jnp.where(valid, u_sum[:, None], 0.0)
-    dz = dg if pullback is None else pullback(dg)[0]
-    dz = jnp.where(valid, dz, 0.0)
 
     def update():
         dzc = dz.astype(h_ref.dtype)
@@ -267,43 +338,49 @@ def backward_kernel(spec, h_ref, w_ref, *refs):
     if spec.filter_eps is None:
         update()
     else:
-        skip = jnp.logical_and(
-            jnp.max(prob) < spec.filter_eps,
-            jnp.logical_not(jnp.any(hit)),
-        )
-        skip = jnp.logical_and(skip, jnp.all(u_sum == 0.0))
-        pl.when(jnp.logical_not(skip))(update)
+        # Max reductions only (Triton lowers no boolean any / all).
+        keep = jnp.max(prob) >= spec.filter_eps
+        keep = jnp.logical_or(keep, jnp.max(jnp.where(hit, 1.0, 0.0)) > 0.0)
+        keep = jnp.logical_or(keep, jnp.max(jnp.abs(u_sum)) > 0.0)
+        pl.when(keep)(update)
 
 
 def run_forward(spec, h, w, b, t):
-    """The forward kernel on padded inputs: `(nll, lse, score_sum, argmax)`
-    `[N_pad]`."""
+    """The forward kernel on padded inputs, then `combine_splits`:
+    `(nll, lse, score_sum, argmax)` `[N_pad]`."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
     rows, dim = h.shape
     bn = spec.bn
-    full = lambda x: pl.BlockSpec(x.shape, lambda i: (0,) * x.ndim)  # noqa: E731
-    row_block = pl.BlockSpec((bn,), lambda i: (i,))
-    in_specs = [pl.BlockSpec((bn, dim), lambda i: (i, 0)), full(w)]
+    num_v = w.shape[0 if spec.kernel_transposed else 1] // spec.bv
+    row_blocks = rows // bn
+    # Enough programs to fill a GPU (about FORWARD_PROGRAMS), each split a
+    # contiguous run of vocabulary blocks; no empty split.
+    per_split = -(-num_v // max(1, min(num_v, -(-FORWARD_PROGRAMS // row_blocks))))
+    splits = -(-num_v // per_split)
+    full = lambda x: pl.BlockSpec(x.shape, lambda i, s: (0,) * x.ndim)  # noqa: E731
+    in_specs = [pl.BlockSpec((bn, dim), lambda i, s: (i, 0)), full(w)]
     args = [h, w]
     if spec.has_bias:
         in_specs.append(full(b))
         args.append(b)
-    in_specs.append(row_block)
+    in_specs.append(pl.BlockSpec((bn,), lambda i, s: (i,)))
     args.append(t)
-    stat = jax.ShapeDtypeStruct((rows,), jnp.float32)
-    return pl.pallas_call(
-        functools.partial(forward_kernel, spec),
-        grid=(rows // bn,),
+    part = pl.BlockSpec((None, bn), lambda i, s: (s, i))
+    stat = jax.ShapeDtypeStruct((splits, rows), jnp.float32)
+    out = pl.pallas_call(
+        functools.partial(forward_kernel, spec, per_split),
+        grid=(row_blocks, splits),
         in_specs=in_specs,
-        out_specs=[row_block] * 4,
-        out_shape=[stat, stat, stat, jax.ShapeDtypeStruct((rows,), jnp.int32)],
+        out_specs=[part] * 5,
+        out_shape=[stat] * 4 + [jax.ShapeDtypeStruct((splits, rows), jnp.int32)],
         compiler_params=spec.params(num_warps=4),
         interpret=spec.interpret,
         name="linear_cross_entropy_forward",
     )(*args)
+    return combine_splits(*out)
 
 
 def run_backward(spec, h, w, b, t, lse, soft, one, u_sum):
@@ -344,6 +421,76 @@ def run_backward(spec, h, w, b, t, lse, soft, one, u_sum):
     return out[0], out[1], (out[2] if spec.has_bias else None)
 
 
+def run_dz(spec, h, w_c, b_c, valid_c, t_c, lse, soft, one, u_sum):
+    """`dz` `[N_pad, chunk]` (in `h`'s dtype) of one vocabulary chunk
+    (`w_c`, `b_c`, `valid_c` its slices, `t_c` the targets shifted to it)."""
+    import jax
+    from jax.experimental import pallas as pl
+
+    rows, dim = h.shape
+    bn, bv = spec.bn, spec.bv
+    chunk = valid_c.shape[0]
+    full = lambda x: pl.BlockSpec(x.shape, lambda i, j: (0,) * x.ndim)  # noqa: E731
+    row_block = pl.BlockSpec((bn,), lambda i, j: (i,))
+    in_specs = [pl.BlockSpec((bn, dim), lambda i, j: (i, 0)), full(w_c)]
+    args = [h, w_c]
+    if spec.has_bias:
+        in_specs.append(full(b_c))
+        args.append(b_c)
+    in_specs += [full(valid_c)] + [row_block] * 5
+    args += [valid_c, t_c, lse, soft, one, u_sum]
+    return pl.pallas_call(
+        functools.partial(dz_kernel, spec),
+        grid=(rows // bn, chunk // bv),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((bn, bv), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((rows, chunk), h.dtype),
+        compiler_params=spec.params(num_warps=4),
+        interpret=spec.interpret,
+        name="linear_cross_entropy_score_gradient",
+    )(*args)
+
+
+def run_backward_gemm(spec, h, w, b, t, lse, soft, one, u_sum):
+    """The `"gemm"` backward: per vocabulary chunk of `spec.chunk` words
+    (a `lax.fori_loop`), `dz` by `dz_kernel`, then `dh += dz W_c` and
+    `dW_c = dz^T h` (`db_c = sum dz`) as XLA products in `h`'s dtype with
+    float32 results; `dW` written in the kernel's dtype chunk by chunk.
+    Returns `(dh float32, dW, db)`."""
+    import jax
+    import jax.numpy as jnp
+
+    chunk = spec.chunk
+    v_axis = 0 if spec.kernel_transposed else 1
+    vocab_pad = w.shape[v_axis]
+    valid = (jnp.arange(vocab_pad) < spec.vocab).astype(jnp.float32)
+    hd = h.dtype
+
+    def body(c, state):
+        dh, dw, db = state
+        start = c * chunk
+        w_c = jax.lax.dynamic_slice_in_dim(w, start, chunk, axis=v_axis)
+        b_c = None if b is None else jax.lax.dynamic_slice_in_dim(b, start, chunk)
+        valid_c = jax.lax.dynamic_slice_in_dim(valid, start, chunk)
+        dz = run_dz(spec, h, w_c, b_c, valid_c, t - start, lse, soft, one, u_sum)
+        w_c = w_c.astype(hd)
+        if spec.kernel_transposed:  # w_c [chunk, d]
+            dh = dh + jnp.dot(dz, w_c, preferred_element_type=jnp.float32)
+            dw_c = jnp.dot(dz.T, h, preferred_element_type=jnp.float32)
+        else:  # w_c [d, chunk]
+            dh = dh + jnp.dot(dz, w_c.T, preferred_element_type=jnp.float32)
+            dw_c = jnp.dot(h.T, dz, preferred_element_type=jnp.float32)
+        dw = jax.lax.dynamic_update_slice_in_dim(dw, dw_c.astype(dw.dtype), start, v_axis)
+        if db is not None:
+            db_c = jnp.sum(dz.astype(jnp.float32), axis=0).astype(db.dtype)
+            db = jax.lax.dynamic_update_slice_in_dim(db, db_c, start, 0)
+        return dh, dw, db
+
+    state = (jnp.zeros(h.shape, jnp.float32), jnp.zeros_like(w),
+             None if b is None else jnp.zeros_like(b))
+    return jax.lax.fori_loop(0, vocab_pad // chunk, body, state)
+
+
 def jax_struct(x):
     import jax
 
@@ -367,7 +514,8 @@ def stats_fn(spec):
     def bwd(res, cotangents):
         h, w, b, t, lse = res
         u_nll, u_lse, u_sum = (jnp.asarray(c, jnp.float32) for c in cotangents[:3])
-        dh, dw, db = run_backward(spec, h, w, b, t, lse, u_nll + u_lse, u_nll, u_sum)
+        run = run_backward_gemm if spec.backward == "gemm" else run_backward
+        dh, dw, db = run(spec, h, w, b, t, lse, u_nll + u_lse, u_nll, u_sum)
         db = None if b is None else db.astype(b.dtype)
         return dh.astype(h.dtype), dw.astype(w.dtype), db, None
 
@@ -377,16 +525,16 @@ def stats_fn(spec):
 
 def pallas_pointwise_stats(hidden, kernel, bias, targets, *, transform_fn=None,
                            kernel_transposed=False, filter_eps=None, blocks=None,
-                           interpret=None):
-    """`chunked.chunked_pointwise_stats` as a Pallas kernel (JAX only).
+                           interpret=None, backward="auto", chunk_size=4096):
+    """`chunked.chunked_pointwise_stats` as Pallas kernels (JAX only).
 
     The same statistics of `g = g(h W + b)` per token (`nll = lse -
     g_target`, `lse = logsumexp_v g_v`, `score_sum = sum_v g_v`, `argmax`),
     the same gradients (of `nll`, `lse` and `score_sum`, from the upstream
-    cotangent per token, accumulated in float32), computed by the two
-    kernels the module docstring describes. Inputs are padded (zeros; the
-    padded words masked) to multiples of the block sizes where they are
-    not already.
+    cotangent per token, accumulated in float32), computed by the kernels
+    the module docstring describes. Inputs are padded (zeros; the padded
+    words masked) to multiples of the block sizes where they are not
+    already.
 
     Args:
         hidden: `[..., d]` float16, bfloat16 or float32.
@@ -399,11 +547,14 @@ def pallas_pointwise_stats(hidden, kernel, bias, targets, *, transform_fn=None,
         kernel_transposed: bool.
         filter_eps: None (exact, default) or a float in `(0, 1)`: skip the
             backward blocks whose softmax values are all below it (see the
-            module docstring for what is dropped).
+            module docstring for what is dropped; the `"atomic"` backward).
         blocks: `(block_n, block_v, block_d)`, powers of two (default
             `GPU_BLOCKS`, cut to the problem).
         interpret: run the kernels in Pallas' interpret mode (default: when
             JAX's default backend is not a GPU).
+        backward: one of `BACKWARDS` (default `"auto"`).
+        chunk_size: the `"gemm"` backward's chunk width bound
+            (`chunk_width`).
 
     Returns:
         `(nll, lse, score_sum, argmax)` of the targets' shape (float32;
@@ -427,8 +578,20 @@ def pallas_pointwise_stats(hidden, kernel, bias, targets, *, transform_fn=None,
     import jax.numpy as jnp
 
     filter_eps = check_filter_eps(filter_eps)
+    backward = check_choice("backward", backward, BACKWARDS)
+    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+    if backward == "auto":
+        backward = "gemm" if filter_eps is None else "atomic"
+    if backward == "gemm" and filter_eps is not None:
+        raise ValueError(
+            "`filter_eps` needs backward='atomic' (or 'auto'). "
+            f"Received: backward={backward!r}, filter_eps={filter_eps}"
+        )
     hidden = jnp.asarray(ops.convert_to_tensor(hidden))
     kernel = jnp.asarray(ops.convert_to_tensor(kernel))
+    if hidden.dtype != kernel.dtype:  # one dtype for the kernels' products
+        common = jnp.promote_types(hidden.dtype, kernel.dtype)
+        hidden, kernel = hidden.astype(common), kernel.astype(common)
     targets = jnp.asarray(ops.convert_to_tensor(targets), jnp.int32)
     dim = hidden.shape[-1]
     vocab = kernel.shape[0] if kernel_transposed else kernel.shape[1]
@@ -439,9 +602,10 @@ def pallas_pointwise_stats(hidden, kernel, bias, targets, *, transform_fn=None,
     blocks = block_sizes(rows, vocab, dim, blocks)
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
-    spec = KernelSpec(vocab, dim, blocks, transform_fn, kernel_transposed,
-                      bias is not None, filter_eps, interpret)
     bn, bv, bd = blocks
+    chunk = chunk_width(-(-vocab // bv) * bv, bv, chunk_size)
+    spec = KernelSpec(vocab, dim, blocks, transform_fn, kernel_transposed,
+                      bias is not None, filter_eps, interpret, backward, chunk)
     h = padded(padded(h, 0, bn), 1, bd)
     t = padded(t, 0, bn)
     v_axis = 0 if kernel_transposed else 1

@@ -12,6 +12,7 @@ through `single_device_stats`). See `docs/chunked.md`, "Vocabulary sharding
 import keras
 from keras import ops
 
+from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import chunked_pointwise_stats
 from keras_softmax_heads.fused.pallas_cross_entropy import check_filter_eps
 from keras_softmax_heads.fused.pallas_cross_entropy import pallas_pointwise_stats
@@ -35,7 +36,8 @@ def single_device_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_si
     """The per-token statistics on one device: the Pallas kernel
     (`pallas_cross_entropy.pallas_pointwise_stats`) where
     `pallas_cross_entropy.uses_kernel` says it runs (`implementation`
-    `"pallas"`, or `"auto"` with JAX on a GPU), else the tiled pass
+    `"pallas"`, or `"auto"` with JAX on a GPU; `chunk_size` bounds its
+    backward's vocabulary chunk), else the tiled pass
     `chunked.chunked_pointwise_stats` (`"ops"`, and `"auto"` elsewhere;
     `filter_eps` is then ignored: exact gradients)."""
     if not isinstance(kernel, keras.Variable):
@@ -44,6 +46,7 @@ def single_device_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_si
         return pallas_pointwise_stats(
             hidden, kernel, bias, targets, transform_fn=transform_fn,
             kernel_transposed=kernel_transposed, filter_eps=filter_eps,
+            chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
         )
     return chunked_pointwise_stats(
         hidden, kernel, bias, targets, transform_fn=transform_fn,
