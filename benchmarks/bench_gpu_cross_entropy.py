@@ -16,7 +16,11 @@ dtype (`--shapes`):
   kernel_transposed=True, ignore_index=-100)` under `jax.jit`
   (`--implementation`, default `"auto"`: the Pallas kernel on a GPU);
 * `ours_filtered`: the same with `filter_eps=--filter_eps` (default
-  `2**-12`, Cut Cross-Entropy's `"auto"` for bfloat16);
+  `2**-12`, Cut Cross-Entropy's `"auto"` for bfloat16): the kernel's fused
+  `"atomic"` backward, skipping blocks;
+* `ours_atomic`: the kernel with the `"atomic"` backward and no filtering
+  (`pallas_cross_entropy.pallas_pointwise_stats(..., backward="atomic")`,
+  the masked mean of its `nll`): exact, to compare the two backwards;
 * `ours_tiled`: today's XLA tiled pass (`implementation="ops"`, the
   library's `chunk_size`).
 
@@ -53,7 +57,8 @@ import time
 
 import measure  # benchmarks/measure.py (the script's own folder)
 
-ROWS = ("torch_dense", "liger", "cce", "xla_dense", "ours", "ours_filtered", "ours_tiled")
+ROWS = ("torch_dense", "liger", "cce", "xla_dense", "ours", "ours_filtered", "ours_atomic",
+        "ours_tiled")
 TORCH_ROWS = ("torch_dense", "liger", "cce")
 DEFAULT_SHAPES = "8192x2304x256000:bfloat16,float32;4096x1024x131072:float32"
 IGNORE_INDEX = -100
@@ -117,7 +122,7 @@ def torch_losses(rows):
     return fns, missing
 
 
-def torch_case(case, rows, repeats, tf32):
+def torch_case(case, host, rows, repeats, tf32):
     """The PyTorch rows of one `(n, d, v, dtype)` case: `{row: result}`."""
     rows = [r for r in rows if r in TORCH_ROWS]
     if not rows:
@@ -129,15 +134,14 @@ def torch_case(case, rows, repeats, tf32):
     if not torch.cuda.is_available():
         return skipped(rows, "no CUDA device")
     torch.backends.cuda.matmul.allow_tf32 = tf32
-    n, d, v, dtype = case
+    dtype = case[3]
     fns, missing = torch_losses(rows)
     out = {row: {"row": row, "skipped": why} for row, why in missing.items()}
-    h_np, w_np, t_np = host_inputs(n, d, v)
+    h_np, w_np, t_np = host
     dev = torch.device("cuda")
     h = torch.from_numpy(h_np).to(dev, getattr(torch, dtype)).requires_grad_(True)
     w = torch.from_numpy(w_np).to(dev, getattr(torch, dtype)).requires_grad_(True)
     t = torch.from_numpy(t_np).to(dev).long()
-    del h_np, w_np
 
     def step(fn):
         def call():
@@ -182,11 +186,12 @@ def timed(out, calls, repeats):
 
 
 # ---------------------------------------------------------------------- JAX
-def jax_losses(rows, implementation, filter_eps):
+def jax_losses(rows, implementation, filter_eps, chunk_size):
     """`{row: loss_fn(h, w, t)}` of the JAX rows (functions of arrays)."""
     import jax
     import jax.numpy as jnp
 
+    from keras_softmax_heads.fused.pallas_cross_entropy import pallas_pointwise_stats
     from keras_softmax_heads.losses import linear_cross_entropy
 
     def dense(h, w, t):
@@ -199,10 +204,17 @@ def jax_losses(rows, implementation, filter_eps):
     def ours(implementation, eps=None):
         return lambda h, w, t: linear_cross_entropy(
             h, w, t, kernel_transposed=True, ignore_index=IGNORE_INDEX,
-            implementation=implementation, filter_eps=eps)
+            implementation=implementation, filter_eps=eps, chunk_size=chunk_size)
+
+    def atomic(h, w, t):
+        keep = t != IGNORE_INDEX
+        nll = pallas_pointwise_stats(h, w, None, jnp.where(keep, t, 0),
+                                     kernel_transposed=True, backward="atomic")[0]
+        return jnp.sum(jnp.where(keep, nll, 0.0)) / jnp.maximum(jnp.sum(keep), 1)
 
     fns = {"xla_dense": dense, "ours": ours(implementation),
-           "ours_filtered": ours(implementation, filter_eps), "ours_tiled": ours("ops")}
+           "ours_filtered": ours(implementation, filter_eps), "ours_atomic": atomic,
+           "ours_tiled": ours("ops")}
     return {row: fn for row, fn in fns.items() if row in rows}
 
 
@@ -216,7 +228,7 @@ def relative_error(grads, reference):
     return errors
 
 
-def jax_case(case, rows, repeats, implementation, filter_eps):
+def jax_case(case, host, rows, repeats, implementation, filter_eps, chunk_size):
     """The JAX rows of one `(n, d, v, dtype)` case: `{row: result}`."""
     rows = [r for r in rows if r not in TORCH_ROWS]
     if not rows:
@@ -226,14 +238,13 @@ def jax_case(case, rows, repeats, implementation, filter_eps):
 
     from keras_softmax_heads.fused.pallas_cross_entropy import uses_kernel
 
-    n, d, v, dtype = case
-    h_np, w_np, t_np = host_inputs(n, d, v)
+    dtype = case[3]
+    h_np, w_np, t_np = host
     h = jnp.asarray(h_np, dtype)
     w = jnp.asarray(w_np, dtype)
     t = jnp.asarray(t_np)
-    del h_np, w_np
     out, calls, grads = {}, {}, {}
-    for row, fn in jax_losses(rows, implementation, filter_eps).items():
+    for row, fn in jax_losses(rows, implementation, filter_eps, chunk_size).items():
         try:
             # Compiled once (XLA's memory analysis of what runs); `first_s`:
             # the compilation and the first call.
@@ -255,7 +266,7 @@ def jax_case(case, rows, repeats, implementation, filter_eps):
                         "grad_mib": (h.size + w.size) * h.dtype.itemsize / MIB,
                         "memory_source": "XLA compiled memory_analysis (temp + output)"}
             if row != "xla_dense":
-                out[row]["pallas_kernel"] = bool(uses_kernel(
+                out[row]["pallas_kernel"] = row == "ours_atomic" or bool(uses_kernel(
                     h, w, "ops" if row == "ours_tiled" else implementation))
             grads[row] = g
             calls[row] = call
@@ -342,7 +353,7 @@ def run(settings):
     """All the cases: `{"rows": [...], "ratios": [...]}` (and
     `"option_checks"`, `option_checks()`, with `check_options`)."""
     rows, ratios = [], []
-    checks = None
+    checks = host = None
     if settings["check_options"]:
         try:
             checks = option_checks()
@@ -355,9 +366,14 @@ def run(settings):
     for case in settings["cases"]:
         n, d, v, dtype = case
         print(f"N={n} d={d} V={v} {dtype}", flush=True)
-        results = torch_case(case, settings["rows"], settings["repeats"], settings["torch_tf32"])
-        results.update(jax_case(case, settings["rows"], settings["repeats"],
-                                settings["implementation"], settings["filter_eps"]))
+        if host is None or host[0].shape != (n, d) or host[1].shape[0] != v:
+            host = None
+            host = host_inputs(n, d, v)  # the same values for every row and dtype
+        results = torch_case(case, host, settings["rows"], settings["repeats"],
+                             settings["torch_tf32"])
+        results.update(jax_case(case, host, settings["rows"], settings["repeats"],
+                                settings["implementation"], settings["filter_eps"],
+                                settings["chunk_size"]))
         for row in settings["rows"]:
             r = dict(results.get(row, {"row": row, "skipped": "not run"}),
                      n=n, d=d, v=v, dtype=dtype)
@@ -415,6 +431,12 @@ def parse_args(argv):
                         "(forced; interpret mode off a GPU, for the CPU smoke test).")
     parser.add_argument("--filter_eps", type=float, default=2.0**-12,
                         help="filter_eps of `ours_filtered`.")
+    parser.add_argument("--chunk_size", type=int, default=4096,
+                        help="chunk_size of the `ours` rows (the kernel's backward chunk "
+                        "bound; the tiled pass's tile width).")
+    parser.add_argument("--blocks", default=None,
+                        help="The kernel's 'block_n,block_v,block_d' "
+                        "(pallas_cross_entropy.GPU_BLOCKS; default its own).")
     parser.add_argument("--torch_tf32", action="store_true",
                         help="Allow TF32 in PyTorch's float32 products.")
     parser.add_argument("--check_options", action="store_true",
@@ -428,12 +450,19 @@ def parse_args(argv):
         parser.error(f"unknown rows {bad}; rows: {ROWS}")
     return args, {"cases": parse_shapes(args.shapes), "rows": rows, "repeats": args.repeats,
                   "implementation": args.implementation, "filter_eps": args.filter_eps,
-                  "torch_tf32": args.torch_tf32, "check_options": args.check_options}
+                  "torch_tf32": args.torch_tf32, "check_options": args.check_options,
+                  "chunk_size": args.chunk_size,
+                  "blocks": [int(x) for x in args.blocks.split(",")] if args.blocks else None}
 
 
 def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "jax")
     args, settings = parse_args(sys.argv[1:] if argv is None else argv)
+    from keras_softmax_heads.fused import pallas_cross_entropy
+
+    if settings["blocks"]:
+        pallas_cross_entropy.GPU_BLOCKS = tuple(settings["blocks"])
+    settings["blocks"] = list(pallas_cross_entropy.GPU_BLOCKS)
     load_before = os.getloadavg()
     result = run(settings)
     result.update(

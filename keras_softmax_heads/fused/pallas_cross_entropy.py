@@ -1,30 +1,36 @@
-"""The Pallas GPU kernel of the fused loss's per-token statistics (JAX).
+"""The Pallas GPU kernels of the fused loss's per-token statistics (JAX).
 
 `pallas_pointwise_stats` returns what `chunked.chunked_pointwise_stats`
 returns (`nll`, `lse`, `score_sum`, `argmax` per token, differentiable in
-the first three) with two Pallas kernels (Triton backend) and a
+the first three) with Pallas kernels (Triton backend) and a
 `jax.custom_vjp`:
 
-* forward: one program per block of `block_n` tokens loops over the
-  vocabulary in blocks of `block_v` words; each block's scores
-  `z = h W_blk + b_blk` are products over `block_d` slices of the hidden
-  size, accumulated in float32, then the online log-sum-exp, the target's
-  score, the score sum and the (first) argmax are updated;
-* backward: one program per (token block, vocabulary block) recomputes
-  the block's scores, forms
-  `dg = (u_nll + u_lse) softmax - u_nll onehot(target) + u_sum` (the soft
-  cap's chain rule applied by `jax.vjp` of the transform) and adds
-  `dz W_blk` into `dh` and `dz^T h_blk` into `dW` (and `sum dz` into `db`)
-  with float32 atomic adds, one `block_d` slice at a time.
+* forward (`forward_kernel`), grid (token blocks, vocabulary splits): each
+  program loops over its split's blocks of `block_v` words; a block's
+  scores `z = h W_blk + b_blk` are products over `block_d` slices of the
+  hidden size with float32 results, then its running max, sum of
+  `exp(g - max)`, target score, score sum and first argmax are updated;
+  `combine_splits` merges the splits' partials (`[splits, N]` each);
+* backward `"gemm"` (the default without filtering): per vocabulary chunk
+  (a `lax.fori_loop`), `dz_kernel` recomputes the chunk's scores and writes
+  `dz = dg(z)` with `dg = (u_nll + u_lse) softmax - u_nll onehot(target)
+  + u_sum` (the soft cap's chain rule by `jax.vjp` in the kernel) in the
+  inputs' dtype, then XLA's products give `dh += dz W_c` and
+  `dW_c = dz^T h` (float32 results);
+* backward `"atomic"` (`backward_kernel`, the one that filters), grid
+  (token blocks, vocabulary blocks): each program recomputes its block,
+  forms `dz` and adds `dz W_blk` into `dh`, `dz^T h_blk` into `dW` (and
+  `sum dz` into `db`) with float32 atomic adds, one `block_d` slice at a
+  time.
 
-With `filter_eps`, a backward block whose softmax values are all below
-`filter_eps`, that holds none of its tokens' targets and whose tokens have
-no score-sum cotangent (label smoothing) is skipped: its gradient terms
-`(u_nll + u_lse) softmax` (each below `|u_nll + u_lse| filter_eps`) are
-dropped. Off (None) by default: exact.
+With `filter_eps` (the `"atomic"` backward), a backward block whose softmax
+values are all below `filter_eps`, that holds none of its tokens' targets
+and whose tokens have no score-sum cotangent (label smoothing) is skipped:
+its gradient terms `(u_nll + u_lse) softmax` (each below
+`|u_nll + u_lse| filter_eps`) are dropped. Off (None) by default: exact.
 
-`pointwise_stats` (`fused.vocab_parallel`) is the one place that chooses
-this kernel (`uses_kernel`). Design, block sizes, dispatch and filtering:
+`fused.vocab_parallel.single_device_stats` is the one place that chooses
+these kernels (`uses_kernel`). Design, block sizes, dispatch and filtering:
 `docs/chunked.md`, "The Pallas GPU kernel".
 """
 
