@@ -389,6 +389,29 @@ def run_forward(spec, h, w, b, t):
     return combine_splits(*out)
 
 
+def whole(x):
+    """The `BlockSpec` of all of `x` on a 2-d grid."""
+    from jax.experimental import pallas as pl
+
+    return pl.BlockSpec(x.shape, lambda i, j: (0,) * x.ndim)
+
+
+def grid_inputs(spec, h, w, b, whole_arrays, row_arrays):
+    """`(in_specs, args)` on a (token block, vocabulary block) grid: `h` by
+    token block, `w`, `b` (if any) and `whole_arrays` whole, `row_arrays`
+    (`[N]`) by token block."""
+    from jax.experimental import pallas as pl
+
+    in_specs = [pl.BlockSpec((spec.bn, h.shape[1]), lambda i, j: (i, 0)), whole(w)]
+    args = [h, w]
+    if spec.has_bias:
+        in_specs.append(whole(b))
+        args.append(b)
+    in_specs += [whole(x) for x in whole_arrays]
+    in_specs += [pl.BlockSpec((spec.bn,), lambda i, j: (i,))] * len(row_arrays)
+    return in_specs, args + list(whole_arrays) + list(row_arrays)
+
+
 def run_backward(spec, h, w, b, t, lse, soft, one, u_sum):
     """The backward kernel on padded inputs: float32 `(dh, dW, db)` (`db`
     None without a bias)."""
@@ -398,26 +421,18 @@ def run_backward(spec, h, w, b, t, lse, soft, one, u_sum):
     rows, dim = h.shape
     bn, bv = spec.bn, spec.bv
     vocab_pad = w.shape[0 if spec.kernel_transposed else 1]
-    full = lambda x: pl.BlockSpec(x.shape, lambda i, j: (0,) * x.ndim)  # noqa: E731
-    row_block = pl.BlockSpec((bn,), lambda i, j: (i,))
-    in_specs = [pl.BlockSpec((bn, dim), lambda i, j: (i, 0)), full(w)]
-    args = [h, w]
-    if spec.has_bias:
-        in_specs.append(full(b))
-        args.append(b)
-    in_specs += [row_block] * 5
-    args += [t, lse, soft, one, u_sum]
+    in_specs, args = grid_inputs(spec, h, w, b, [], [t, lse, soft, one, u_sum])
     zeros = [jnp.zeros((rows, dim), jnp.float32), jnp.zeros(w.shape, jnp.float32)]
     if spec.has_bias:
         zeros.append(jnp.zeros((vocab_pad,), jnp.float32))
     first = len(args)
-    in_specs += [full(z) for z in zeros]
+    in_specs += [whole(z) for z in zeros]
     args += zeros
     out = pl.pallas_call(
         functools.partial(backward_kernel, spec),
         grid=(rows // bn, vocab_pad // bv),
         in_specs=in_specs,
-        out_specs=[full(z) for z in zeros],
+        out_specs=[whole(z) for z in zeros],
         out_shape=[jax_struct(z) for z in zeros],
         input_output_aliases={first + k: k for k in range(len(zeros))},
         compiler_params=spec.params(num_warps=8),
@@ -433,18 +448,9 @@ def run_dz(spec, h, w_c, b_c, valid_c, t_c, lse, soft, one, u_sum):
     import jax
     from jax.experimental import pallas as pl
 
-    rows, dim = h.shape
-    bn, bv = spec.bn, spec.bv
+    rows, bn, bv = h.shape[0], spec.bn, spec.bv
     chunk = valid_c.shape[0]
-    full = lambda x: pl.BlockSpec(x.shape, lambda i, j: (0,) * x.ndim)  # noqa: E731
-    row_block = pl.BlockSpec((bn,), lambda i, j: (i,))
-    in_specs = [pl.BlockSpec((bn, dim), lambda i, j: (i, 0)), full(w_c)]
-    args = [h, w_c]
-    if spec.has_bias:
-        in_specs.append(full(b_c))
-        args.append(b_c)
-    in_specs += [full(valid_c)] + [row_block] * 5
-    args += [valid_c, t_c, lse, soft, one, u_sum]
+    in_specs, args = grid_inputs(spec, h, w_c, b_c, [valid_c], [t_c, lse, soft, one, u_sum])
     return pl.pallas_call(
         functools.partial(dz_kernel, spec),
         grid=(rows // bn, chunk // bv),
