@@ -18,7 +18,13 @@ source benchmarks/device_env.sh
 python3 -c "import torch, triton; print('torch', torch.__version__, torch.cuda.is_available(), 'triton', triton.__version__)"
 python3 -c "import liger_kernel, cut_cross_entropy; print('liger + cce import')" \
     || echo "a peer's wheel is missing: its rows are skipped"
-timeout 540 python3 benchmarks/bench_gpu_cross_entropy.py --check_options \
+# 1. The kernel against the tiled pass, every option (its own process: a Triton
+#    failure here does not stop the table).
+timeout 180 python3 benchmarks/bench_gpu_cross_entropy.py --check_options --shapes= \
+    --out=$out/option_checks.json 2>&1 | tee $out/option_checks_log.txt
+echo "option checks exit ${PIPESTATUS[0]}"
+# 2. The table: every row, the three cases, one process.
+timeout 420 python3 benchmarks/bench_gpu_cross_entropy.py \
     --out=$out/bench_gpu_cross_entropy.json 2>&1 | tee $out/run_log.txt
 echo "bench exit ${PIPESTATUS[0]}"
 ls -la $out
