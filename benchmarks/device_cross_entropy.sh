@@ -5,7 +5,8 @@
 # implementation "auto"), ours with filter_eps and today's tiled pass, at the
 # Gemma 2 2B shape (bfloat16, float32) and N=4096 d=1024 V=131072 (float32);
 # first the kernel against the tiled pass for every option at a small shape
-# (Triton lowering + exactness). Sized for about 5 minutes on an H100.
+# (Triton lowering + exactness), then ours with 128 x 128 blocks at the Gemma
+# bfloat16 shape. Sized for about 5 minutes on an H100 (timeouts 120 + 330 + 110 s: under the 600 s of one device command).
 # Wheels in .whl/ (untracked, not git-ignored: carried with the working tree;
 # benchmarks/device_env.sh installs them all with --no-deps): Keras and its two
 # missing dependencies (as for device_linear_cross_entropy.sh) plus
@@ -20,11 +21,16 @@ python3 -c "import liger_kernel, cut_cross_entropy; print('liger + cce import')"
     || echo "a peer's wheel is missing: its rows are skipped"
 # 1. The kernel against the tiled pass, every option (its own process: a Triton
 #    failure here does not stop the table).
-timeout 180 python3 benchmarks/bench_gpu_cross_entropy.py --check_options --shapes= \
+timeout 120 python3 benchmarks/bench_gpu_cross_entropy.py --check_options --shapes= \
     --out=$out/option_checks.json 2>&1 | tee $out/option_checks_log.txt
 echo "option checks exit ${PIPESTATUS[0]}"
 # 2. The table: every row, the three cases, one process.
-timeout 420 python3 benchmarks/bench_gpu_cross_entropy.py \
+timeout 330 python3 benchmarks/bench_gpu_cross_entropy.py \
     --out=$out/bench_gpu_cross_entropy.json 2>&1 | tee $out/run_log.txt
 echo "bench exit ${PIPESTATUS[0]}"
+# 3. Larger kernel blocks at the Gemma shape (bfloat16), against XLA dense.
+timeout 110 python3 benchmarks/bench_gpu_cross_entropy.py --blocks=128,128,64 \
+    --shapes=8192x2304x256000:bfloat16 --rows=xla_dense,ours,ours_filtered \
+    --out=$out/bench_gpu_cross_entropy_blocks128.json 2>&1 | tee $out/blocks128_log.txt
+echo "blocks128 exit ${PIPESTATUS[0]}"
 ls -la $out
