@@ -11,6 +11,9 @@ Modules:
   the one place that chooses it.
 * `causal_lm`: the keras-hub integration, `fused_causal_lm(CausalLMClass)`
   and its mixin `FusedLossCausalLM`.
+* `pallas_cross_entropy`: the Pallas GPU kernels of the per-token
+  statistics (`pallas_pointwise_stats`; JAX on a GPU, interpret mode
+  elsewhere), which `vocab_parallel.single_device_stats` picks.
 
 See `docs/chunked.md`, "Fused linear + cross-entropy from hidden states".
 """
@@ -23,6 +26,7 @@ from keras_softmax_heads.fused.loss import LinearCrossEntropy
 from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_stats
 from keras_softmax_heads.validation import ACCUMULABLE_DTYPES
+from keras_softmax_heads.fused.pallas_cross_entropy import pallas_pointwise_stats
 
 __all__ = [
     "ACCUMULABLE_DTYPES",
@@ -33,4 +37,5 @@ __all__ = [
     "linear_cross_entropy",
     "vocab_parallel_layout",
     "vocab_parallel_stats",
+    "pallas_pointwise_stats",
 ]

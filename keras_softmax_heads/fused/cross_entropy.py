@@ -14,6 +14,7 @@ from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import kernel_geometry
 from keras_softmax_heads.functional import soft_cap
+from keras_softmax_heads.fused.pallas_cross_entropy import check_filter_eps
 from keras_softmax_heads.fused.vocab_parallel import pointwise_stats
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_float_dtype
@@ -75,6 +76,7 @@ def linear_cross_entropy(
     return_argmax=False,
     implementation="auto",
     vocab_parallel="auto",
+    filter_eps=None,
 ):
     """Exact cross-entropy of `softmax(g(hidden @ kernel + bias))`, tiled.
 
@@ -122,8 +124,20 @@ def linear_cross_entropy(
         return_argmax: also return the per-token argmax word (int32, first
             on ties) and the token accuracy (the weighted mean of
             `argmax == target` over the non-ignored tokens).
-        implementation: `"auto"` or `"ops"`, as in
-            `chunked.chunked_pointwise_nll`.
+        implementation: `"auto"` (default), `"ops"` or `"pallas"`. On the
+            JAX backend on a GPU, `"auto"` runs the Pallas kernel
+            (`fused.pallas_cross_entropy`: one fused forward and one fused
+            backward kernel, same results); elsewhere the tiled pass as in
+            `chunked.chunked_pointwise_nll` (`"auto"` or `"ops"` there).
+            `"pallas"` forces the kernel (JAX only; Pallas' interpret mode
+            off a GPU). See `docs/chunked.md`, "The Pallas GPU kernel".
+        filter_eps: None (default: exact gradients) or a float in
+            `(0, 1)`: the Pallas kernel skips the backward blocks (64
+            tokens x 128 words) whose softmax values are all below it and
+            that hold none of their tokens' targets, dropping those
+            `softmax` terms of the gradient (each below `filter_eps` times
+            the token's cotangent); no effect with label smoothing's
+            tokens, nor on the tiled pass (exact there).
         vocab_parallel: `"auto"` (default), True or False. On JAX, under a
             `keras.distribution` whose layout shards the `kernel` variable
             on its vocabulary axis (keras-hub's Gemma / Llama layout maps),
@@ -174,6 +188,7 @@ def linear_cross_entropy(
         label_smoothing=label_smoothing, z_loss=z_loss,
         logit_soft_cap=logit_soft_cap, chunk_size=chunk_size,
         implementation=implementation, vocab_parallel=vocab_parallel,
+        filter_eps=filter_eps,
     )
     out = reduce_loss(terms["loss"], terms["weights"], reduction)
     if not (return_lse or return_argmax):
@@ -204,7 +219,7 @@ def token_terms(
     hidden, kernel, targets, bias=None, *, kernel_transposed=False,
     sample_weight=None, ignore_index=None, label_smoothing=0.0, z_loss=0.0,
     logit_soft_cap=None, chunk_size=DEFAULT_CHUNK_SIZE, implementation="auto",
-    vocab_parallel="auto",
+    vocab_parallel="auto", filter_eps=None,
 ):
     """The per-token terms of `linear_cross_entropy` (same arguments), one
     tiled pass: a dict of tensors of the targets' shape: `"loss"` (the
@@ -216,6 +231,7 @@ def token_terms(
         "mean", ignore_index, label_smoothing, z_loss, logit_soft_cap
     )
     chunk_size = check_chunk_size(chunk_size)
+    filter_eps = check_filter_eps(filter_eps)
     hidden, kernel, bias, vocab = _projection(hidden, kernel, bias, kernel_transposed)
     targets, ignored = _targets(targets, vocab, ignore_index)
     transform_fn = None
@@ -225,6 +241,7 @@ def token_terms(
         hidden, kernel, bias, targets, transform_fn=transform_fn,
         chunk_size=chunk_size, kernel_transposed=kernel_transposed,
         implementation=implementation, vocab_parallel=vocab_parallel,
+        filter_eps=filter_eps,
     )
     loss = nll
     if eps:

@@ -1,20 +1,29 @@
 """The vocabulary-parallel form of the fused loss (JAX), and its dispatch.
 
 `pointwise_stats` is the one place where the fused loss chooses between the
-single-device tiled pass (`chunked.chunked_pointwise_stats`) and its
-vocabulary-parallel form (`vocab_parallel_stats`, JAX under a
-`keras.distribution` that shards the output matrix on V). See
-`docs/chunked.md`, "Vocabulary sharding (JAX)".
+single-device tiled pass (`chunked.chunked_pointwise_stats`), the Pallas GPU
+kernel (`fused.pallas_cross_entropy`, JAX on a GPU; `single_device_stats`
+picks it) and its vocabulary-parallel form (`vocab_parallel_stats`, JAX
+under a `keras.distribution` that shards the output matrix on V, each shard
+through `single_device_stats`). See `docs/chunked.md`, "Vocabulary sharding
+(JAX)" and "The Pallas GPU kernel".
 """
 
 import keras
 from keras import ops
 
+from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import chunked_pointwise_stats
+from keras_softmax_heads.fused.pallas_cross_entropy import check_filter_eps
+from keras_softmax_heads.fused.pallas_cross_entropy import pallas_pointwise_stats
+from keras_softmax_heads.fused.pallas_cross_entropy import uses_kernel
 from keras_softmax_heads.validation import check_choice
 
 #: Values of the `vocab_parallel` option.
 VOCAB_PARALLEL_OPTIONS = ("auto", True, False)
+
+#: Values of the fused loss's `implementation` option.
+IMPLEMENTATIONS = ("auto", "ops", "pallas")
 
 
 def check_vocab_parallel(vocab_parallel):
@@ -22,14 +31,44 @@ def check_vocab_parallel(vocab_parallel):
     return check_choice("vocab_parallel", vocab_parallel, VOCAB_PARALLEL_OPTIONS)
 
 
+def single_device_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
+                        kernel_transposed, implementation, filter_eps=None):
+    """The per-token statistics on one device: the Pallas kernel
+    (`pallas_cross_entropy.pallas_pointwise_stats`) where
+    `pallas_cross_entropy.uses_kernel` says it runs (`implementation`
+    `"pallas"`, or `"auto"` with JAX on a GPU; `chunk_size` bounds its
+    backward's vocabulary chunk), else the tiled pass
+    `chunked.chunked_pointwise_stats` (`"ops"`, and `"auto"` elsewhere;
+    `filter_eps` is then ignored: exact gradients)."""
+    if not isinstance(kernel, keras.Variable):
+        kernel = ops.convert_to_tensor(kernel)
+    if uses_kernel(ops.convert_to_tensor(hidden), kernel, implementation):
+        return pallas_pointwise_stats(
+            hidden, kernel, bias, targets, transform_fn=transform_fn,
+            kernel_transposed=kernel_transposed, filter_eps=filter_eps,
+            chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
+        )
+    return chunked_pointwise_stats(
+        hidden, kernel, bias, targets, transform_fn=transform_fn,
+        chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+        implementation="ops" if implementation == "ops" else "auto",
+    )
+
+
 def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
-                    kernel_transposed, implementation, vocab_parallel="auto"):
-    """`chunked.chunked_pointwise_stats`, vocabulary-parallel where it applies.
+                    kernel_transposed, implementation, vocab_parallel="auto",
+                    filter_eps=None):
+    """`chunked.chunked_pointwise_stats`, by the Pallas GPU kernel or
+    vocabulary-parallel where they apply.
 
     Args:
         hidden, kernel, bias, targets, transform_fn, chunk_size,
-        kernel_transposed, implementation: as in
-            `chunked.chunked_pointwise_stats`.
+        kernel_transposed: as in `chunked.chunked_pointwise_stats`.
+        implementation: `"auto"`, `"ops"` or `"pallas"`
+            (`single_device_stats`).
+        filter_eps: None or a float in `(0, 1)`: the Pallas kernel's
+            gradient filtering (`pallas_cross_entropy`); the tiled pass
+            ignores it.
         vocab_parallel: `"auto"`, True or False. `"auto"` and True run
             `vocab_parallel_stats` when `vocab_parallel_layout` finds a
             sharded vocabulary axis and there is no bias; otherwise
@@ -39,6 +78,8 @@ def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
         `(nll, lse, score_sum, argmax)`, each of the targets' shape.
     """
     check_vocab_parallel(vocab_parallel)
+    implementation = check_choice("implementation", implementation, IMPLEMENTATIONS)
+    filter_eps = check_filter_eps(filter_eps)
     layout = None
     if vocab_parallel:
         layout = vocab_parallel_layout(kernel, kernel_transposed)
@@ -54,17 +95,12 @@ def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
         return vocab_parallel_stats(
             hidden, kernel, targets, layout, transform_fn=transform_fn,
             chunk_size=chunk_size, kernel_transposed=kernel_transposed,
-            implementation=implementation,
+            implementation=implementation, filter_eps=filter_eps,
         )
-    return chunked_pointwise_stats(
-        hidden,
-        kernel,
-        bias,
-        targets,
-        transform_fn=transform_fn,
-        chunk_size=chunk_size,
-        kernel_transposed=kernel_transposed,
-        implementation=implementation,
+    return single_device_stats(
+        hidden, kernel, bias, targets, transform_fn=transform_fn,
+        chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+        implementation=implementation, filter_eps=filter_eps,
     )
 
 
@@ -97,7 +133,8 @@ def vocab_parallel_layout(kernel, kernel_transposed):
 
 
 def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
-                         chunk_size, kernel_transposed, implementation):
+                         chunk_size, kernel_transposed, implementation,
+                         filter_eps=None):
     """`chunked_pointwise_stats` with the kernel sharded on V (JAX only).
 
     Each device runs the tiled pass on its `[V / n, d]` shard, with the
@@ -114,8 +151,8 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
             `kernel_transposed`); targets: `[...]` int32 in `[0, V)`.
         layout: what `vocab_parallel_layout(kernel, kernel_transposed)`
             returned (not None).
-        transform_fn, chunk_size, kernel_transposed, implementation: as in
-            `chunked.chunked_pointwise_stats`.
+        transform_fn, chunk_size, kernel_transposed, implementation,
+            filter_eps: as in `single_device_stats` (each shard's pass).
 
     Returns:
         `(nll, lse, score_sum, argmax)`, each of the targets' shape.
@@ -145,10 +182,10 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
         start = jax.lax.axis_index(vocab_axis) * v_local
         shifted = t - start
         inside = (shifted >= 0) & (shifted < v_local)
-        nll, lse, score_sum, argmax = chunked_pointwise_stats(
+        nll, lse, score_sum, argmax = single_device_stats(
             h, w, None, jnp.where(inside, shifted, 0), transform_fn=transform_fn,
             chunk_size=chunk_size, kernel_transposed=kernel_transposed,
-            implementation=implementation,
+            implementation=implementation, filter_eps=filter_eps,
         )
         peak = jax.lax.pmax(jax.lax.stop_gradient(lse), vocab_axis)
         total_lse = peak + jnp.log(jax.lax.psum(jnp.exp(lse - peak), vocab_axis))

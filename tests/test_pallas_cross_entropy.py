@@ -1,0 +1,291 @@
+"""The Pallas kernel of the fused loss (`fused.pallas_cross_entropy`) in
+Pallas' interpret mode on the CPU, against today's tiled pass through the
+same public function (`linear_cross_entropy(..., implementation="pallas")`),
+and its dispatch. JAX only: the module skips on the other backends."""
+
+import keras
+import numpy as np
+import pytest
+
+pytestmark = [
+    pytest.mark.multibackend,
+    pytest.mark.skipif(keras.backend.backend() != "jax",
+                       reason="The Pallas kernel is JAX only."),
+]
+
+from keras_softmax_heads.fused import linear_cross_entropy  # noqa: E402
+from keras_softmax_heads.fused import pallas_cross_entropy  # noqa: E402
+
+# Small shapes that are not multiples of the blocks (padding on every axis).
+N, D, V = 13, 20, 75
+BLOCKS = (16, 32, 16)
+
+
+def inputs(dtype="float32", transposed=True, seed=0):
+    rng = np.random.default_rng(seed)
+    h = rng.normal(size=(N, D)).astype("float32")
+    w = (rng.normal(size=(V, D)) / 2).astype("float32")
+    b = rng.normal(size=(V,)).astype("float32")
+    y = rng.integers(0, V, size=N).astype("int32")
+    y[::5] = -100
+    weights = rng.uniform(0.5, 2.0, size=N).astype("float32")
+    import jax.numpy as jnp
+
+    cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+    return cast(h), cast(w if transposed else w.T), cast(b), y, weights
+
+
+def loss_and_grads(implementation, h, w, b, y, options, filter_eps=None, jit=True):
+    import jax
+
+    def loss(h, w, b):
+        out = linear_cross_entropy(
+            h, w, y, b, ignore_index=-100, implementation=implementation,
+            filter_eps=filter_eps, chunk_size=32, **options,
+        )
+        return jax.numpy.sum(out) if options.get("reduction") == "none" else out
+
+    fn = jax.value_and_grad(loss, argnums=(0, 1) if b is None else (0, 1, 2))
+    if jit:
+        fn = jax.jit(fn)
+    return fn(h, w, b)
+
+
+def close(a, b, rtol, atol):
+    np.testing.assert_allclose(
+        np.asarray(a, "float32"), np.asarray(b, "float32"), rtol=rtol, atol=atol
+    )
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(pallas_cross_entropy, "GPU_BLOCKS", BLOCKS)
+
+
+def check_against_tiled_pass(dtype, transposed, bias, options):
+    h, w, b, y, weights = inputs(dtype, transposed)
+    options = dict(options, kernel_transposed=transposed)
+    if options.pop("sample_weight", False):
+        options["sample_weight"] = weights
+    b = b if bias else None
+    loss_k, grads_k = loss_and_grads("pallas", h, w, b, y, options)
+    loss_x, grads_x = loss_and_grads("auto", h, w, b, y, options)
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    close(loss_k, loss_x, tol, tol)
+    for gk, gx in zip(grads_k, grads_x):
+        assert gk.dtype == gx.dtype
+        close(gk, gx, tol, tol * float(np.max(np.abs(np.asarray(gx, "float32")))))
+
+
+# Not parametrised (on JAX a parametrised test runs its first case by
+# default): every combination is the slow test below.
+def test_kernel_matches_tiled_pass_float32():
+    check_against_tiled_pass("float32", True, True, dict(
+        label_smoothing=0.1, z_loss=1e-3, logit_soft_cap=4.0, reduction="mean"))
+
+
+def test_kernel_matches_tiled_pass_bfloat16():
+    check_against_tiled_pass("bfloat16", False, False, dict(
+        reduction="none", sample_weight=True))
+
+
+def test_stats_and_argmax_match_numpy():
+    h, w, b, y, _ = inputs()
+    y = np.where(y < 0, 0, y)
+    import jax
+
+    stats = jax.jit(lambda h, w, b, y: pallas_cross_entropy.pallas_pointwise_stats(
+        h, w, b, y, kernel_transposed=True))
+    nll, lse, total, arg = stats(h, w, b, y)
+    z = np.asarray(h) @ np.asarray(w).T + np.asarray(b)
+    ref_lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    close(lse, ref_lse, 1e-5, 1e-5)
+    close(nll, ref_lse - z[np.arange(N), y], 1e-5, 1e-5)
+    close(total, z.sum(1), 1e-5, 1e-4)
+    np.testing.assert_array_equal(np.asarray(arg), z.argmax(1))
+    assert arg.dtype == "int32"
+
+
+def test_atomic_backward_is_exact():
+    """The fused `"atomic"` backward (the one that filters) without
+    `filter_eps` equals the default `"gemm"` one: `[d, V]`, a bias, the
+    soft cap, all three cotangents."""
+    import jax
+    import jax.numpy as jnp
+
+    from keras_softmax_heads.functional import soft_cap
+
+    h, w, b, y, weights = inputs(transposed=False)
+    y = np.where(y < 0, 0, y)
+    u = jnp.asarray(np.stack([weights, weights[::-1], weights * 0.1]))
+
+    def objective(h, w, b, backward):
+        out = pallas_cross_entropy.pallas_pointwise_stats(
+            h, w, b, y, transform_fn=lambda z: soft_cap(z, 3.0), backward=backward)
+        return sum(jnp.sum(x * c) for x, c in zip(out[:3], u))
+
+    grad = jax.jit(jax.grad(objective, argnums=(0, 1, 2)), static_argnums=3)
+    for atomic, gemm in zip(grad(h, w, b, "atomic"), grad(h, w, b, "gemm")):
+        close(atomic, gemm, 1e-5, 1e-5)
+    with pytest.raises(ValueError, match="atomic"):
+        pallas_cross_entropy.pallas_pointwise_stats(h, w, b, y, backward="gemm",
+                                                    filter_eps=1e-3)
+
+
+def test_filter_eps_drops_at_most_the_filtered_mass():
+    import jax.numpy as jnp
+
+    h, w, b, y, _ = inputs()
+    h = h * 6.0  # peaked softmax: most blocks are far below the threshold
+    options = dict(kernel_transposed=True, reduction="sum")
+    # filter_eps=None (exact): the other tests.
+    _, exact = loss_and_grads("auto", h, w, None, y, options)
+    eps = 1e-3
+    loss_f, filtered = loss_and_grads("pallas", h, w, None, y, options, filter_eps=eps)
+    # Dropped: entries (u softmax) below eps each (u = 1 here), per gradient
+    # element at most eps * (words) * max |other factor|.
+    bound_h = eps * V * float(jnp.max(jnp.abs(w)))
+    bound_w = eps * N * float(jnp.max(jnp.abs(h)))
+    diff_h = float(jnp.max(jnp.abs(filtered[0] - exact[0])))
+    diff_w = float(jnp.max(jnp.abs(filtered[1] - exact[1])))
+    assert diff_h <= bound_h and diff_w <= bound_w
+    assert diff_h > 0 or diff_w > 0  # something was skipped
+    with pytest.raises(ValueError, match="filter_eps"):
+        linear_cross_entropy(h, w, y, kernel_transposed=True, filter_eps=1.5)
+
+
+def test_kernels_lower_to_triton():
+    """Forward and both backwards lowered for CUDA from the CPU (JAX's
+    cross-platform lowering; no GPU, nothing compiled by Triton): the Pallas
+    -> Triton IR lowering of the kernels, at GPU block sizes."""
+    import jax
+
+    from keras_softmax_heads.functional import soft_cap
+
+    n, d, v = 256, 192, 1000
+    for dtype, transposed, bias, cap, eps in [
+        ("bfloat16", True, False, 30.0, None),  # the "gemm" backward
+        ("float32", False, True, None, 1e-4),  # the "atomic" one, filtering
+    ]:
+        h = jax.ShapeDtypeStruct((n, d), dtype)
+        w = jax.ShapeDtypeStruct((v, d) if transposed else (d, v), dtype)
+        b = jax.ShapeDtypeStruct((v,), dtype) if bias else None
+        t = jax.ShapeDtypeStruct((n,), "int32")
+        transform = None if cap is None else (lambda z, cap=cap: soft_cap(z, cap))
+
+        def objective(h, w, b, t, transposed=transposed, transform=transform, eps=eps):
+            nll, lse, total, _ = pallas_cross_entropy.pallas_pointwise_stats(
+                h, w, b, t, transform_fn=transform, kernel_transposed=transposed,
+                filter_eps=eps, blocks=(64, 128, 64), interpret=False)
+            return nll.sum() + 0.1 * lse.sum() + 0.01 * total.sum()
+
+        grad = jax.grad(objective, argnums=(0, 1, 2) if bias else (0, 1))
+        try:
+            lowered = jax.jit(grad).trace(h, w, b, t).lower(lowering_platforms=("cuda",))
+        except (ImportError, NotImplementedError) as err:  # a jaxlib without Triton
+            pytest.skip(f"no Pallas Triton lowering here: {err}")
+        assert lowered.as_text().count("xla.gpu.triton") == 2  # forward, backward
+
+
+def test_dispatch():
+    import jax.numpy as jnp
+
+    h = jnp.zeros((2, 4), "float32")
+    assert not pallas_cross_entropy.uses_kernel(h, h, "auto")  # the CPU
+    assert pallas_cross_entropy.uses_kernel(h, h, "auto", platform="gpu")
+    assert not pallas_cross_entropy.uses_kernel(h, h, "ops", platform="gpu")
+    assert pallas_cross_entropy.uses_kernel(h, h, "pallas")
+    h64 = np.zeros((2, 4), "float64")
+    assert not pallas_cross_entropy.uses_kernel(h64, h64, "auto", platform="gpu")
+    with pytest.raises(ValueError, match="pallas"):
+        pallas_cross_entropy.uses_kernel(h64, h64, "pallas")
+    with pytest.raises(ValueError, match="implementation"):
+        linear_cross_entropy(h, h.T, [0, 1], implementation="triton")
+
+
+def test_auto_on_a_forced_gpu_platform_runs_the_kernel(monkeypatch):
+    import jax
+
+    calls = []
+    real = pallas_cross_entropy.pallas_pointwise_stats
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("filter_eps"))
+        return real(*args, **kwargs)
+
+    from keras_softmax_heads.fused import vocab_parallel
+
+    monkeypatch.setattr(vocab_parallel, "pallas_pointwise_stats", spy)
+    h, w, b, y, _ = inputs()
+
+    def loss(h, w, filter_eps=None):
+        return linear_cross_entropy(h, w, y, kernel_transposed=True, ignore_index=-100,
+                                    filter_eps=filter_eps)
+
+    jax.jit(loss).lower(h, w)  # traced, not compiled
+    assert calls == []  # "auto" on the CPU: the tiled pass
+    monkeypatch.setattr(pallas_cross_entropy, "kernel_platform", lambda: "gpu")
+    jax.jit(loss, static_argnums=2).lower(h, w, 1e-6)
+    assert calls == [1e-6]  # the same public function, the kernel
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backward", ["gemm", "atomic"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("transposed", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_kernel_matches_tiled_pass_every_option(dtype, transposed, bias, backward,
+                                                monkeypatch):
+    real = pallas_cross_entropy.pallas_pointwise_stats
+    from keras_softmax_heads.fused import vocab_parallel
+
+    monkeypatch.setattr(vocab_parallel, "pallas_pointwise_stats",
+                        lambda *a, **k: real(*a, **k, backward=backward))
+    h, w, b, y, weights = inputs(dtype, transposed, seed=1)
+    b = b if bias else None
+    tol = 1e-5 if dtype == "float32" else 3e-2
+    for options in (
+        dict(reduction="mean"), dict(reduction="none", sample_weight=weights),
+        dict(label_smoothing=0.2, reduction="sum"), dict(z_loss=1e-2),
+        dict(logit_soft_cap=3.0, label_smoothing=0.1, z_loss=1e-3),
+    ):
+        options = dict(options, kernel_transposed=transposed)
+        loss_k, grads_k = loss_and_grads("pallas", h, w, b, y, options)
+        loss_x, grads_x = loss_and_grads("auto", h, w, b, y, options)
+        close(loss_k, loss_x, tol, tol)
+        for gk, gx in zip(grads_k, grads_x):
+            close(gk, gx, tol, tol * float(np.max(np.abs(np.asarray(gx, "float32")))))
+
+
+def test_gpu_benchmark_smoke(tmp_path):
+    """`benchmarks/bench_gpu_cross_entropy.py` at a tiny shape on the CPU:
+    the JAX rows (the kernel in interpret mode) run and agree, the PyTorch
+    rows are skipped without CUDA."""
+    import json
+    import os
+    import sys
+
+    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "benchmarks")
+    sys.path.insert(0, bench_dir)
+    try:
+        import bench_gpu_cross_entropy as bench
+    finally:
+        sys.path.remove(bench_dir)
+    out = tmp_path / "gce.json"
+    bench.main(["--shapes=40x16x100:bfloat16", "--implementation=pallas", "--repeats=1",
+                "--rows=torch_dense,xla_dense,ours", f"--out={out}"])
+    result = json.loads(out.read_text())
+    rows = {r["row"]: r for r in result["rows"]}
+    assert set(rows) == {"torch_dense", "xla_dense", "ours"}
+    for name in ("xla_dense", "ours"):
+        r = rows[name]
+        assert r["step_s"] > 0 and r["peak_over_inputs_mib"] > 0, r
+        assert r["loss"] == pytest.approx(rows["xla_dense"]["loss"], rel=1e-3)
+    assert rows["ours"]["pallas_kernel"]
+    assert max(rows["ours"]["grad_rel_err_vs_xla_dense"]) < 2e-2
+    import torch
+
+    if not torch.cuda.is_available():
+        assert rows["torch_dense"]["skipped"] == "no CUDA device"
+    assert result["ratios"][0]["time_ours_over_xla_dense"] > 0
