@@ -48,7 +48,7 @@ def memory_rows(names, n, d, vocab):
     import jax.numpy as jnp
     from bench_device_heads import build  # benchmarks/bench_device_heads.py
 
-    from keras_softmax_heads.chunked.platform import current_platform
+    from keras_softmax_heads.platforms import current_platform
 
     h = jax.ShapeDtypeStruct((n, d), jnp.float32)
     y = jax.ShapeDtypeStruct((n,), jnp.int32)
@@ -91,7 +91,7 @@ def main(argv=None):
 
     import contextlib
 
-    from keras_softmax_heads.chunked.platform import forced_platform
+    from keras_softmax_heads.platforms import forced_platform
 
     scope = forced_platform(args.platform) if args.platform else contextlib.nullcontext()
     with scope:

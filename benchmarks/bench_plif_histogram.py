@@ -124,7 +124,9 @@ def run(args):
 
     if args.tile_elements:
         functional.plif_kernels.TILE_ELEMENTS = args.tile_elements
-    platform = dispatch.device_platform()
+    from keras_softmax_heads.platforms import current_platform
+
+    platform = current_platform()
     methods = args.methods or ("scatter,sorted,pallas" if platform == "gpu" else "scatter,sorted")
     methods = methods.split(",")
     rng = np.random.default_rng(0)

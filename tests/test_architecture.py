@@ -19,11 +19,12 @@ PACKAGE = "keras_softmax_heads"
 
 #: Component -> the components it may import (besides itself). A component
 #: is a top-level module or sub-package of `keras_softmax_heads`.
-NUMERICS = {"validation", "functional", "chunked", "samplers", "clustering"}
+NUMERICS = {"validation", "platforms", "functional", "chunked", "samplers", "clustering"}
 ALLOWED = {
     "validation": set(),
-    "functional": {"validation"},
-    "chunked": {"validation", "functional"},
+    "platforms": {"validation"},
+    "functional": {"validation", "platforms"},
+    "chunked": {"validation", "platforms", "functional"},
     "samplers": {"validation"},
     "clustering": {"validation"},
     "heads": NUMERICS,

@@ -17,8 +17,8 @@ from keras_softmax_heads.chunked import chunked_mixture_nll
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.chunked.platform import ACCELERATOR_TILE_ELEMENTS
 from keras_softmax_heads.chunked.platform import chunk_size_for
-from keras_softmax_heads.chunked.platform import current_platform
-from keras_softmax_heads.chunked.platform import forced_platform
+from keras_softmax_heads.platforms import current_platform
+from keras_softmax_heads.platforms import forced_platform
 
 pytestmark = pytest.mark.multibackend
 

@@ -13,6 +13,7 @@ pytestmark = [
                        reason="The Pallas kernel is JAX only."),
 ]
 
+from keras_softmax_heads.platforms import forced_platform
 from keras_softmax_heads.fused import linear_cross_entropy  # noqa: E402
 from keras_softmax_heads.fused import pallas_cross_entropy  # noqa: E402
 
@@ -224,8 +225,8 @@ def test_auto_on_a_forced_gpu_platform_runs_the_kernel(monkeypatch):
 
     jax.jit(loss).lower(h, w)  # traced, not compiled
     assert calls == []  # "auto" on the CPU: the tiled pass
-    monkeypatch.setattr(pallas_cross_entropy, "kernel_platform", lambda: "gpu")
-    jax.jit(loss, static_argnums=2).lower(h, w, 1e-6)
+    with forced_platform("gpu"):
+        jax.jit(loss, static_argnums=2).lower(h, w, 1e-6)
     assert calls == [1e-6]  # the same public function, the kernel
 
 

@@ -15,7 +15,7 @@ from keras import ops
 
 from keras_softmax_heads.chunked.core import pointwise_nll
 from keras_softmax_heads.chunked.platform import chunk_size_for
-from keras_softmax_heads.chunked.platform import current_platform
+from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.chunked.tiling import check_chunk_size
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 from keras_softmax_heads.validation import check_choice

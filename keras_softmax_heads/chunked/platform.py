@@ -15,21 +15,15 @@ they are given no `chunk_size` (`chunked_pointwise_nll(..., chunk_size=None)`,
   launch per product instead of hundreds), and no loop at all when the
   whole vocabulary fits in one tile.
 
-`current_platform()` is JAX's default backend (`jax.default_backend()`),
-TensorFlow's visible devices, or the PyTorch tensor's device; a test forces
-one with `forced_platform("gpu")`. Design notes: `docs/backends.md`.
+The platform is `platforms.current_platform()` (a test forces one with
+`platforms.forced_platform("gpu")`). Design notes: `docs/backends.md`.
 """
 
-import contextlib
-
-import keras
-
 from keras_softmax_heads.chunked.tiling import DEFAULT_CHUNK_SIZE
+from keras_softmax_heads.platforms import PLATFORMS
+from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_int
-
-#: The platforms `current_platform` reports.
-PLATFORMS = ("cpu", "gpu", "tpu")
 
 #: Scores in one tile on a GPU / TPU (2**28 float32 scores: 1 GiB).
 ACCELERATOR_TILE_ELEMENTS = 2**28
@@ -39,56 +33,6 @@ ACCELERATOR_CHUNK_SIZE = 32768
 
 #: The narrowest tile the platform choice gives (a mixture of many components).
 MIN_CHUNK_SIZE = 64
-
-FORCED = []  # the stack of `forced_platform` scopes
-
-
-@contextlib.contextmanager
-def forced_platform(platform):
-    """Within the scope `current_platform()` is `platform` (tests, studies).
-
-    >>> with forced_platform("gpu"):
-    ...     current_platform()
-    'gpu'
-    """
-    FORCED.append(check_choice("platform", platform, PLATFORMS))
-    try:
-        yield
-    finally:
-        FORCED.pop()
-
-
-def current_platform(tensor=None):
-    """`"cpu"`, `"gpu"` or `"tpu"`: where the backend runs the computation.
-
-    JAX: `jax.default_backend()` (where `jax.jit` places it); TensorFlow: a
-    visible TPU or GPU (TensorFlow places ops on it); PyTorch: the device
-    of `tensor` (CPU without one). A `forced_platform` scope overrides it.
-
-    >>> current_platform() in PLATFORMS
-    True
-    """
-    if FORCED:
-        return FORCED[-1]
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        name = jax.default_backend()
-        if name in ("gpu", "cuda", "rocm"):
-            return "gpu"
-        return "tpu" if name == "tpu" else "cpu"
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        for platform, kind in (("tpu", "TPU"), ("gpu", "GPU")):
-            if tf.config.list_logical_devices(kind):
-                return platform
-        return "cpu"
-    if backend == "torch":
-        device = getattr(tensor, "device", None)
-        return "gpu" if getattr(device, "type", "cpu") in ("cuda", "xpu", "mps") else "cpu"
-    return "cpu"
 
 
 def chunk_size_for(vocab_size, rows=None, components=1, platform=None):

@@ -10,7 +10,7 @@
   linearly;
 * `dispatch`: the package's only backend-specific code, one dispatch
   function each (`scan_tiles`, `knot_histogram` with its paths chosen by
-  platform: `histogram_method`, `device_platform`,
+  platform: `histogram_method`,
   `sorted_knot_histogram`; `lookup` and `upstream_gradient` are imported
   from `functional.dispatch`);
 * `plif_pallas`: `pallas_knot_histogram`, the slope histogram as a Pallas
@@ -33,6 +33,5 @@ from keras_softmax_heads.functional.plif_kernels import plif_identity_raw_slope
 from keras_softmax_heads.functional.plif_kernels import plif_log_likelihood
 from keras_softmax_heads.functional.plif_kernels import plif_reference
 from keras_softmax_heads.functional.tabulated import interpolate_table
-from keras_softmax_heads.functional.dispatch import device_platform
 from keras_softmax_heads.functional.dispatch import histogram_method
 from keras_softmax_heads.functional.dispatch import sorted_knot_histogram

@@ -10,7 +10,7 @@ dispatch function tested against its `keras.ops` path.
 * `scan_tiles`: a loop over tiles with one iteration in flight
   (`tf.while_loop` + `TensorArray` on TensorFlow, `ops.scan` elsewhere);
 * `knot_histogram`: per-interval sums of weights, by platform
-  (`histogram_method`, `device_platform`): on the CPU `DenseBincount` on
+  (`histogram_method`, from `platforms.current_platform`): on the CPU `DenseBincount` on
   TensorFlow, `ops.segment_sum` elsewhere; on a TPU the scatter-free
   `sorted_knot_histogram`; on a GPU under JAX the Pallas kernel of
   `plif_pallas`;
@@ -24,6 +24,7 @@ dispatch function tested against its `keras.ops` path.
 import keras
 from keras import ops
 
+from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.validation import check_choice
 
 
@@ -87,36 +88,9 @@ HISTOGRAM_METHOD = None
 """A path forced for every `knot_histogram` call (None: by platform)."""
 
 
-def device_platform():
-    """`"cpu"`, `"gpu"` or `"tpu"`: where the backend places its computations.
-
-    JAX: `jax.default_backend()`; TensorFlow: a logical TPU or GPU device
-    if there is one; PyTorch: `"gpu"` when CUDA is available (Keras puts
-    its tensors there). Tests replace this function to force a platform.
-    """
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        platform = jax.default_backend()
-        return "gpu" if platform in ("cuda", "rocm") else platform
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        for kind in ("TPU", "GPU"):
-            if tf.config.list_logical_devices(kind):
-                return kind.lower()
-        return "cpu"
-    if backend == "torch":
-        import torch
-
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    return "cpu"
-
-
 def histogram_method():
     """The path `knot_histogram` takes here: `HISTOGRAM_METHOD` when set,
-    else by `device_platform()` and backend.
+    else by `platforms.current_platform()` and backend.
 
     * CPU (every backend), and GPU on TensorFlow / PyTorch: `"scatter"`
       (`DenseBincount` on TensorFlow, `ops.segment_sum` elsewhere);
@@ -128,7 +102,7 @@ def histogram_method():
     """
     if HISTOGRAM_METHOD is not None:
         return check_choice("HISTOGRAM_METHOD", HISTOGRAM_METHOD, HISTOGRAM_METHODS)
-    platform = device_platform()
+    platform = current_platform()
     if platform == "tpu":
         return "sorted"
     if platform == "gpu" and keras.backend.backend() == "jax":

@@ -39,6 +39,7 @@ import functools
 import keras
 from keras import ops
 
+from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_number
@@ -70,22 +71,12 @@ def check_filter_eps(filter_eps):
     )
 
 
-def kernel_platform():
-    """The platform the kernel would run on: JAX's default backend
-    (`"gpu"`, `"cpu"`, `"tpu"`), or None off the JAX backend."""
-    if keras.backend.backend() != "jax":
-        return None
-    import jax
-
-    return jax.default_backend()
-
-
 def uses_kernel(hidden, kernel, implementation, platform=None):
     """Whether `pointwise_stats` runs this kernel.
 
     `implementation="pallas"` always (it raises off the JAX backend or for
     float64 inputs; interpret mode off a GPU); `"auto"` on the JAX backend
-    on a GPU platform (`platform`, default `kernel_platform()`) for float16,
+    on a GPU platform (`platform`, default `platforms.current_platform()`) for float16,
     bfloat16 and float32 inputs; never for `"ops"`.
     """
     dtypes = {keras.backend.standardize_dtype(x.dtype) for x in (hidden, kernel)}
@@ -99,7 +90,7 @@ def uses_kernel(hidden, kernel, implementation, platform=None):
         return True
     if implementation != "auto" or dtypes - set(KERNEL_DTYPES):
         return False
-    platform = kernel_platform() if platform is None else platform
+    platform = current_platform() if platform is None else platform
     return keras.backend.backend() == "jax" and platform == "gpu"
 
 
