@@ -23,6 +23,8 @@ reference the TensorFlow path is tested against).
 import keras
 from keras import ops
 
+from keras_softmax_heads.platforms import current_platform
+
 
 def _fast_tensorflow(implementation):
     return implementation == "auto" and keras.backend.backend() == "tensorflow"
@@ -119,11 +121,14 @@ def low_precision_matmul(*tensors):
     """For bfloat16 / float16 inputs on JAX: `(a, b) -> a @ b` taking both in
     the inputs' dtype and returning the exact float32 products
     (`preferred_element_type`: the GPU's low-precision matrix units,
-    accumulated in float32, no rounding of the result). None elsewhere: the
-    tiles are then upcast to float32 before their products."""
+    accumulated in float32, no rounding of the result). None elsewhere, and
+    for bfloat16 on a CPU: the tiles are then upcast to float32 before their
+    products (`tile_reader`)."""
     low = {keras.backend.standardize_dtype(t.dtype) for t in tensors if t is not None}
     if keras.backend.backend() != "jax" or len(low) != 1 or low - {"bfloat16", "float16"}:
         return None
+    if low == {"bfloat16"} and current_platform() == "cpu":
+        return None  # no bfloat16 units: tiles widened on their own (tile_reader)
     import jax.numpy as jnp
 
     (dtype,) = low
@@ -136,33 +141,48 @@ def low_precision_matmul(*tensors):
     return matmul
 
 
+def _bfloat16_bits(dtype, implementation):
+    """Whether a bfloat16 kernel is handled as its bits: on TensorFlow, and
+    on JAX on a CPU, with `implementation="auto"`."""
+    if keras.backend.standardize_dtype(dtype) != "bfloat16" or implementation != "auto":
+        return False
+    backend = keras.backend.backend()
+    return backend == "tensorflow" or (backend == "jax" and current_platform() == "cpu")
+
+
+def _bitcast(x, dtype):
+    """`x`'s bits as `dtype` (of the same width): `tf.bitcast`,
+    `jax.lax.bitcast_convert_type`."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.bitcast(x, dtype)
+    import jax
+
+    return jax.lax.bitcast_convert_type(x, dtype)
+
+
 def tile_reader(kernel, acc, implementation="auto"):
     """`read(begin, size)`: the tile `kernel[begin : begin + size]` (a
     static `size` per axis) in the accumulation dtype `acc`.
 
-    On TensorFlow with `implementation="auto"`, a bfloat16 kernel is sliced
-    as its `uint16` bits and widened to float32 by a 16-bit shift (exact:
-    bfloat16 is the top half of a float32). XLA's CPU compiler would
-    otherwise widen the whole kernel before slicing it and hoist that out of
-    the tile loop: a float32 copy of the kernel alive through each pass
-    (`docs/chunked.md`). Elsewhere: `keras.ops.slice` then `keras.ops.cast`.
+    A bfloat16 kernel on TensorFlow, or on JAX on a CPU, with
+    `implementation="auto"`, is sliced as its `uint16` bits and widened to
+    float32 by a 16-bit shift (exact: bfloat16 is the top half of a
+    float32). XLA's CPU compiler would otherwise widen the whole kernel
+    before slicing it and hoist that out of the tile loop: a float32 copy
+    of the kernel alive through each pass (`docs/chunked.md`). Elsewhere:
+    `keras.ops.slice` then `keras.ops.cast`.
     """
     if not (acc == "float32" and _bfloat16_bits(kernel.dtype, implementation)):
         return lambda begin, size: ops.cast(ops.slice(kernel, begin, size), acc)
-    import tensorflow as tf
-
-    bits = tf.bitcast(tf.convert_to_tensor(kernel), tf.uint16)
+    bits = _bitcast(ops.convert_to_tensor(kernel), "uint16")
 
     def read(begin, size):
-        tile = tf.cast(tf.slice(bits, begin, size), tf.uint32)
-        return tf.bitcast(tf.bitwise.left_shift(tile, 16), tf.float32)
+        tile = ops.cast(ops.slice(bits, begin, size), "uint32")
+        return _bitcast(ops.left_shift(tile, 16), "float32")
 
     return read
-
-
-def _bfloat16_bits(dtype, implementation):
-    return (keras.backend.standardize_dtype(dtype) == "bfloat16"
-            and _fast_tensorflow(implementation))
 
 
 def gradient_writer(shape, dtype, implementation="auto"):
@@ -170,24 +190,23 @@ def gradient_writer(shape, dtype, implementation="auto"):
 
     `buffer` is the zero gradient, `write(buffer, begin, tile)` writes a
     float32 tile into it (rounded once to `dtype`), `finish(buffer)` is the
-    gradient in `dtype`. On TensorFlow with `implementation="auto"`, a
-    bfloat16 gradient is kept as its `uint16` bits: XLA's CPU compiler
-    would otherwise widen the whole buffer to float32 and back at each
-    tile's write. Elsewhere: `keras.ops.slice_update` on a `dtype` buffer.
+    gradient in `dtype`. A bfloat16 gradient on TensorFlow, or on JAX on a
+    CPU, with `implementation="auto"`, is kept as its `uint16` bits: XLA's
+    CPU compiler would otherwise widen the whole buffer to float32 and back
+    at each tile's write. Elsewhere: `keras.ops.slice_update` on a `dtype`
+    buffer.
     """
     if not _bfloat16_bits(dtype, implementation):
         def write(buffer, begin, tile):
             return ops.slice_update(buffer, begin, ops.cast(tile, dtype))
 
         return ops.zeros(shape, dtype), write, lambda buffer: buffer
-    import tensorflow as tf
 
     def write_bits(buffer, begin, tile):
-        bits = tf.bitcast(tf.cast(tile, tf.bfloat16), tf.uint16)
-        return ops.slice_update(buffer, begin, bits)
+        return ops.slice_update(buffer, begin, _bitcast(ops.cast(tile, "bfloat16"), "uint16"))
 
-    return (tf.zeros(shape, tf.uint16), write_bits,
-            lambda buffer: tf.bitcast(buffer, tf.bfloat16))
+    return (ops.zeros(shape, "uint16"), write_bits,
+            lambda buffer: _bitcast(buffer, "bfloat16"))
 
 
 def matmul_fn(dtype):
