@@ -56,7 +56,6 @@ class TileProblem:
         self.bias = bias
         self.targets = targets
         self.params = params
-        self.h_t = None  # h transposed, made by the backward pass for [d, V]
         self.write_gradient = None  # the kernel gradient's tile write (backward)
         self.tail_mask = None
         if self.tiling.overlap:
@@ -246,7 +245,7 @@ def backward_tile(p, lse, cot, state, start, mask, skip):
         dw, begin = spec.product(ops.transpose(dz), p.h_acc), [start, 0]
     else:  # w: [d, size]
         dh = dh + spec.product(dz, ops.transpose(w))
-        dw, begin = spec.product(p.h_t, dz), [0, start]
+        dw, begin = spec.product(ops.transpose(p.h_acc), dz), [0, start]
     dkernel = p.write_gradient(dkernel, begin, dw)
     if spec.has_bias:
         db = ops.cast(ops.sum(dz, axis=0), dbias.dtype)
@@ -259,7 +258,6 @@ def backward(p, lse, upstream):
     transform's parameters, in their dtypes."""
     spec, tiling = p.spec, p.tiling
     cot = Cotangents(upstream, p.acc, spec.stats)
-    p.h_t = None if spec.kernel_transposed else ops.transpose(p.h_acc)
     dkernel, p.write_gradient, finish = dispatch.gradient_writer(
         p.kernel.shape, p.kernel.dtype, spec.implementation)
     state = (
