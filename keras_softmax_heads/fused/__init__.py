@@ -34,3 +34,6 @@ __all__ = [
     "vocab_parallel_layout",
     "vocab_parallel_stats",
 ]
+from keras_softmax_heads.fused.distillation import linear_divergence  # noqa: E402
+
+__all__ += ["linear_divergence"]
