@@ -252,3 +252,134 @@ def test_vocabularies_must_match():
     with pytest.raises(ValueError, match="same vocabulary"):
         linear_divergence(inputs[0], inputs[1], inputs[3], inputs[4][:-1],
                           teacher_kernel_transposed=True)
+
+
+# keras-hub: `DistillationCausalLM` on tiny models built from configs.
+HUB_V, HUB_T, HUB_B = 64, 6, 3
+HUB_LR = 0.5
+
+
+def _hub_models(seed=0):
+    """A Gemma 2 style student (tied, final soft cap, d=16) and a Llama
+    teacher (untied `reverse_embeddings`, d=24) over the same vocabulary."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(seed)
+    student = keras_hub.models.GemmaCausalLM(backbone=keras_hub.models.GemmaBackbone(
+        vocabulary_size=HUB_V, num_layers=1, num_query_heads=2, num_key_value_heads=1,
+        hidden_dim=16, intermediate_dim=32, head_dim=8, final_logit_soft_cap=1.5,
+        attention_logit_soft_cap=50.0, use_post_ffw_norm=True,
+        use_post_attention_norm=True, query_head_dim_normalize=False,
+    ), preprocessor=None)
+    teacher = keras_hub.models.LlamaCausalLM(backbone=keras_hub.models.LlamaBackbone(
+        vocabulary_size=HUB_V, num_layers=1, num_query_heads=2, num_key_value_heads=1,
+        hidden_dim=24, intermediate_dim=32, tie_word_embeddings=False,
+    ), preprocessor=None)
+    return student, teacher
+
+
+def _hub_data(seed=0):
+    rng = np.random.default_rng(seed)
+    mask = np.ones((HUB_B, HUB_T), "int32")
+    mask[1, -2:] = 0
+    x = {"token_ids": rng.integers(1, HUB_V, (HUB_B, HUB_T)).astype("int32"),
+         "padding_mask": mask}
+    y = rng.integers(0, HUB_V, (HUB_B, HUB_T)).astype("int32")
+    return x, y, mask.astype("float32")
+
+
+def _dense_from_logits(student_logits, teacher_logits, sw, temperature, divergence, beta):
+    """The divergence of the stock models' logits (`keras.ops`)."""
+    log_q = ops.log_softmax(student_logits / temperature, axis=-1)
+    log_p = ops.stop_gradient(ops.log_softmax(teacher_logits / temperature, axis=-1))
+    kl = lambda a, b: ops.sum(ops.exp(a) * (a - b), axis=-1)  # noqa: E731
+    if divergence == "forward_kl":
+        per_token = kl(log_p, log_q)
+    else:
+        log_m = ops.log(beta * ops.exp(log_p) + (1 - beta) * ops.exp(log_q))
+        per_token = beta * kl(log_p, log_m) + (1 - beta) * kl(log_q, log_m)
+    sw = ops.convert_to_tensor(sw)
+    return ops.sum(per_token * sw) / ops.sum(sw)
+
+
+# Two models' fit steps: compiling them on JAX takes a minute (-m slow there).
+@pytest.mark.parametrize("divergence", [
+    pytest.param("jsd", marks=[pytest.mark.slow] if BACKEND == "jax" else []),
+    pytest.param("forward_kl", marks=pytest.mark.slow),
+])
+def test_causal_lm_distillation_matches_stock_logits(divergence, monkeypatch):
+    from test_fused_causal_lm import ReverseCalls
+
+    from keras_softmax_heads.fused import DistillationCausalLM
+
+    options = dict(divergence=divergence, beta=0.4, temperature=2.0, chunk_size=24)
+
+    class DenseDistillation(DistillationCausalLM):
+        """The reference: both stock models' logits."""
+
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                         training=True):
+            logits_s = self.student.backbone.token_embedding(y_pred, reverse=True)
+            logits_t = self.teacher(x, training=False)
+            return _dense_from_logits(logits_s, logits_t, sample_weight, 2.0,
+                                      divergence, 0.4)
+
+    student, teacher = _hub_models()
+    student_ref, _ = _hub_models()
+    student_ref.set_weights(student.get_weights())
+    x, y, sw = _hub_data()
+    distiller = DistillationCausalLM(student, teacher, **options)
+    reference = DenseDistillation(student_ref, teacher, **options)
+    for model in (distiller, reference):
+        model.compile(optimizer=keras.optimizers.SGD(HUB_LR))
+
+    # The loss equals the divergence of the stock models' logits (the
+    # student's final soft cap included).
+    hidden = distiller(x, training=True)
+    loss = float(to_numpy(distiller.compute_loss(x, y, hidden, sw)))
+    expected = float(to_numpy(_dense_from_logits(
+        student(x), teacher(x), sw, 2.0, divergence, 0.4)))
+    assert expected > 1e-3
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+
+    # One SGD step each: the same student weights; the teacher's unchanged;
+    # the tiled step never forms logits.
+    teacher_before = [to_numpy(v) for v in teacher.weights]
+    w0 = [to_numpy(v) for v in student.trainable_variables]
+    calls = ReverseCalls(monkeypatch, distiller)
+    logs = distiller.fit(x, y, sample_weight=sw, batch_size=HUB_B, epochs=1,
+                         verbose=0, shuffle=False).history
+    assert calls.steps > 0 and calls.count == 0, "the distillation step formed logits"
+    calls.undo()
+    ref_logs = reference.fit(x, y, sample_weight=sw, batch_size=HUB_B, epochs=1,
+                             verbose=0, shuffle=False).history
+    np.testing.assert_allclose(logs["loss"], ref_logs["loss"], rtol=1e-5)
+    np.testing.assert_allclose(logs["divergence"], logs["loss"], rtol=1e-6)
+    steps = [(a - to_numpy(b)) / HUB_LR for a, b in zip(w0, student.trainable_variables)]
+    ref_steps = [(a - to_numpy(b)) / HUB_LR
+                 for a, b in zip(w0, student_ref.trainable_variables)]
+    scale = max(float(np.abs(g).max()) for g in ref_steps)
+    assert scale > 1e-4
+    for g, e, v in zip(steps, ref_steps, student.trainable_variables):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4 * scale, err_msg=v.path)
+    for a, v in zip(teacher_before, teacher.weights):
+        np.testing.assert_array_equal(a, to_numpy(v))
+
+
+# The example script, in-process at a tiny shape (by default on PyTorch,
+# the fastest here; -m slow on the others).
+@(pytest.mark.slow if BACKEND != "torch" else pytest.mark.multibackend)
+def test_hub_distillation_example_runs():
+    import importlib.util
+    import pathlib
+
+    pytest.importorskip("keras_hub")
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "hub_distillation.py"
+    spec = importlib.util.spec_from_file_location("hub_distillation", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    divergences, unchanged = example.main([
+        "--steps=3", "--vocab_size=64", "--student_dim=16", "--teacher_dim=24",
+        "--batch_size=2", "--seq_len=6", "--chunk_size=24", "--divergence=jsd",
+        "--learning_rate=1e-2"])
+    assert unchanged
+    assert len(divergences) == 3 and divergences[-1] < divergences[0]

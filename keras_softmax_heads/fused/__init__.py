@@ -37,3 +37,6 @@ __all__ = [
 from keras_softmax_heads.fused.distillation import linear_divergence  # noqa: E402
 
 __all__ += ["linear_divergence"]
+from keras_softmax_heads.fused.distillation_causal_lm import DistillationCausalLM  # noqa: E402
+
+__all__ += ["DistillationCausalLM"]
