@@ -383,3 +383,25 @@ def test_hub_distillation_example_runs():
         "--learning_rate=1e-2"])
     assert unchanged
     assert len(divergences) == 3 and divergences[-1] < divergences[0]
+
+
+# The benchmark's steps, in-process at a tiny shape (the current backend's
+# row; by default on PyTorch, -m slow on the others).
+@(pytest.mark.slow if BACKEND != "torch" else pytest.mark.multibackend)
+def test_bench_distillation_smoke(monkeypatch):
+    import importlib.util
+    import pathlib
+
+    bench_dir = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench_dir))
+    spec = importlib.util.spec_from_file_location(
+        "bench_distillation", bench_dir / "bench_distillation.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = bench.measure_backend(BACKEND, 16, 8, 50, 16, rounds=1, keras_rows=True)
+    np.testing.assert_allclose(row["tiled_value"], row["dense_value"], rtol=1e-5)
+    if BACKEND == "torch":
+        np.testing.assert_allclose(row["torch_dense_value"], row["dense_value"], rtol=1e-5)
+    assert row["ratios"]["time_tiled_over_dense"] > 0
+    memory = bench.measure_memory(BACKEND, "tiled", 16, 8, 50, 16)
+    assert "tiled_extra_mib" in memory
