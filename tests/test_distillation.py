@@ -301,9 +301,10 @@ def _dense_from_logits(student_logits, teacher_logits, sw, temperature, divergen
     return ops.sum(per_token * sw) / ops.sum(sw)
 
 
-# Two models' fit steps: compiling them on JAX takes a minute (-m slow there).
+# Two models' fit steps: compiling them takes 15 s on TensorFlow and a
+# minute on JAX (-m slow there); by default on PyTorch (seconds).
 @pytest.mark.parametrize("divergence", [
-    pytest.param("jsd", marks=[pytest.mark.slow] if BACKEND == "jax" else []),
+    pytest.param("jsd", marks=[pytest.mark.slow] if BACKEND != "torch" else []),
     pytest.param("forward_kl", marks=pytest.mark.slow),
 ])
 def test_causal_lm_distillation_matches_stock_logits(divergence, monkeypatch):
