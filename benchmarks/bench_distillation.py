@@ -26,7 +26,9 @@ NumPy, seeded); each row records its divergence as a check.
 Memory: on JAX, XLA's compiled memory analysis (`measure.compiled_memory`,
 `temp` bytes: the scratch memory beyond inputs and outputs); for every
 step, in a fresh process of its own, the process' peak resident size of one
-call after one warm-up call (`measure.RssPeak`), `peak_over_inputs_mib`, and
+call after one warm-up call (`measure.RssPeak`; on TensorFlow over both
+calls, as its CPU allocator keeps the blocks of the first call, compilation
+included), `peak_over_inputs_mib`, and
 `extra_mib = peak_over_inputs_mib - grad_mib` (`grad_mib`: the two
 gradients, `N d + d V` floats). Ratios per backend: the medians over the
 rounds of `tiled / dense` time, and the extra memory ratios (on JAX also
@@ -167,14 +169,18 @@ def steps_of(backend, arrays, chunk_size, keras_rows=True, torch_dense=True):
 
 def measure_memory(backend, step, n, d, v, chunk_size):
     """`{step}_peak_over_inputs_mib` and `{step}_extra_mib` of one call of
-    `step` after its warm-up (`measure.RssPeak`; alone in its process)."""
+    `step` after its warm-up (on TensorFlow: of both calls), alone in its
+    process (`measure.RssPeak`)."""
     arrays = make_inputs(n, d, v)
     calls, _ = steps_of(backend, arrays, chunk_size, step != "torch_dense",
                         step == "torch_dense")
     call = calls[step]
-    call()
     reader = measure.RssPeak()
-    reader.start()
+    if backend == "tensorflow":  # its allocator keeps the first call's blocks
+        reader.start()
+    call()
+    if backend != "tensorflow":
+        reader.start()
     call()
     peak = reader.peak_mib()
     return {f"{step}_peak_over_inputs_mib": peak,
