@@ -122,7 +122,7 @@ def compiled_grad_step(loss_fn, arrays):
         h_s, w_s = (a.detach().requires_grad_(True) for a in args[:2])
         loss = loss_fn(h_s, w_s, args[2], args[3])
         loss.backward()
-        return float(loss)
+        return float(loss.detach())
 
     return torch_step, None
 
@@ -143,7 +143,7 @@ def torch_dense_step(arrays):
         log_q = F.log_softmax(h @ w_s, dim=-1)
         loss = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
         loss.backward()
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
