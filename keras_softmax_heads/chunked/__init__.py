@@ -40,3 +40,8 @@ __all__ = [
     "tile_width",
     "value_and_vjp",
 ]
+from keras_softmax_heads.chunked.divergence import DIVERGENCES  # noqa: E402
+from keras_softmax_heads.chunked.divergence import OutputLayer  # noqa: E402
+from keras_softmax_heads.chunked.divergence import tiled_divergence  # noqa: E402
+
+__all__ += ["DIVERGENCES", "OutputLayer", "tiled_divergence"]

@@ -39,3 +39,9 @@ __all__ = [
     "vocab_parallel_stats",
     "pallas_pointwise_stats",
 ]
+from keras_softmax_heads.fused.distillation import linear_divergence  # noqa: E402
+
+__all__ += ["linear_divergence"]
+from keras_softmax_heads.fused.distillation_causal_lm import DistillationCausalLM  # noqa: E402
+
+__all__ += ["DistillationCausalLM"]
