@@ -8,7 +8,8 @@ and a head in `HeadModel`.
 
 Modules: `heads` (the heads, one per module, and the head registry),
 `losses` (`HeadLoss`, `LinearCrossEntropy`, `linear_cross_entropy`),
-`fused` (the fused linear + cross-entropy), `metrics` (`Perplexity`), `head_model`,
+`fused` (the fused linear + cross-entropy, per-token statistics and
+distillation divergences without the logits, the keras-hub integrations), `metrics` (`Perplexity`), `head_model`,
 `functional` (log-space output functions, PLIF kernels), `chunked`,
 `samplers`, `clustering`, `diagnostics` (the papers' NumPy diagnostics),
 `models` (backbones), `data` (corpora, `tf.data`), `training`
@@ -44,6 +45,7 @@ from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHead
 from keras_softmax_heads.fused import LinearCrossEntropy
 from keras_softmax_heads.fused import linear_cross_entropy
+from keras_softmax_heads.fused import linear_divergence
 from keras_softmax_heads.losses import HeadLoss
 from keras_softmax_heads.metrics import Perplexity
 from keras_softmax_heads.models.lstm_lm import LSTMLanguageModel
@@ -83,6 +85,7 @@ __all__ = [
     "WordMajorSoftmaxHead",
     "available_heads",
     "linear_cross_entropy",
+    "linear_divergence",
     "make_clusters",
     "make_head",
 ]
