@@ -11,6 +11,10 @@ Modules:
   the one place that chooses it.
 * `causal_lm`: the keras-hub integration, `fused_causal_lm(CausalLMClass)`
   and its mixin `FusedLossCausalLM`.
+* `token_scores`: `linear_token_scores`, per-token log-probabilities and
+  entropies without the logits (`docs/token_statistics.md`).
+* `causal_lm_scores`: `causal_lm_token_scores`, the same for token
+  sequences under a keras-hub `CausalLM`.
 
 See `docs/chunked.md`, "Fused linear + cross-entropy from hidden states".
 """
@@ -34,3 +38,8 @@ __all__ = [
     "vocab_parallel_layout",
     "vocab_parallel_stats",
 ]
+
+from keras_softmax_heads.fused.causal_lm_scores import causal_lm_token_scores  # noqa: E402
+from keras_softmax_heads.fused.token_scores import linear_token_scores  # noqa: E402
+
+__all__ += ["causal_lm_token_scores", "linear_token_scores"]
