@@ -8,13 +8,18 @@ low-precision product) is named in `chunked.dispatch`. Per tile
 
 * forward (`forward_tile`): online log-sum-exp (a running max and sum per
   row), the target's score and, with `stats`, the score sum and argmax;
+  with `entropy` also the running `sum_v exp(g_v - max) (g_v - max)`,
+  rescaled with the running max like the sum, which gives the entropy
+  `H = log(sum) - that / sum` and `E_p[g] = lse - H`;
 * backward (`backward_tile`): the tile is recomputed,
-  `dg = (u_nll + u_lse) softmax - u_nll onehot(target) + u_sum`, the
+  `dg = (u_nll + u_lse) softmax - u_nll onehot(target) + u_sum
+  - u_H softmax (g - E_p[g])`, the
   vector-Jacobian product of `g` gives `dz` and the transform's parameter
   gradients, then `dh += dz W_tile^T` and the tile's kernel / bias
   gradient is written into place.
 
-Tile order and masks: `chunked.tiling`. Design notes: `docs/chunked.md`.
+Tile order and masks: `chunked.tiling`. Design notes: `docs/chunked.md`;
+the entropy: `docs/token_statistics.md`.
 """
 
 import keras
@@ -75,7 +80,8 @@ class CoreSpec:
     """The static description of one call of the core (no tensors)."""
 
     def __init__(self, d, tiling, acc, low_matmul, transform_fn, variables,
-                 kernel_transposed, has_bias, stats, implementation="auto"):
+                 kernel_transposed, has_bias, stats, implementation="auto",
+                 entropy=False):
         self.d = d
         self.tiling = tiling
         self.acc = acc
@@ -90,6 +96,7 @@ class CoreSpec:
         self.has_bias = has_bias
         self.stats = stats
         self.implementation = implementation
+        self.entropy = entropy  # stats mode with a fifth column, the entropy
 
 
 def tile_loop(count, body, state):
@@ -133,9 +140,19 @@ def target_columns(p, start, skip):
     return ops.clip(col, 0, p.tiling.size - 1), inside
 
 
+def finite_scores(g, mask):
+    """`g` with the masked columns (`-inf`, `mask` not None) set to 0, so
+    that `p * g` is 0 there rather than NaN."""
+    if mask is None:
+        return g
+    return ops.where(mask[None, :] == 0, g, ops.zeros_like(g))
+
+
 def forward_tile(p, state, start, mask, skip):
     """One tile of the forward pass: `state` is `(run_max, run_sum,
-    target_score)`, plus `(score_sum, argmax)` with `stats`, all `[N]`."""
+    target_score)`, plus `(score_sum, argmax)` with `stats` and
+    `run_shifted` (`sum_v exp(g_v - max) (g_v - max)`) with `entropy`, all
+    `[N]`."""
     run_max, run_sum, target_score = state[:3]
     z, _ = linear_tile(p, start, mask)
     g = z
@@ -146,7 +163,7 @@ def forward_tile(p, state, start, mask, skip):
     tile_max = ops.max(g, axis=1)
     extra = ()
     if p.spec.stats:
-        score_sum, run_arg = state[3:]
+        score_sum, run_arg = state[3:5]
         # `skip` is static here: the masked columns are left out.
         score_sum = score_sum + ops.sum(g[:, skip:] if skip else g, axis=1)
         tile_arg = ops.cast(ops.argmax(g, axis=1), p.acc) + ops.cast(start, p.acc)
@@ -160,9 +177,21 @@ def forward_tile(p, state, start, mask, skip):
     new_max = ops.where(tile_max > run_max, tile_max, run_max)
     # Rows whose scores are all -inf so far: avoid (-inf) - (-inf).
     safe_max = ops.where(ops.isfinite(new_max), new_max, ops.zeros_like(new_max))
-    run_sum = run_sum * ops.exp(run_max - safe_max) + ops.sum(
-        ops.exp(g - safe_max[:, None]), axis=1
-    )
+    scale = ops.exp(run_max - safe_max)
+    shifted = g - safe_max[:, None]
+    e = ops.exp(shifted)
+    if p.spec.entropy:
+        # sum e (g - m'), rescaled from the old max m: the old sum of
+        # e (g - m) becomes scale (old - (m' - m) run_sum); no term while
+        # the row is all -inf (run_sum = 0).
+        run_shifted = state[5]
+        step = ops.where(ops.isfinite(run_max), safe_max - run_max,
+                         ops.zeros_like(run_max))
+        run_shifted = scale * (run_shifted - step * run_sum) + ops.sum(
+            e * finite_scores(shifted, mask), axis=1
+        )
+        extra = extra + (run_shifted,)
+    run_sum = run_sum * scale + ops.sum(e, axis=1)
     col, inside = target_columns(p, start, skip)
     picked = ops.take_along_axis(g, col[:, None], axis=1)[:, 0]
     target_score = target_score + ops.where(inside, picked, ops.zeros_like(picked))
@@ -170,13 +199,17 @@ def forward_tile(p, state, start, mask, skip):
 
 
 def forward(p):
-    """`(out, lse)`: `out` is the nll `[N]` (with `stats` `[N, 4]`: nll,
-    lse, score_sum, argmax) and `lse` the log-sum-exp `[N]`."""
+    """`(out, saved)`: `out` is the nll `[N]` (with `stats` `[N, 4]`: nll,
+    lse, score_sum, argmax; with `entropy` `[N, 5]`, the entropy last) and
+    `saved` what the backward pass reads: `(lse,)`, with `entropy`
+    `(lse, E_p[g])`, each `[N]`."""
     tiling = p.tiling
     zeros = ops.zeros_like(p.targets, dtype=p.acc)
     state = (ops.full_like(p.targets, float("-inf"), dtype=p.acc), zeros, zeros)
     if p.spec.stats:
         state += (zeros, zeros)
+    if p.spec.entropy:
+        state += (zeros,)
     if tiling.overlap:
         state = forward_tile(p, state, tiling.tail_start, p.tail_mask, tiling.overlap)
     state = tile_loop(
@@ -187,29 +220,43 @@ def forward(p):
     run_max, run_sum, target_score = state[:3]
     lse = run_max + ops.log(run_sum)
     nll = lse - target_score
+    if p.spec.entropy:
+        # H = lse - E_p[g] = log(sum) - sum e (g - max) / sum.
+        entropy = ops.log(run_sum) - state[5] / run_sum
+        out = ops.stack([nll, lse, state[3], state[4], entropy], axis=1)
+        return out, (lse, lse - entropy)
     if p.spec.stats:
-        return ops.stack([nll, lse, state[3], state[4]], axis=1), lse
-    return nll, lse
+        return ops.stack([nll, lse, state[3], state[4]], axis=1), (lse,)
+    return nll, (lse,)
 
 
 class Cotangents:
-    """The backward pass's per-row weights of `softmax`, `onehot(target)`
-    and the constant term in `dg` (None: no sum term)."""
+    """The backward pass's per-row weights of `softmax`, `onehot(target)`,
+    the constant term in `dg` (None: no sum term) and, with `entropy`, the
+    entropy's cotangent and `E_p[g]` (else None)."""
 
-    def __init__(self, upstream, acc, stats):
+    def __init__(self, upstream, acc, stats, entropy=False, mean=None):
         upstream = ops.cast(upstream, acc)
-        if stats:  # d/dg of u_nll nll + u_lse lse + u_sum score_sum
+        self.entropy, self.mean = None, None
+        if stats:  # d/dg of u_nll nll + u_lse lse + u_sum score_sum (+ u_H H)
             self.soft = upstream[:, 0] + upstream[:, 1]
             self.onehot = upstream[:, 0]
             self.sum = upstream[:, 2]
+            if entropy:
+                self.entropy, self.mean = upstream[:, 4], mean
         else:
             self.soft, self.onehot, self.sum = upstream, upstream, None
 
 
 def score_gradient(p, g, lse, cot, start, mask, skip):
-    """`dg = soft softmax - onehot onehot(target) (+ sum)` of one tile; the
-    masked columns have `g = -inf`, hence no softmax and no gradient."""
-    dg = ops.exp(g - lse[:, None]) * cot.soft[:, None]
+    """`dg = soft softmax - onehot onehot(target) (+ sum)
+    (- u_H softmax (g - E_p[g]))` of one tile; the masked columns have
+    `g = -inf`, hence no softmax and no gradient."""
+    weight = cot.soft[:, None]
+    if cot.entropy is not None:  # dH/dg_v = -p_v (g_v - E_p[g])
+        centred = finite_scores(g - cot.mean[:, None], mask)
+        weight = weight - cot.entropy[:, None] * centred
+    dg = ops.exp(g - lse[:, None]) * weight
     col, inside = target_columns(p, start, skip)
     columns = ops.arange(p.tiling.size, dtype="int32")
     hit = ops.logical_and(ops.equal(columns[None, :], col[:, None]), inside[:, None])
@@ -253,11 +300,12 @@ def backward_tile(p, lse, cot, state, start, mask, skip):
     return dh, dparams, dkernel, dbias
 
 
-def backward(p, lse, upstream):
+def backward(p, saved, upstream):
     """The gradients of `h`, the kernel, the bias (if any) and the
-    transform's parameters, in their dtypes."""
+    transform's parameters, in their dtypes; `saved` is `forward`'s."""
     spec, tiling = p.spec, p.tiling
-    cot = Cotangents(upstream, p.acc, spec.stats)
+    lse, mean = saved[0], (saved[1] if len(saved) > 1 else None)
+    cot = Cotangents(upstream, p.acc, spec.stats, spec.entropy, mean)
     dkernel, p.write_gradient, finish = dispatch.gradient_writer(
         p.kernel.shape, p.kernel.dtype, spec.implementation)
     state = (
@@ -290,14 +338,18 @@ def unlisted_variables_error(variables):
 
 
 def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
-                  chunk_size, kernel_transposed, stats=False, implementation="auto"):
+                  chunk_size, kernel_transposed, stats=False, implementation="auto",
+                  entropy=False):
     """Flat core: h `[N, d]`, targets `[N]` int32 -> nll `[N]` (acc dtype).
 
     With `stats=True` the result is `[N, 4]`: the columns `nll`, `lse`
     (`logsumexp_v g_v`), `score_sum` (`sum_v g_v`) and `argmax` (the word of
     the largest score, as a float: exact below 2**24 words). The first three
     are differentiable (their cotangents combine in one backward pass), the
-    argmax gets no gradient.
+    argmax gets no gradient. With `entropy=True` (and `stats=True`) a fifth
+    column, the entropy `H = lse - E_p[g]` of `softmax(g)`, is accumulated
+    online and differentiable too (`dH/dg_v = -p_v (g_v - E_p[g])`, in the
+    same backward pass); without it the pass computes nothing for it.
 
     `params` are tensors, `variables[j]` the Keras variable `params[j]` was
     read from (or None): while `transform_fn` runs, reading that variable
@@ -319,14 +371,17 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
         has_bias=has_bias,
         stats=stats,
         implementation=implementation,
+        entropy=bool(entropy),
     )
+    if spec.entropy and not stats:
+        raise ValueError("`entropy=True` needs `stats=True` (the fifth column).")
 
     @ops.custom_gradient
     def nll_fn(targets, *args):
         bias = args[2] if has_bias else None
         p = TileProblem(spec, args[0], args[1], bias, targets,
                         list(args[2 + int(has_bias):]))
-        out, lse = dispatch.run_pass(lambda: forward(p), implementation)
+        out, saved = dispatch.run_pass(lambda: forward(p), implementation)
 
         def grad_fn(*args, upstream=None, variables=None):
             # TensorFlow and JAX call grad_fn(upstream); PyTorch
@@ -335,7 +390,7 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
                 raise unlisted_variables_error(variables)
             if upstream is None:
                 (upstream,) = args
-            grads = dispatch.run_pass(lambda: backward(p, lse, upstream), implementation)
+            grads = dispatch.run_pass(lambda: backward(p, saved, upstream), implementation)
             return (None, *grads)  # None: the int targets
 
         return out, grad_fn

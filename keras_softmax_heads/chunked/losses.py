@@ -18,6 +18,7 @@ from keras_softmax_heads.chunked.platform import chunk_size_for
 from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.chunked.tiling import check_chunk_size
 from keras_softmax_heads.chunked.tiling import kernel_geometry
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 
 
@@ -143,6 +144,7 @@ def chunked_pointwise_stats(
     chunk_size=None,
     kernel_transposed=False,
     implementation="auto",
+    entropy=False,
 ):
     """Per-row statistics of `g = g(h W + b)` over the vocabulary, tiled.
 
@@ -164,6 +166,13 @@ def chunked_pointwise_stats(
     tiles for all three), so per-row weights and masks get exact gradients.
     This is the core of `keras_softmax_heads.fused.linear_cross_entropy`.
 
+    With `entropy=True` a fifth tensor, the entropy
+    `H = lse - E_p[g] = -sum_v p_v log p_v` of `p = softmax(g)`, accumulated
+    online in the same pass (rescaled with the running max like the sum)
+    and differentiable in the same backward pass
+    (`dH/dg_v = -p_v (g_v - E_p[g])`). Without it nothing is computed for
+    it. See `docs/token_statistics.md`.
+
     Example:
 
     >>> import numpy as np
@@ -178,22 +187,29 @@ def chunked_pointwise_stats(
     True
     >>> bool(np.array_equal(ops.convert_to_numpy(arg), z.argmax(1)))
     True
+    >>> *_, ent = chunked_pointwise_stats(h, w, None, [0, 3, 9, 5], chunk_size=4,
+    ...                                   entropy=True)
+    >>> p = ops.convert_to_numpy(ops.softmax(z, axis=-1))
+    >>> bool(np.allclose(ops.convert_to_numpy(ent), -(p * np.log(p)).sum(1), atol=1e-5))
+    True
     """
     out = run_core(
         h, kernel, bias, targets, transform_fn, transform_params, chunk_size,
-        kernel_transposed, implementation, stats=True,
+        kernel_transposed, implementation, stats=True, entropy=entropy,
     )
     nll, lse, score_sum = out[..., 0], out[..., 1], out[..., 2]
     argmax = ops.cast(ops.stop_gradient(out[..., 3]), "int32")
+    if entropy:
+        return nll, lse, score_sum, argmax, out[..., 4]
     return nll, lse, score_sum, argmax
 
 
 def run_core(
     h, kernel, bias, targets, transform_fn, transform_params, chunk_size,
-    kernel_transposed, implementation, stats,
+    kernel_transposed, implementation, stats, entropy=False,
 ):
     """Flattens, checks and calls the core; the result has shape
-    `targets.shape` (plus a last axis of 4 with `stats`)."""
+    `targets.shape` (plus a last axis of 4 with `stats`, 5 with `entropy`)."""
     implementation = check_choice("implementation", implementation, ("auto", "ops"))
     h = as_tensor(h)
     kernel = as_tensor(kernel)
@@ -215,8 +231,9 @@ def run_core(
             f"h.shape={tuple(h.shape)}, targets.shape={tuple(targets.shape)}"
         )
     out_shape = ops.shape(targets)
+    entropy = check_bool("entropy", entropy)
     if stats:
-        out_shape = tuple(out_shape) + (4,)
+        out_shape = tuple(out_shape) + (5 if entropy else 4,)
     d = h.shape[-1]
     flat_h = ops.reshape(h, (-1, d if d is not None else ops.shape(h)[-1]))
     flat_t = ops.reshape(targets, (-1,))
@@ -232,6 +249,7 @@ def run_core(
         bool(kernel_transposed),
         stats=stats,
         implementation=implementation,
+        entropy=entropy,
     )
     return ops.reshape(out, out_shape)
 

@@ -14,6 +14,10 @@ Modules:
 * `pallas_cross_entropy`: the Pallas GPU kernels of the per-token
   statistics (`pallas_pointwise_stats`; JAX on a GPU, interpret mode
   elsewhere), which `vocab_parallel.single_device_stats` picks.
+* `token_scores`: `linear_token_scores`, per-token log-probabilities and
+  entropies without the logits (`docs/token_statistics.md`).
+* `causal_lm_scores`: `causal_lm_token_scores`, the same for token
+  sequences under a keras-hub `CausalLM`.
 
 See `docs/chunked.md`, "Fused linear + cross-entropy from hidden states".
 """
@@ -45,3 +49,8 @@ __all__ += ["linear_divergence"]
 from keras_softmax_heads.fused.distillation_causal_lm import DistillationCausalLM  # noqa: E402
 
 __all__ += ["DistillationCausalLM"]
+
+from keras_softmax_heads.fused.causal_lm_scores import causal_lm_token_scores  # noqa: E402
+from keras_softmax_heads.fused.token_scores import linear_token_scores  # noqa: E402
+
+__all__ += ["causal_lm_token_scores", "linear_token_scores"]

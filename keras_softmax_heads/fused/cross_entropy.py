@@ -232,8 +232,8 @@ def token_terms(
     )
     chunk_size = check_chunk_size(chunk_size)
     filter_eps = check_filter_eps(filter_eps)
-    hidden, kernel, bias, vocab = _projection(hidden, kernel, bias, kernel_transposed)
-    targets, ignored = _targets(targets, vocab, ignore_index)
+    hidden, kernel, bias, vocab = projection(hidden, kernel, bias, kernel_transposed)
+    targets, ignored = checked_targets(targets, vocab, ignore_index)
     transform_fn = None
     if cap is not None:
         transform_fn = lambda z: soft_cap(z, cap)  # noqa: E731
@@ -266,7 +266,7 @@ def token_terms(
             "argmax": argmax, "correct": correct}
 
 
-def _projection(hidden, kernel, bias, kernel_transposed):
+def projection(hidden, kernel, bias, kernel_transposed):
     """`(hidden, kernel, bias, V)`: the tensors (variables kept), checked."""
     hidden = ops.convert_to_tensor(hidden)
     if not isinstance(kernel, keras.Variable):
@@ -286,7 +286,7 @@ def _projection(hidden, kernel, bias, kernel_transposed):
     return hidden, kernel, bias, vocab
 
 
-def _targets(targets, vocab, ignore_index):
+def checked_targets(targets, vocab, ignore_index):
     """`(targets, ignored)`: int32 ids in `[0, V)` (ignored tokens set to 0,
     checked as `validation.check_targets` does) and the boolean mask of the
     ignored tokens (None without `ignore_index`)."""

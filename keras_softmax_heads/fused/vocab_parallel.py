@@ -207,3 +207,108 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
         out_specs=(row_spec,) * 4, check_vma=False,
     )(h, kernel, t)
     return tuple(ops.reshape(x, lead) for x in out)
+
+
+def parallel_layout(kernel, bias, kernel_transposed, vocab_parallel):
+    """`vocab_parallel_layout(kernel, kernel_transposed)` where the
+    `vocab_parallel` option asks for it and there is no bias, else None;
+    raises for `vocab_parallel=True` without one."""
+    check_vocab_parallel(vocab_parallel)
+    if not vocab_parallel:
+        return None
+    layout = vocab_parallel_layout(kernel, kernel_transposed)
+    if layout is not None and bias is not None:
+        layout = None
+    if layout is None and vocab_parallel is True:
+        raise ValueError(
+            "vocab_parallel=True needs the JAX backend, no bias, and a "
+            "`kernel` variable that the current keras.distribution shards "
+            "on its vocabulary axis (evenly)."
+        )
+    return layout
+
+
+def pointwise_entropy(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
+                      kernel_transposed, implementation, vocab_parallel="auto"):
+    """`(nll, lse, entropy)` of `softmax(g(h W + b))`: one tiled pass of
+    `chunked.chunked_pointwise_stats(..., entropy=True)`,
+    vocabulary-parallel where `pointwise_stats` is.
+
+    Args: as in `pointwise_stats`.
+
+    Returns:
+        `(nll, lse, entropy)`, each of the targets' shape, differentiable.
+    """
+    layout = parallel_layout(kernel, bias, kernel_transposed, vocab_parallel)
+    if layout is not None:
+        return vocab_parallel_entropy(
+            hidden, kernel, targets, layout, transform_fn=transform_fn,
+            chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+            implementation=implementation,
+        )
+    nll, lse, _, _, entropy = chunked_pointwise_stats(
+        hidden, kernel, bias, targets, transform_fn=transform_fn,
+        chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+        implementation=implementation, entropy=True,
+    )
+    return nll, lse, entropy
+
+
+def vocab_parallel_entropy(hidden, kernel, targets, layout, *, transform_fn,
+                           chunk_size, kernel_transposed, implementation):
+    """`pointwise_entropy` with the kernel sharded on V (JAX only).
+
+    Each device runs the tiled pass on its shard (targets shifted to its
+    range), giving its `lse_k`, target score and entropy `H_k`, hence
+    `E_k = lse_k - H_k` (the mean score under the shard's own softmax).
+    Combined across the vocabulary mesh axis: `lse = m + log(psum(exp(lse_k
+    - m)))`, the target score by `psum`, and
+    `E_p[g] = psum(exp(lse_k - lse) E_k)`, `H = lse - E_p[g]`. Gradients flow
+    through the collectives and each shard's own backward pass.
+
+    Args: as in `vocab_parallel_stats`.
+
+    Returns:
+        `(nll, lse, entropy)`, each of the targets' shape.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    mesh, vocab_axis, batch_axis = layout
+    d = hidden.shape[-1]
+    lead = ops.shape(targets)
+    h = ops.reshape(hidden, (-1, d))
+    t = ops.reshape(targets, (-1,))
+    rows = h.shape[0]
+    if batch_axis is not None and (
+        rows is None or rows % mesh.shape[list(mesh.axis_names).index(batch_axis)]
+    ):
+        batch_axis = None
+    kernel = ops.convert_to_tensor(kernel)
+    kernel_spec = (PartitionSpec(vocab_axis, None) if kernel_transposed
+                   else PartitionSpec(None, vocab_axis))
+    row_spec = PartitionSpec(batch_axis)
+
+    def local(h, w, t):
+        v_local = w.shape[0] if kernel_transposed else w.shape[1]
+        start = jax.lax.axis_index(vocab_axis) * v_local
+        shifted = t - start
+        inside = (shifted >= 0) & (shifted < v_local)
+        nll, lse, _, _, entropy = chunked_pointwise_stats(
+            h, w, None, jnp.where(inside, shifted, 0), transform_fn=transform_fn,
+            chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+            implementation=implementation, entropy=True,
+        )
+        peak = jax.lax.pmax(jax.lax.stop_gradient(lse), vocab_axis)
+        total_lse = peak + jnp.log(jax.lax.psum(jnp.exp(lse - peak), vocab_axis))
+        target = jax.lax.psum(jnp.where(inside, lse - nll, 0.0), vocab_axis)
+        mean = jax.lax.psum(jnp.exp(lse - total_lse) * (lse - entropy), vocab_axis)
+        return total_lse - target, total_lse, total_lse - mean
+
+    out = jax.shard_map(
+        local, mesh=mesh.backend_mesh,
+        in_specs=(PartitionSpec(batch_axis, None), kernel_spec, row_spec),
+        out_specs=(row_spec,) * 3, check_vma=False,
+    )(h, kernel, t)
+    return tuple(ops.reshape(x, lead) for x in out)

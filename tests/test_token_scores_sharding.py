@@ -1,0 +1,88 @@
+"""`linear_token_scores` vocabulary-parallel on JAX (4 simulated host
+devices, a subprocess: `XLA_FLAGS` must be set before JAX starts): with the
+kernel variable sharded on V by a `keras.distribution`, the log-probs,
+entropies and their gradients (temperature, soft cap, `[d, V]` and
+`[V, d]` kernels) equal the single-device pass."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("jax")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEVICES = 4
+
+
+@pytest.mark.slow
+def test_vocab_parallel_scores_match_single_device():
+    env = dict(os.environ)
+    env.update(KERAS_BACKEND="jax",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+               PYTHONPATH=os.pathsep.join(
+                   [os.path.dirname(HERE)] + [p for p in [env.get("PYTHONPATH")] if p]))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for name, r in result.items():
+        assert r["applies"], name
+        assert r["value_err"] < 1e-5 * r["value_scale"], (name, r)
+        assert r["grad_err"] < 1e-5 * r["grad_scale"], (name, r)
+
+
+def child():
+    import jax
+    import keras
+    import numpy as np
+    from keras import ops
+
+    from keras_softmax_heads.fused import linear_token_scores
+    from keras_softmax_heads.fused import vocab_parallel_layout
+
+    n, d, v = 8, 16, 96
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(n, d)).astype("float32")
+    y = rng.integers(0, v, n).astype("int32")
+    u, w_ent = rng.normal(size=n).astype("float32"), rng.normal(size=n).astype("float32")
+    mesh = keras.distribution.DeviceMesh((1, DEVICES), ("batch", "model"),
+                                         keras.distribution.list_devices())
+    result = {}
+    for transposed in (False, True):
+        layout_map = keras.distribution.LayoutMap(mesh)
+        layout_map["kernel"] = ("model", None) if transposed else (None, "model")
+        distribution = keras.distribution.ModelParallel(layout_map=layout_map,
+                                                        batch_dim_name="batch")
+        w = (rng.normal(size=(v, d) if transposed else (d, v)) * 0.5).astype("float32")
+        with distribution.scope():
+            kernel = keras.Variable(w, name="kernel")
+            applies = vocab_parallel_layout(kernel, transposed) is not None
+            outs = {}
+            for mode in (True, False):
+                def loss(h, kval, mode=mode):
+                    with keras.StatelessScope(state_mapping=[(kernel, kval)]):
+                        lp, ent = linear_token_scores(
+                            h, kernel, y, kernel_transposed=transposed, temperature=0.7,
+                            logit_soft_cap=2.0, return_entropy=True, chunk_size=16,
+                            vocab_parallel=mode)
+                    return ops.sum(u * lp + w_ent * ent), (lp, ent)
+
+                (val, (lp, ent)), grads = jax.jit(jax.value_and_grad(
+                    loss, argnums=(0, 1), has_aux=True))(h, kernel.value)
+                outs[mode] = [np.asarray(x) for x in (lp, ent, *grads)]
+        a, b = outs[True], outs[False]
+        result["transposed" if transposed else "plain"] = {
+            "applies": applies,
+            "value_err": float(max(np.abs(x - y).max() for x, y in zip(a[:2], b[:2]))),
+            "value_scale": float(max(np.abs(x).max() for x in b[:2])),
+            "grad_err": float(max(np.abs(x - y).max() for x, y in zip(a[2:], b[2:]))),
+            "grad_scale": float(max(np.abs(x).max() for x in b[2:])),
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    child()
