@@ -46,6 +46,7 @@ from keras_softmax_heads.heads.word_major_softmax_head import WordMajorSoftmaxHe
 from keras_softmax_heads.fused import LinearCrossEntropy
 from keras_softmax_heads.fused import linear_cross_entropy
 from keras_softmax_heads.fused import linear_divergence
+from keras_softmax_heads.fused import linear_token_scores
 from keras_softmax_heads.losses import HeadLoss
 from keras_softmax_heads.metrics import Perplexity
 from keras_softmax_heads.models.lstm_lm import LSTMLanguageModel
@@ -86,6 +87,7 @@ __all__ = [
     "available_heads",
     "linear_cross_entropy",
     "linear_divergence",
+    "linear_token_scores",
     "make_clusters",
     "make_head",
 ]

@@ -61,7 +61,8 @@ class TileProblem:
         self.bias = bias
         self.targets = targets
         self.params = params
-        self.write_gradient = None  # the kernel gradient's tile write (backward)
+        # The kernel gradient's tile write and finish (`zero_gradients`).
+        self.write_gradient = self.finish_gradient = None
         self.tail_mask = None
         if self.tiling.overlap:
             self.tail_mask = ops.convert_to_tensor(self.tiling.tail_mask(), spec.acc)
@@ -287,6 +288,16 @@ def backward_tile(p, lse, cot, state, start, mask, skip):
         grads = pullback(dz)
         dz = ops.cast(grads[0], p.acc)
         dparams = [a + ops.cast(g_p, p.acc) for a, g_p in zip(dparams, grads[1:])]
+    dh, dkernel, dbias = project_tile_gradient(p, dz, w, start, dh, dkernel, dbias)
+    return dh, dparams, dkernel, dbias
+
+
+def project_tile_gradient(p, dz, w, start, dh, dkernel, dbias):
+    """`(dh, dkernel, dbias)` after one tile's score gradient `dz`
+    `[N, size]`: `dh += dz W_tile^T`, and the tile's kernel and bias
+    gradient columns written into place (`zero_gradients` made the
+    buffers)."""
+    spec = p.spec
     if spec.kernel_transposed:  # w: [size, d]
         dh = dh + spec.product(dz, w)
         dw, begin = spec.product(ops.transpose(dz), p.h_acc), [start, 0]
@@ -297,7 +308,28 @@ def backward_tile(p, lse, cot, state, start, mask, skip):
     if spec.has_bias:
         db = ops.cast(ops.sum(dz, axis=0), dbias.dtype)
         dbias = ops.slice_update(dbias, [start], db)
-    return dh, dparams, dkernel, dbias
+    return dh, dkernel, dbias
+
+
+def zero_gradients(p):
+    """`(dh, dkernel, dbias)`: the zero gradient buffers of `h`, the kernel
+    (`dispatch.gradient_writer`'s) and the bias (a scalar without one)."""
+    dkernel, p.write_gradient, p.finish_gradient = dispatch.gradient_writer(
+        p.kernel.shape, p.kernel.dtype, p.spec.implementation)
+    dbias = ops.zeros((), p.acc)
+    if p.spec.has_bias:
+        dbias = ops.zeros((p.tiling.vocab,), p.bias.dtype)
+    return ops.zeros_like(p.h, dtype=p.acc), dkernel, dbias
+
+
+def projection_gradients(p, dh, dkernel, dbias):
+    """The gradients of `h`, the kernel and the bias (if any), in their
+    dtypes, from the buffers of `zero_gradients`."""
+    grads = [ops.cast(dh, p.h.dtype),
+             ops.cast(p.finish_gradient(dkernel), p.kernel.dtype)]
+    if p.spec.has_bias:
+        grads.append(ops.cast(dbias, p.bias.dtype))
+    return grads
 
 
 def backward(p, saved, upstream):
@@ -306,14 +338,8 @@ def backward(p, saved, upstream):
     spec, tiling = p.spec, p.tiling
     lse, mean = saved[0], (saved[1] if len(saved) > 1 else None)
     cot = Cotangents(upstream, p.acc, spec.stats, spec.entropy, mean)
-    dkernel, p.write_gradient, finish = dispatch.gradient_writer(
-        p.kernel.shape, p.kernel.dtype, spec.implementation)
-    state = (
-        ops.zeros_like(p.h, dtype=p.acc),
-        [ops.zeros(x.shape, p.acc) for x in p.params],
-        dkernel,
-        ops.zeros((tiling.vocab,), p.bias.dtype) if spec.has_bias else ops.zeros((), p.acc),
-    )
+    dh, dkernel, dbias = zero_gradients(p)
+    state = (dh, [ops.zeros(x.shape, p.acc) for x in p.params], dkernel, dbias)
     if tiling.overlap:
         state = backward_tile(
             p, lse, cot, state, tiling.tail_start, p.tail_mask, tiling.overlap
@@ -323,9 +349,7 @@ def backward(p, saved, upstream):
         lambda i, state: backward_tile(p, lse, cot, state, i * tiling.size, None, 0),
         state,
     )
-    grads = [ops.cast(dh, p.h.dtype), ops.cast(finish(dkernel), p.kernel.dtype)]
-    if spec.has_bias:
-        grads.append(ops.cast(dbias, p.bias.dtype))
+    grads = projection_gradients(p, dh, dkernel, dbias)
     return grads + [ops.cast(g, x.dtype) for g, x in zip(dparams, p.params)]
 
 

@@ -44,7 +44,10 @@ from keras_softmax_heads.chunked.core import CoreSpec
 from keras_softmax_heads.chunked.core import TileProblem
 from keras_softmax_heads.chunked.core import accumulation_dtype
 from keras_softmax_heads.chunked.core import linear_tile
+from keras_softmax_heads.chunked.core import project_tile_gradient
+from keras_softmax_heads.chunked.core import projection_gradients
 from keras_softmax_heads.chunked.core import tile_loop
+from keras_softmax_heads.chunked.core import zero_gradients
 from keras_softmax_heads.chunked.tiling import Tiling
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 
@@ -207,39 +210,6 @@ def jsd_forward(pair, beta):
     return kl_p, kl_q, lse_s, lse_t
 
 
-def _project_back(p, dz, w, start, dh, dkernel, dbias):
-    """`dh += dz W_tile^T` and the tile's kernel / bias gradient columns
-    written into place (as `chunked.core.backward_tile` does)."""
-    spec = p.spec
-    if spec.kernel_transposed:  # w: [size, d]
-        dh = dh + spec.product(dz, w)
-        dw, begin = spec.product(ops.transpose(dz), p.h_acc), [start, 0]
-    else:  # w: [d, size]
-        dh = dh + spec.product(dz, ops.transpose(w))
-        dw, begin = spec.product(p.h_t, dz), [0, start]
-    dkernel = ops.slice_update(dkernel, begin, ops.cast(dw, dkernel.dtype))
-    if spec.has_bias:
-        dbias = ops.slice_update(dbias, [start], ops.cast(ops.sum(dz, axis=0), dbias.dtype))
-    return dh, dkernel, dbias
-
-
-def _zero_grads(p):
-    p.h_t = None if p.spec.kernel_transposed else ops.transpose(p.h_acc)
-    return (
-        ops.zeros_like(p.h, dtype=p.acc),
-        ops.zeros(p.kernel.shape, p.kernel.dtype),
-        ops.zeros((p.tiling.vocab,), p.bias.dtype) if p.spec.has_bias else ops.zeros((), p.acc),
-    )
-
-
-def _grads(p, state):
-    dh, dkernel, dbias = state
-    grads = [ops.cast(dh, p.h.dtype), ops.cast(dkernel, p.kernel.dtype)]
-    if p.spec.has_bias:
-        grads.append(ops.cast(dbias, p.bias.dtype))
-    return grads
-
-
 def backward(pair, divergence, beta, residuals, upstream, teacher_gradient):
     """The gradients of the student's `(h, kernel[, bias])` and, with
     `teacher_gradient`, the teacher's, in their dtypes."""
@@ -261,14 +231,15 @@ def backward(pair, divergence, beta, residuals, upstream, teacher_gradient):
             ds = (1.0 - beta) * q * (log_q - log_m - residuals["kl_q"][:, None])
             dt = beta * p * (log_p - log_m - residuals["kl_p"][:, None])
         state = list(state)
-        state[0] = _project_back(pair.s, ds * (u * d_s), w_s, start, *state[0])
+        state[0] = project_tile_gradient(pair.s, ds * (u * d_s), w_s, start, *state[0])
         if teacher_gradient:
-            state[1] = _project_back(pair.t, dt * (u * d_t), w_t, start, *state[1])
+            state[1] = project_tile_gradient(pair.t, dt * (u * d_t), w_t, start, *state[1])
         return tuple(state)
 
-    state = (_zero_grads(pair.s), _zero_grads(pair.t) if teacher_gradient else ())
+    state = (zero_gradients(pair.s), zero_gradients(pair.t) if teacher_gradient else ())
     state = _over_tiles(pair, body, state)
-    return _grads(pair.s, state[0]), _grads(pair.t, state[1]) if teacher_gradient else None
+    return (projection_gradients(pair.s, *state[0]),
+            projection_gradients(pair.t, *state[1]) if teacher_gradient else None)
 
 
 def tiled_divergence(student, teacher, divergence="forward_kl", *, beta=0.5,
