@@ -2,7 +2,8 @@
 
 * `jit_with_state(layer, fn)`: compile a function that advances a layer's
   random state;
-* the `float64` fixture and `RTOL64`, for float64 checks on every backend.
+* the `float64` fixture and `RTOL64`, for float64 checks on every backend;
+* `slow_off_tensorflow`, a mark for long tests run by default on TensorFlow only.
 
 `backends.jit` compiles a pure function. A head that samples (sampled
 softmax, NCE, self-normalisation) draws with `keras.random` and its
@@ -25,6 +26,11 @@ from backends import jit
 # float32 for float64 inputs: float64 comparisons there hold to float32
 # rounding only, and finite differences need a float32-sized step.
 RTOL64 = 1e-10 if BACKEND == "tensorflow" else 1e-5
+
+#: `slow` off TensorFlow: in TensorFlow's default run, and on JAX and
+#: PyTorch under `-m slow` (a test whose other backends' runs are long and
+#: whose logic is backend-neutral; keeps the three backends in the time budget).
+slow_off_tensorflow = pytest.mark.slow if BACKEND != "tensorflow" else pytest.mark.usefixtures()
 # `assert_directional_gradients` keywords for float64 objectives.
 FD64 = (
     dict(eps=1e-6, rtol=1e-6, atol=1e-7)

@@ -12,6 +12,7 @@ from battery import HeadBattery
 from keras import ops
 from multibackend import RTOL64
 from multibackend import float64  # noqa: F401 (fixture)
+from multibackend import slow_off_tensorflow
 from references import numpy_log_softmax
 
 import keras_softmax_heads as ksh
@@ -145,6 +146,7 @@ def _dense_objective(head, t, weights):
     return dense
 
 
+@slow_off_tensorflow
 def test_gradients_match_dense_autodiff_float64(float64):
     """The cheap `log_likelihood`'s gradients (context, every weight; tight
     capacities, so the ladder is climbed) equal the dense path's, eagerly

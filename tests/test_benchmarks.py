@@ -29,6 +29,7 @@ def _run(script, *args, timeout=600):
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_head_robustness_smoke(tmp_path):
     """The seed-robustness check's script, two n-gram rows for two steps on the
     synthetic corpus: it runs, writes its JSON and judges against the softmax."""
@@ -56,6 +57,7 @@ def test_parallel_study_smoke(tmp_path):
     assert "row sigsoftmax done" in stdout
 
 
+@pytest.mark.slow
 def test_hsm_floor(tmp_path):
     out = tmp_path / "floor.json"
     _run("hsm_floor.py", "--v", "3000", "--d", "16", "--n", "64", "--repeats", "1",
@@ -167,6 +169,7 @@ def test_exact_heads_backend(backend, tmp_path):
     assert "peak MiB on " + backend in stdout
 
 
+@pytest.mark.slow
 def test_exact_heads_two_backends_compared(tmp_path):
     """`--backend tensorflow,jax` sets JAX's ratios next to TensorFlow's."""
     if not _installed("jax"):
@@ -310,6 +313,7 @@ def test_results_page_is_generated_from_the_committed_results():
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_linear_cross_entropy_benchmark_smoke(tmp_path):
     """The four rows at tiny sizes, in one process (`--in_process`): each is
     timed and measured, the rows compute the same loss, the ratios are set."""

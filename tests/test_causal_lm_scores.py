@@ -17,6 +17,7 @@ keras_hub = pytest.importorskip("keras_hub")
 
 import keras  # noqa: E402
 from backends import BACKEND  # noqa: E402
+from multibackend import slow_off_tensorflow  # noqa: E402
 from keras import ops  # noqa: E402
 
 from keras_softmax_heads.fused import causal_lm_token_scores  # noqa: E402
@@ -171,6 +172,7 @@ def test_scores_match_stock_logits_without_them(name, monkeypatch):
     np.testing.assert_allclose(ops.convert_to_numpy(only), ref_lp, rtol=1e-5, atol=1e-5)
 
 
+@slow_off_tensorflow
 @pytest.mark.parametrize("name", NAMES)
 def test_policy_gradient_step_matches_stock(name, monkeypatch):
     """One SGD `fit` step of a REINFORCE loss with an entropy bonus,

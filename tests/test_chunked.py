@@ -1036,6 +1036,7 @@ MIRRORED_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @TF_ONLY
 def test_mirrored_strategy_two_cpus():
     """`fit` under MirroredStrategy over 2 logical CPUs (a fresh process: the

@@ -25,6 +25,7 @@ keras_hub = pytest.importorskip("keras_hub")
 
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
+from multibackend import slow_off_tensorflow  # noqa: E402
 
 import keras_softmax_heads as ksh  # noqa: E402
 
@@ -169,7 +170,8 @@ def _dense_loss(logits, y, sw):
     return (nll * sw).sum() / sw.sum()
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", ["gemma2"] + [
+    pytest.param(n, marks=pytest.mark.slow) for n in MODELS if n != "gemma2"])
 def test_fit_matches_stock_without_logits(name, monkeypatch, tmp_path):
     fused, stock = _pair(name)
     x, y, sw = _data()
@@ -286,6 +288,7 @@ def test_fit_matches_stock_without_logits(name, monkeypatch, tmp_path):
     _assert_close_lists(_weights(loaded), _weights(fused), 1e-6, names)
 
 
+@slow_off_tensorflow
 @pytest.mark.parametrize("targets", [["token_embedding", "query"], None],
                          ids=["embedding", "default"])
 def test_lora_on_tied_embedding_uses_merged_matrix(targets, monkeypatch):

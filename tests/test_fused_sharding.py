@@ -42,7 +42,8 @@ def _run_child(devices):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("devices", [2, pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [2, 8])
 def test_vocab_sharded_fit_matches_unsharded(devices):
     result = _run_child(devices)
     for name in ("gemma2", "llama"):

@@ -13,6 +13,7 @@ from battery import HeadBattery
 from keras import ops
 from multibackend import RTOL64
 from multibackend import float64  # noqa: F401 (fixture)
+from multibackend import slow_off_tensorflow
 from references import numpy_log_softmax
 
 import keras_softmax_heads as ksh
@@ -131,6 +132,7 @@ def test_numpy_reference(kwargs):
     )
 
 
+@slow_off_tensorflow
 def test_gradients_match_dense_autodiff_float64(float64):
     """The cheap tiled `log_likelihood`'s gradients (context, both kernels,
     both biases) equal those of the dense `log_probs` path, in float64,

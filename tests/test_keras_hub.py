@@ -52,7 +52,7 @@ def _model(head_class, tied, **kwargs):
     "head_class, tied, kwargs",
     [
         (ksh.SigSoftmax, True, {}),
-        (ksh.SigSoftmax, False, {}),
+        pytest.param(ksh.SigSoftmax, False, {}, marks=pytest.mark.slow),
         (ksh.SampledSoftmax, True, {"num_sampled": 8, "seed": 1}),
     ],
     ids=["sigsoftmax-tied", "sigsoftmax-untied", "sampled-tied"],

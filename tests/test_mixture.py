@@ -7,6 +7,7 @@ from backends import BACKEND
 from backends import jit
 from backends import to_numpy
 from backends import value_and_grad
+from multibackend import slow_off_tensorflow
 from battery import HeadBattery
 from references import numpy_plif
 
@@ -157,6 +158,7 @@ class TestMixtureVariantsBattery(TestMixtureBattery):
         {"num_knots": 8, "chunk_size": 4},
     ],
 )
+@slow_off_tensorflow
 def test_jit_compiled_gradients(kwargs):
     """Loss and gradients under XLA match the eager ones (dropout off)."""
     h = np.random.default_rng(0).normal(size=(4, 3, 5)).astype("float32")

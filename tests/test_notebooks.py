@@ -142,11 +142,13 @@ def _check_bottleneck(nb, workdir):
     assert (workdir / "synthetic_bottleneck_run" / "synthetic_bottleneck.csv").is_file()
 
 
+@pytest.mark.slow
 def test_quickstart_notebook_runs(tmp_path):
     nb, _ = _execute(QUICKSTART, tmp_path, quick=True, timeout=300)
     _check_quickstart(nb)
 
 
+@pytest.mark.slow
 def test_softmax_bottleneck_notebook_runs(tmp_path):
     nb, workdir = _execute(BOTTLENECK, tmp_path, quick=True, timeout=300)
     _check_bottleneck(nb, workdir)

@@ -165,6 +165,7 @@ def test_plot_and_csv_round_trip(tmp_path):
 
 
 # ------------------------------------------------------------- the script
+@pytest.mark.slow
 def test_script_tiny_run_writes_csv_and_figures(tmp_path):
     models = _available_models()
     workdir = tmp_path / "run"

@@ -85,6 +85,7 @@ def test_script_smoke(tmp_path):
     assert checkpoints == ["ckpt-0000000009.npz", "ckpt-0000000010.npz"]
 
 
+@pytest.mark.slow
 def test_script_on_jax_data_parallel_resumes_after_sigkill(tmp_path):
     """The script under KERAS_BACKEND=jax, data parallel over two host
     devices (keras.distribution): it trains, evaluates exactly, and a run
@@ -525,6 +526,7 @@ def test_sigterm_and_damaged_checkpoint_resume_exactly(tmp_path, capsys):
     assert not (bad / "config.json").exists()
 
 
+@pytest.mark.slow
 def test_script_sigterm_checkpoints_exits_143_and_resumes(tmp_path):
     """The script stopped by SIGTERM mid-epoch (sent at step 4 by the test
     switch): one line, status 143, a checkpoint of step 4; the same command
