@@ -251,12 +251,7 @@ def token_terms(
     loss = nan_if_invalid(loss, targets, vocab)
     nll = nan_if_invalid(nll, targets, vocab)
 
-    weights = ops.ones_like(loss)
-    if sample_weight is not None:
-        sample_weight = ops.cast(ops.convert_to_tensor(sample_weight), loss.dtype)
-        while len(sample_weight.shape) < len(loss.shape):
-            sample_weight = ops.expand_dims(sample_weight, -1)
-        weights = ops.broadcast_to(sample_weight, ops.shape(loss))
+    weights = broadcast_weights(sample_weight, loss)
     if ignored is not None:
         weights = ops.where(ignored, ops.zeros_like(weights), weights)
         loss = ops.where(ignored, ops.zeros_like(loss), loss)
@@ -264,6 +259,18 @@ def token_terms(
     correct = ops.stop_gradient(ops.cast(ops.equal(argmax, targets), weights.dtype))
     return {"loss": loss, "nll": nll, "lse": lse, "weights": weights,
             "argmax": argmax, "correct": correct}
+
+
+def broadcast_weights(sample_weight, loss):
+    """Per-token weights of `loss`'s shape and dtype: ones, or
+    `sample_weight` (the shape of `loss` or a prefix of it) broadcast over
+    the trailing axes."""
+    if sample_weight is None:
+        return ops.ones_like(loss)
+    sample_weight = ops.cast(ops.convert_to_tensor(sample_weight), loss.dtype)
+    while len(sample_weight.shape) < len(loss.shape):
+        sample_weight = ops.expand_dims(sample_weight, -1)
+    return ops.broadcast_to(sample_weight, ops.shape(loss))
 
 
 def projection(hidden, kernel, bias, kernel_transposed):

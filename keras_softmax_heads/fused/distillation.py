@@ -15,6 +15,7 @@ from keras_softmax_heads.chunked.divergence import DIVERGENCES
 from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.divergence import tiled_divergence
 from keras_softmax_heads.chunked.tiling import kernel_geometry
+from keras_softmax_heads.fused.cross_entropy import broadcast_weights
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
 from keras_softmax_heads.fused.cross_entropy import reduce_loss
 from keras_softmax_heads.validation import check_bool
@@ -70,12 +71,7 @@ def token_weights(loss, targets=None, sample_weight=None, ignore_index=None):
     """`(weights, ignored)`: per-token weights of `loss`'s shape
     (`sample_weight` broadcast over trailing axes, 0 where `targets ==
     ignore_index`) and the boolean mask of the ignored tokens (or None)."""
-    weights = ops.ones_like(loss)
-    if sample_weight is not None:
-        sample_weight = ops.cast(ops.convert_to_tensor(sample_weight), loss.dtype)
-        while len(sample_weight.shape) < len(loss.shape):
-            sample_weight = ops.expand_dims(sample_weight, -1)
-        weights = ops.broadcast_to(sample_weight, ops.shape(loss))
+    weights = broadcast_weights(sample_weight, loss)
     ignored = None
     if ignore_index is not None:
         if targets is None:

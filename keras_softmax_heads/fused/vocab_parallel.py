@@ -80,17 +80,7 @@ def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
     check_vocab_parallel(vocab_parallel)
     implementation = check_choice("implementation", implementation, IMPLEMENTATIONS)
     filter_eps = check_filter_eps(filter_eps)
-    layout = None
-    if vocab_parallel:
-        layout = vocab_parallel_layout(kernel, kernel_transposed)
-        if layout is not None and bias is not None:
-            layout = None
-        if layout is None and vocab_parallel is True:
-            raise ValueError(
-                "vocab_parallel=True needs the JAX backend, no bias, and a "
-                "`kernel` variable that the current keras.distribution shards "
-                "on its vocabulary axis (evenly)."
-            )
+    layout = parallel_layout(kernel, bias, kernel_transposed, vocab_parallel)
     if layout is not None:
         return vocab_parallel_stats(
             hidden, kernel, targets, layout, transform_fn=transform_fn,
@@ -159,10 +149,49 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
     """
     import jax
     import jax.numpy as jnp
+
+    vocab_axis = layout[1]
+
+    def local(h, w, local_targets, inside, start):
+        nll, lse, score_sum, argmax = single_device_stats(
+            h, w, None, local_targets, transform_fn=transform_fn,
+            chunk_size=chunk_size, kernel_transposed=kernel_transposed,
+            implementation=implementation, filter_eps=filter_eps,
+        )
+        total_lse, target = combine_shards(lse, nll, inside, vocab_axis)
+        score_sum = jax.lax.psum(score_sum, vocab_axis)
+        # The argmax: each shard's best score, recomputed from its row.
+        row = jnp.take(w, argmax, axis=0) if kernel_transposed else jnp.take(w, argmax, axis=1).T
+        best = jnp.sum(h.astype(lse.dtype) * row.astype(lse.dtype), axis=-1)
+        if transform_fn is not None:
+            best = transform_fn(best)
+        best = jax.lax.stop_gradient(best)
+        top = jax.lax.pmax(best, vocab_axis)
+        ids = jnp.where(best == top, argmax + start, jnp.iinfo("int32").max)
+        argmax = jax.lax.pmin(ids.astype("int32"), vocab_axis)
+        return total_lse - target, total_lse, score_sum, argmax
+
+    return over_vocabulary_shards(local, 4, hidden, kernel, targets, layout,
+                                  kernel_transposed)
+
+
+def over_vocabulary_shards(local, num_outputs, hidden, kernel, targets, layout,
+                           kernel_transposed):
+    """Runs `local` on each device's vocabulary shard (`jax.shard_map`).
+
+    `local(h, w, local_targets, inside, start)` gets the flat rows `h`
+    `[n, d]`, the device's kernel shard `w`, the targets shifted into the
+    shard's range (0 outside it), whether each target is in the shard, and
+    the shard's first word id; it returns `num_outputs` per-row tensors,
+    combined across the vocabulary axis by its own collectives. Rows are
+    split over the layout's batch axis when it divides them. Returns the
+    outputs reshaped to the targets' shape.
+    """
+    import jax
+    import jax.numpy as jnp
     from jax.sharding import PartitionSpec
 
     mesh, vocab_axis, batch_axis = layout
-    jax_mesh = mesh.backend_mesh
     d = hidden.shape[-1]
     lead = ops.shape(targets)
     h = ops.reshape(hidden, (-1, d))
@@ -177,36 +206,32 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
                    else PartitionSpec(None, vocab_axis))
     row_spec = PartitionSpec(batch_axis)
 
-    def local(h, w, t):
+    def shard(h, w, t):
         v_local = w.shape[0] if kernel_transposed else w.shape[1]
         start = jax.lax.axis_index(vocab_axis) * v_local
         shifted = t - start
         inside = (shifted >= 0) & (shifted < v_local)
-        nll, lse, score_sum, argmax = single_device_stats(
-            h, w, None, jnp.where(inside, shifted, 0), transform_fn=transform_fn,
-            chunk_size=chunk_size, kernel_transposed=kernel_transposed,
-            implementation=implementation, filter_eps=filter_eps,
-        )
-        peak = jax.lax.pmax(jax.lax.stop_gradient(lse), vocab_axis)
-        total_lse = peak + jnp.log(jax.lax.psum(jnp.exp(lse - peak), vocab_axis))
-        target = jax.lax.psum(jnp.where(inside, lse - nll, 0.0), vocab_axis)
-        score_sum = jax.lax.psum(score_sum, vocab_axis)
-        # The argmax: each shard's best score, recomputed from its row.
-        row = jnp.take(w, argmax, axis=0) if kernel_transposed else jnp.take(w, argmax, axis=1).T
-        best = jnp.sum(h.astype(lse.dtype) * row.astype(lse.dtype), axis=-1)
-        if transform_fn is not None:
-            best = transform_fn(best)
-        best = jax.lax.stop_gradient(best)
-        top = jax.lax.pmax(best, vocab_axis)
-        ids = jnp.where(best == top, argmax + start, jnp.iinfo("int32").max)
-        argmax = jax.lax.pmin(ids.astype("int32"), vocab_axis)
-        return total_lse - target, total_lse, score_sum, argmax
+        return local(h, w, jnp.where(inside, shifted, 0), inside, start)
 
     out = jax.shard_map(
-        local, mesh=jax_mesh, in_specs=(PartitionSpec(batch_axis, None), kernel_spec, row_spec),
-        out_specs=(row_spec,) * 4, check_vma=False,
+        shard, mesh=mesh.backend_mesh,
+        in_specs=(PartitionSpec(batch_axis, None), kernel_spec, row_spec),
+        out_specs=(row_spec,) * num_outputs, check_vma=False,
     )(h, kernel, t)
     return tuple(ops.reshape(x, lead) for x in out)
+
+
+def combine_shards(lse, nll, inside, vocab_axis):
+    """`(lse, target_score)` over the whole vocabulary from each shard's
+    `lse` and `nll` (inside a `shard_map`): a stable log-sum-exp of the
+    shards' `lse`, and the target's score from the shard that holds it."""
+    import jax
+    import jax.numpy as jnp
+
+    peak = jax.lax.pmax(jax.lax.stop_gradient(lse), vocab_axis)
+    total_lse = peak + jnp.log(jax.lax.psum(jnp.exp(lse - peak), vocab_axis))
+    target = jax.lax.psum(jnp.where(inside, lse - nll, 0.0), vocab_axis)
+    return total_lse, target
 
 
 def parallel_layout(kernel, bias, kernel_transposed, vocab_parallel):
@@ -273,42 +298,18 @@ def vocab_parallel_entropy(hidden, kernel, targets, layout, *, transform_fn,
     """
     import jax
     import jax.numpy as jnp
-    from jax.sharding import PartitionSpec
 
-    mesh, vocab_axis, batch_axis = layout
-    d = hidden.shape[-1]
-    lead = ops.shape(targets)
-    h = ops.reshape(hidden, (-1, d))
-    t = ops.reshape(targets, (-1,))
-    rows = h.shape[0]
-    if batch_axis is not None and (
-        rows is None or rows % mesh.shape[list(mesh.axis_names).index(batch_axis)]
-    ):
-        batch_axis = None
-    kernel = ops.convert_to_tensor(kernel)
-    kernel_spec = (PartitionSpec(vocab_axis, None) if kernel_transposed
-                   else PartitionSpec(None, vocab_axis))
-    row_spec = PartitionSpec(batch_axis)
+    vocab_axis = layout[1]
 
-    def local(h, w, t):
-        v_local = w.shape[0] if kernel_transposed else w.shape[1]
-        start = jax.lax.axis_index(vocab_axis) * v_local
-        shifted = t - start
-        inside = (shifted >= 0) & (shifted < v_local)
+    def local(h, w, local_targets, inside, start):
         nll, lse, _, _, entropy = chunked_pointwise_stats(
-            h, w, None, jnp.where(inside, shifted, 0), transform_fn=transform_fn,
+            h, w, None, local_targets, transform_fn=transform_fn,
             chunk_size=chunk_size, kernel_transposed=kernel_transposed,
             implementation=implementation, entropy=True,
         )
-        peak = jax.lax.pmax(jax.lax.stop_gradient(lse), vocab_axis)
-        total_lse = peak + jnp.log(jax.lax.psum(jnp.exp(lse - peak), vocab_axis))
-        target = jax.lax.psum(jnp.where(inside, lse - nll, 0.0), vocab_axis)
+        total_lse, target = combine_shards(lse, nll, inside, vocab_axis)
         mean = jax.lax.psum(jnp.exp(lse - total_lse) * (lse - entropy), vocab_axis)
         return total_lse - target, total_lse, total_lse - mean
 
-    out = jax.shard_map(
-        local, mesh=mesh.backend_mesh,
-        in_specs=(PartitionSpec(batch_axis, None), kernel_spec, row_spec),
-        out_specs=(row_spec,) * 3, check_vma=False,
-    )(h, kernel, t)
-    return tuple(ops.reshape(x, lead) for x in out)
+    return over_vocabulary_shards(local, 3, hidden, kernel, targets, layout,
+                                  kernel_transposed)
