@@ -57,6 +57,12 @@ SOURCES = {
                 "--v 10000,33000,100000 --d 512 --no-memory --rounds 7 "
                 "--json docs/results/bench_exact_heads_gpu_jax.json",
         machine="NVIDIA H100 80GB HBM3 (16-core host), JAX 0.11.2 + CUDA, Keras 3.15.1"),
+    "plif_histogram/cpu_jax.json": dict(
+        command="python benchmarks/bench_plif_histogram.py --rows histogram --rounds 2 "
+                "--out docs/results/plif_histogram/cpu_jax.json"),
+    "plif_histogram/cpu_jax_n64.json": dict(
+        command="python benchmarks/bench_plif_histogram.py --n 64 --rounds 2 "
+                "--out docs/results/plif_histogram/cpu_jax_n64.json"),
 }
 
 #: Chen et al. (2016), Table 2, PTB test perplexity (24 h on a K40 each).
@@ -713,6 +719,272 @@ def section_fused_causal_lm(name="bench_fused_causal_lm.json"):
         + [provenance(name, _machine_text(data))])
 
 
+def _loadavg(values):
+    """A recorded `os.getloadavg()` (1, 5, 15 minutes) as one cell."""
+    return " / ".join(f"{x:.1f}" for x in values) if values else "–"
+
+
+def _sci(x):
+    """`x` in scientific notation (one decimal), `–` when absent."""
+    return "–" if x is None else f"{x:.1e}"
+
+
+def _error_cell(row):
+    return str(row.get("error") or row.get("skipped") or "failed")[:60]
+
+
+def _args_command(data):
+    """`python SCRIPT --flag=value ...` from a raw file's `script` and
+    `args` (argparse destinations; `None` and `False` left out)."""
+    args = data.get("args") or {}
+    flags = []
+    for key, value in args.items():
+        if value is None or value is False:
+            continue
+        if value is True:
+            flags.append(f"--{key}")
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ",".join(str(v) for v in value)
+        flags.append(f"--{key}={value}")
+    return " ".join(["python", data.get("script", "?")] + flags)
+
+
+def _with_command(data):
+    """`data` with a `command` from its `script` / `args` and its machine as
+    one line, for `provenance` (the files of `bench_mixture_memory.py` and
+    `bench_device_heads.py`, which record their arguments, not a command)."""
+    data = _machine_text(data)
+    if "command" not in data and data.get("script"):
+        data = dict(data, command=_args_command(data))
+    return data
+
+
+#: Keras' compiled modes per backend (`bench_token_scores.py`).
+TOKEN_SCORES_MODES = {"jax": "jax.jit", "tensorflow": "XLA (`jit_compile=True`)"}
+TOKEN_SCORES_FILES = ("token_scores/bench_token_scores_jax.json",
+                      "token_scores/bench_token_scores_tensorflow.json")
+
+
+def section_token_scores(names=TOKEN_SCORES_FILES):
+    """Per-token log-probabilities and entropy, tiled against dense (issue 30)."""
+    loaded = {name: load(name) for name in names}
+    loaded = {name: d for name, d in loaded.items() if d is not None}
+    if not loaded:
+        return missing(names[0])
+    out = []
+    for data in loaded.values():
+        load_cells = [_loadavg(data.get("loadavg_before")), _loadavg(data.get("loadavg_after"))]
+        for backend, r in data.get("backends", {}).items():
+            mode = f"{backend} / {TOKEN_SCORES_MODES.get(backend, r.get('mode', ''))}"
+            if "rows" not in r:
+                out.append([mode, _error_cell(r)] + ["–"] * 9 + load_cells)
+                continue
+            rows, ratios = r["rows"], r.get("ratios", {})
+            measure_ = ratios.get("memory_measure")
+            fused, dense = rows.get("fused", {}), rows.get("dense", {})
+            rounds = ", ".join(fmt(x) for x in ratios.get("time_fused_over_dense_rounds", []))
+            out.append([mode, f"{r.get('n'):,}", f"{r.get('d'):,}", f"{r.get('v'):,}",
+                        fmt(fused.get("step_s"), 1), fmt(dense.get("step_s"), 1),
+                        f"{fmt(ratios.get('time_fused_over_dense'))} ({rounds or '–'})",
+                        f"`{measure_}`" if measure_ else "–",
+                        fmt(fused.get(measure_), 0), fmt(dense.get(measure_), 0),
+                        fmt(ratios.get("extra_memory_fused_over_dense"), 3)] + load_cells)
+    first = next(iter(loaded.values()))
+    settings = next((r for r in first.get("backends", {}).values() if "rows" in r), {})
+    return "\n\n".join([
+        f"Forward + backward of `sum(u·logp + v·H)` with respect to h and W, float32, "
+        f"{settings.get('threads')} threads, tile width {settings.get('chunk_size')}; "
+        "*fused*: `linear_token_scores(..., return_entropy=True)`, *dense*: the `keras.ops` "
+        "logits, `log_softmax`, gather and entropy; both compiled, timed in interleaved "
+        "rounds of one process per backend (the time ratio is the median of the per-round "
+        "ratios, listed in brackets). Memory: `temp_mib` is XLA's compiled scratch memory "
+        "(JAX), `rss_extra_mib` the process' peak resident size over one call after the "
+        "warm-up (TensorFlow).",
+        table(["backend / mode", "N", "d", "V", "fused s / step", "dense s / step",
+               "fused / dense time (rounds)", "memory measure", "fused MiB", "dense MiB",
+               "fused / dense memory", "load avg before", "load avg after"], out),
+        "\n".join(f"- {provenance(n, _machine_text(d))}" for n, d in loaded.items())])
+
+
+def section_distillation(name="distillation/bench_distillation.json"):
+    """The tiled forward KL against the dense KL and PyTorch's (issue 30)."""
+    data = load(name)
+    if data is None:
+        return missing(name)
+    out = []
+    for r in data["rows"]:
+        cells = [r.get("backend", "?"), r.get("mode", "")]
+        if "error" in r:
+            out.append(cells + [_error_cell(r)] + ["–"] * 9)
+            continue
+        ratios = r.get("ratios", {})
+        rounds = ""
+        times = r.get("times_s", {})
+        if times.get("tiled") and times.get("dense"):
+            rounds = " (" + ", ".join(fmt(t / d) for t, d in zip(times["tiled"], times["dense"])) + ")"
+        time_ratio = ratios.get("time_tiled_over_dense")
+        out.append(cells + [
+            fmt(r.get("tiled_step_s"), 1), fmt(r.get("dense_step_s"), 1),
+            fmt(r.get("torch_dense_step_s"), 1),
+            (fmt(time_ratio) + rounds) if time_ratio is not None else "–",
+            fmt(r.get("tiled_extra_mib"), 0), fmt(r.get("dense_extra_mib"), 0),
+            fmt(r.get("torch_dense_extra_mib"), 0),
+            fmt(ratios.get("extra_memory_tiled_over_dense"), 3),
+            fmt(ratios.get("temp_memory_tiled_over_dense"), 3),
+            fmt(ratios.get("time_tiled_over_torch_dense_process"))])
+    settings = data.get("settings", {})
+    return "\n\n".join([
+        f"N = {settings.get('tokens'):,}, d = {settings.get('dim'):,} (student and teacher), "
+        f"V = {settings.get('vocab'):,}, tile width {settings.get('chunk_size')}, "
+        f"{settings.get('threads')} threads, float32; forward + backward of the mean forward "
+        "KL with respect to the student's h and W; *tiled*: `fused.linear_divergence`, "
+        "*dense*: both `[N, V]` logits in `keras.ops`, *torch dense*: PyTorch's eager "
+        "`F.kl_div` in its own process. Time ratios: medians over the interleaved rounds "
+        "(per round in brackets); against PyTorch, the medians of two processes. Extra "
+        "memory: peak resident size of one call in a fresh process over the inputs and the "
+        "two gradients (for the torch row, its dense step's); temp: XLA's compiled scratch "
+        f"memory (JAX). Load average {_loadavg(data.get('loadavg_before'))} before, "
+        f"{_loadavg(data.get('loadavg_after'))} after.",
+        table(["backend", "mode", "tiled s", "dense s", "torch dense s",
+               "tiled / dense time (rounds)", "tiled extra MiB", "dense extra MiB",
+               "torch dense extra MiB",
+               "tiled / dense extra memory", "tiled / dense XLA temp",
+               "tiled / torch dense time"], out),
+        provenance(name, _machine_text(data))])
+
+
+#: The one device call that writes `docs/results/device_heads/` (issue 28).
+DEVICE_HEADS_COMMAND = "benchmarks/device_heads.sh docs/results/device_heads"
+
+#: The mixtures' memory files (`bench_mixture_memory.py`), in column order.
+MIXTURE_MEMORY_FILES = (
+    ("V = 33,278", "mixture_memory/mixture_memory_cpu_v33278.json"),
+    ("V = 100,000", "mixture_memory/mixture_memory_cpu_v100000.json"),
+    ("V = 33,278, GPU tile widths", "mixture_memory/mixture_memory_gpu_widths_on_cpu_v33278.json"),
+)
+
+
+def section_mixture_memory(files=MIXTURE_MEMORY_FILES):
+    """XLA's compiled temp memory of the mixtures' training step (issue 28)."""
+    loaded = [(title, name, load(name)) for title, name in files]
+    loaded = [(title, name, d) for title, name, d in loaded if d is not None]
+    if not loaded:
+        return missing(files[0][1])
+    heads = list(dict.fromkeys(r["head"] for _, _, d in loaded for r in d["rows"]))
+    out = []
+    for head in heads:
+        cells = [f"`{head}`"]
+        for _, _, d in loaded:
+            r = next((x for x in d["rows"] if x["head"] == head), None)
+            if r is None or "memory" not in r:
+                cells.append("–" if r is None else _error_cell(r))
+                continue
+            tile = f", tiles of {r['chunk_size']:,}" if r.get("chunk_size") else ""
+            cells.append(f"{r['memory']['temp'] / 2**20:,.0f} MiB "
+                         f"({fmt(r.get('temp_ratio_to_full'))}×{tile})")
+        out.append(cells)
+    first = loaded[0][2]["rows"][0]
+    return "\n\n".join([
+        f"XLA's compiled temporary memory (`compiled.memory_analysis()`, nothing run) of one "
+        f"training step (mean training loss, gradients with respect to h and every weight, "
+        f"float32, JAX on the CPU), N = {first['tokens']:,}, d = {first['dim']}; in brackets "
+        "the ratio to `full` (FullSoftmax) of the same file and the vocabulary tile width. "
+        "`mos15_dense` is the `[N, K, V]` reference loss. The last column compiles for the "
+        "CPU with the tile widths chosen for a GPU (`--platform=gpu`).",
+        table(["head"] + [title for title, _, _ in loaded], out),
+        "\n".join(f"- {title}: " + provenance(name, _with_command(d))
+                  for title, name, d in loaded)])
+
+
+def section_device_heads(name, command=None):
+    """Every exact head's training step against FullSoftmax in one process
+    (`bench_device_heads.py`, issue 28): a GPU run or the CPU's. `command`:
+    the one that writes `name`, said while it is absent."""
+    data = load(name)
+    if data is None:
+        return missing(name) + (f" Command: `{command}`." if command else "")
+    out = []
+    for r in data["rows"]:
+        cells = [f"{r.get('vocab', 0):,}", f"`{r['head']}`"]
+        if "step_s" not in r:
+            out.append(cells + [_error_cell(r), "–", "–", "–", "–"])
+            continue
+        temp = (r.get("compiled_memory") or {}).get("temp")
+        temp_mib = temp / 2**20 if temp is not None else None
+        out.append(cells + [fmt(1000 * r["step_s"], 1), fmt(r.get("ratio_to_full")),
+                            fmt(temp_mib, 0), fmt(r.get("temp_ratio_to_full")),
+                            fmt(r.get("first_call_s"), 1)])
+    args = data.get("args", {})
+    return "\n\n".join([
+        f"{', '.join(data.get('devices', [])) or 'device ?'}, JAX {data.get('jax')}; "
+        f"N = {args.get('tokens')}, d = {args.get('dim')}; jitted loss + gradients with "
+        f"respect to h and every weight, median of {args.get('rounds')} interleaved rounds; "
+        "the ratio is the median per-round ratio to FullSoftmax (`full`) of the same process. "
+        f"Load average {_loadavg(data.get('loadavg'))} at the start.",
+        table(["V", "head", "ms / step", "/ full (time)", "XLA temp MiB", "/ full (temp)",
+               "first call s"], out),
+        provenance(name, _with_command(data))])
+
+
+def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
+                                  "plif_histogram/cpu_jax_n64.json")):
+    """PLIF's slope histogram per method (scatter / sorted / pallas), issue 28."""
+    loaded = [(name, load(name)) for name in names]
+    loaded = [(name, d) for name, d in loaded if d is not None]
+    if not loaded:
+        return missing(names[0])
+    out = []
+    for _, d in loaded:
+        args = d.get("args", {})
+        for r in d["rows"]:
+            cells = [f"{args.get('n'):,} × {args.get('v'):,}", r["row"], f"{r['knots']:,}",
+                     r["method"]]
+            if "median_ms" not in r:
+                out.append(cells + [_error_cell(r), "–", "–"])
+                continue
+            out.append(cells + [fmt(r["median_ms"], 1), fmt(r.get("ratio_to_first_method")),
+                                _sci(r.get("max_abs_diff_to_first_method_rel"))])
+    return "\n\n".join([
+        "JAX (`jax.jit`), float32: `histogram` is the two slope histograms of the N × V "
+        "scores into K bins, `loss_grad` `plif_log_likelihood`'s loss and gradients; each "
+        "method timed in the same interleaved rounds, the ratio and the largest relative "
+        "difference against the first method (`scatter`).",
+        table(["N × V", "row", "K", "method", "median ms", "/ scatter",
+               "max relative difference"], out),
+        "\n".join(f"- {provenance(name, _machine_text(d))} Load average "
+                  f"{_loadavg(d.get('loadavg'))}." for name, d in loaded)])
+
+
+def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.json"):
+    """The fused cross-entropy on a GPU against its peers (issue 29)."""
+    data = load(name)
+    if data is None:
+        return (missing(name) + " Command: `benchmarks/device_cross_entropy.sh OUT_DIR` "
+                "(`benchmarks/bench_gpu_cross_entropy.py`).")
+    ratios = {(e["n"], e["d"], e["v"], e["dtype"]): e for e in data.get("ratios", [])}
+    out = []
+    for r in data["rows"]:
+        key = (r["n"], r["d"], r["v"], r["dtype"])
+        cells = [f"{r['n']:,} × {r['d']:,} × {r['v']:,}", r["dtype"], r["row"]]
+        if "step_s" not in r:
+            out.append(cells + [_error_cell(r), "–", "–", "–", "–"])
+            continue
+        ratio = ratios.get(key, {})
+        out.append(cells + [fmt(1000 * r["step_s"], 2), fmt(r.get("peak_over_inputs_mib"), 0),
+                            fmt(ratio.get(f"time_{r['row']}_over_xla_dense")),
+                            fmt(ratio.get(f"time_{r['row']}_over_cce")),
+                            _sci(r.get("grad_rel_err_vs_xla_dense"))])
+    return "\n\n".join([
+        "Forward + backward of the mean cross-entropy of `h Wᵀ` with respect to h and W "
+        "(every 17th target ignored); median of the interleaved rounds. Memory: PyTorch "
+        "rows the CUDA allocator's peak over one step, JAX rows XLA's compiled `temp` + "
+        "`output` (the gradients included on both).",
+        table(["N × d × V", "dtype", "row", "ms / step", "MiB over the inputs",
+               "/ xla_dense time", "/ cce time", "gradient error vs xla_dense"], out),
+        provenance(name, _machine_text(data))])
+
+
 # ----------------------------------------------------------- README lines
 README = os.path.join(REPO, "README.md")
 SUMMARY_START = "<!-- results-summary: generated by benchmarks/results_page.py -->"
@@ -825,6 +1097,21 @@ def build(make_figures=True):
         "fused_lce_jax": section_fused_lce("bench_linear_cross_entropy_jax.json"),
         "fused_lce_gpu": section_fused_lce_gpu(),
         "fused_causal_lm": section_fused_causal_lm(),
+        "token_scores": section_token_scores(),
+        "distillation": section_distillation(),
+        "mixture_memory": section_mixture_memory(),
+        "mixture_step_time": section_device_heads(
+            "mixture_memory/mixture_step_time_cpu_n2048_v10000.json"),
+        "plif_histogram": section_plif_histogram(),
+        "device_heads_v33278": section_device_heads(
+            "device_heads/device_heads_v33278.json", DEVICE_HEADS_COMMAND),
+        "device_heads_v100000": section_device_heads(
+            "device_heads/device_heads_v100000.json", DEVICE_HEADS_COMMAND),
+        "distillation_n2048": section_distillation(
+            "distillation/bench_distillation_n2048_v32768.json"),
+        "distillation_n2048_tensorflow": section_distillation(
+            "distillation/bench_distillation_n2048_v32768_tensorflow.json"),
+        "gpu_cross_entropy": section_gpu_cross_entropy(),
     }
     with open(TEMPLATE) as f:
         template = f.read()
