@@ -10,7 +10,9 @@ a fresh process (`--backends`):
   jit_compile=True)`, XLA; `torch`: eager), two steps, warmed up, then
   timed in `--rounds` interleaved rounds (`measure.interleaved`):
   `tiled`: `keras_softmax_heads.fused.linear_divergence(h_s, W_s, h_t,
-  W_t)` (`--chunk_size`), and `dense`: both `[N, V]` logits,
+  W_t)` (the mean: by default chunks of tokens with the gradient in the
+  forward pass, `--token_chunk_size`; `--chunk_size` is the vocabulary
+  tile of the per-token form), and `dense`: both `[N, V]` logits,
   `keras.ops.log_softmax`, `sum(p (log p - log q))`, the teacher's side
   under `stop_gradient`;
 * `torch_dense` (in the `torch` process, pure PyTorch, eager):
@@ -28,7 +30,9 @@ Memory: on JAX, XLA's compiled memory analysis (`measure.compiled_memory`,
 step, in a fresh process of its own, the process' peak resident size of one
 call after one warm-up call (`measure.RssPeak`; on TensorFlow over both
 calls, as its CPU allocator keeps the blocks of the first call, compilation
-included), `peak_over_inputs_mib`, and
+included, and also TensorFlow's allocator peak over the second call,
+`allocator_peak_mib`, the step's own buffers: the gradients and the
+temporaries), `peak_over_inputs_mib`, and
 `extra_mib = peak_over_inputs_mib - grad_mib` (`grad_mib`: the two
 gradients, `N d + d V` floats). Ratios per backend: the medians over the
 rounds of `tiled / dense` time, and the extra memory ratios (on JAX also
@@ -71,7 +75,7 @@ def make_inputs(n, d, v, seed=0):
     return out
 
 
-def keras_steps(chunk_size):
+def keras_steps(chunk_size, token_chunk_size=None):
     """`{"tiled": loss_fn, "dense": loss_fn}`: `loss_fn(h_s, w_s, h_t, w_t)`
     -> the mean forward KL, in `keras.ops`."""
     from keras import ops
@@ -79,7 +83,8 @@ def keras_steps(chunk_size):
     from keras_softmax_heads.fused import linear_divergence
 
     def tiled(h_s, w_s, h_t, w_t):
-        return linear_divergence(h_s, w_s, h_t, w_t, chunk_size=chunk_size)
+        return linear_divergence(h_s, w_s, h_t, w_t, chunk_size=chunk_size,
+                                 token_chunk_size=token_chunk_size)
 
     def dense(h_s, w_s, h_t, w_t):
         log_q = ops.log_softmax(ops.matmul(h_s, w_s), axis=-1)
@@ -157,38 +162,48 @@ def value_of(result):
     return float(np.asarray(result))
 
 
-def steps_of(backend, arrays, chunk_size, keras_rows=True, torch_dense=True):
+def steps_of(backend, arrays, chunk_size, keras_rows=True, torch_dense=True,
+             token_chunk_size=None):
     """`({name: call}, {name: jax (fn, args)})` of the backend's steps."""
     calls, jitted = {}, {}
-    for name, loss_fn in (keras_steps(chunk_size) if keras_rows else {}).items():
+    steps = keras_steps(chunk_size, token_chunk_size) if keras_rows else {}
+    for name, loss_fn in steps.items():
         calls[name], jitted[name] = compiled_grad_step(loss_fn, arrays)
     if backend == "torch" and torch_dense:
         calls["torch_dense"] = torch_dense_step(arrays)
     return calls, jitted
 
 
-def measure_memory(backend, step, n, d, v, chunk_size):
+def measure_memory(backend, step, n, d, v, chunk_size, token_chunk_size=None):
     """`{step}_peak_over_inputs_mib` and `{step}_extra_mib` of one call of
     `step` after its warm-up (on TensorFlow: of both calls), alone in its
     process (`measure.RssPeak`)."""
     arrays = make_inputs(n, d, v)
     calls, _ = steps_of(backend, arrays, chunk_size, step != "torch_dense",
-                        step == "torch_dense")
+                        step == "torch_dense", token_chunk_size)
     call = calls[step]
     reader = measure.RssPeak()
+    allocator = None
     if backend == "tensorflow":  # its allocator keeps the first call's blocks
         reader.start()
     call()
     if backend != "tensorflow":
         reader.start()
+    elif step != "torch_dense":  # the allocator's peak over the second call
+        allocator = measure.TensorFlowAllocatorPeak()
+        allocator.start()
     call()
     peak = reader.peak_mib()
-    return {f"{step}_peak_over_inputs_mib": peak,
-            f"{step}_extra_mib": peak - (n * d + d * v) * 4 / MIB,
-            "peak_reset": reader.reset}
+    row = {f"{step}_peak_over_inputs_mib": peak,
+           f"{step}_extra_mib": peak - (n * d + d * v) * 4 / MIB,
+           "peak_reset": reader.reset}
+    if allocator is not None and allocator.peak_mib() is not None:
+        row[f"{step}_allocator_peak_mib"] = allocator.peak_mib()
+    return row
 
 
-def measure_backend(backend, n, d, v, chunk_size, rounds, keras_rows=True, torch_dense=True):
+def measure_backend(backend, n, d, v, chunk_size, rounds, keras_rows=True, torch_dense=True,
+                    token_chunk_size=None):
     """The timing row of one backend (the current Keras backend:
     `backend`), in this process: one warm-up call each, then `rounds`
     interleaved timed rounds (the Keras steps unless not `keras_rows`; on
@@ -200,7 +215,8 @@ def measure_backend(backend, n, d, v, chunk_size, rounds, keras_rows=True, torch
     row = {"backend": backend, "n": n, "d": d, "v": v, "chunk_size": chunk_size,
            "dtype": "float32", "grad_mib": (n * d + d * v) * 4 / MIB,
            "mode": {"jax": "jax.jit", "tensorflow": "xla", "torch": "eager"}[backend]}
-    calls, jitted = steps_of(backend, arrays, chunk_size, keras_rows, torch_dense)
+    calls, jitted = steps_of(backend, arrays, chunk_size, keras_rows, torch_dense,
+                             token_chunk_size)
     for name, call in calls.items():
         if jitted.get(name) is not None:
             fn, args = jitted[name]
@@ -244,6 +260,8 @@ def parse_args(argv):
     parser.add_argument("--dim", type=int, default=1024, help="d of both sides")
     parser.add_argument("--vocab", type=int, default=131072, help="V")
     parser.add_argument("--chunk_size", type=int, default=4096)
+    parser.add_argument("--token_chunk_size", type=int, default=None,
+                        help="tokens a chunk of the summed divergence (default: its own)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backends", default=",".join(BACKENDS))
@@ -261,10 +279,12 @@ def run_child(args):
     keras_rows = args.child != "torch" or args.torch_keras
     if args.memory_step:
         fresh_process.report(measure_memory(args.child, args.memory_step, args.tokens,
-                                            args.dim, args.vocab, args.chunk_size))
+                                            args.dim, args.vocab, args.chunk_size,
+                                            args.token_chunk_size))
         return
     fresh_process.report(measure_backend(args.child, args.tokens, args.dim, args.vocab,
-                                         args.chunk_size, args.rounds, keras_rows))
+                                         args.chunk_size, args.rounds, keras_rows,
+                                         token_chunk_size=args.token_chunk_size))
 
 
 def run(args, argv):
@@ -290,6 +310,9 @@ def run(args, argv):
         if keras_rows and "dense_extra_mib" in row and "tiled_extra_mib" in row:
             row.setdefault("ratios", {})["extra_memory_tiled_over_dense"] = (
                 row["tiled_extra_mib"] / row["dense_extra_mib"])
+        if "dense_allocator_peak_mib" in row and "tiled_allocator_peak_mib" in row:
+            row.setdefault("ratios", {})["allocator_memory_tiled_over_dense"] = (
+                row["tiled_allocator_peak_mib"] / row["dense_allocator_peak_mib"])
         result["rows"].append(row)
         print(json.dumps({k: row.get(k) for k in ("backend", "tiled_step_s", "dense_step_s",
                                                    "torch_dense_step_s", "ratios", "error")}))

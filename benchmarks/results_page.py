@@ -763,7 +763,8 @@ def _with_command(data):
 #: Keras' compiled modes per backend (`bench_token_scores.py`).
 TOKEN_SCORES_MODES = {"jax": "jax.jit", "tensorflow": "XLA (`jit_compile=True`)"}
 TOKEN_SCORES_FILES = ("token_scores/bench_token_scores_jax.json",
-                      "token_scores/bench_token_scores_tensorflow.json")
+                      "token_scores/bench_token_scores_tensorflow.json",
+                      "token_scores/bench_token_scores_tensorflow_run1.json")
 
 
 def section_token_scores(names=TOKEN_SCORES_FILES):
@@ -824,6 +825,12 @@ def section_distillation(name="distillation/bench_distillation.json"):
         if times.get("tiled") and times.get("dense"):
             rounds = " (" + ", ".join(fmt(t / d) for t, d in zip(times["tiled"], times["dense"])) + ")"
         time_ratio = ratios.get("time_tiled_over_dense")
+        step_memory = ratios.get("temp_memory_tiled_over_dense")
+        if step_memory is None and "tiled_allocator_peak_mib" in r:
+            # TensorFlow's allocator peaks less the gradients (both steps').
+            grad = r.get("grad_mib", 0.0)
+            step_memory = ((r["tiled_allocator_peak_mib"] - grad)
+                           / (r["dense_allocator_peak_mib"] - grad))
         out.append(cells + [
             fmt(r.get("tiled_step_s"), 1), fmt(r.get("dense_step_s"), 1),
             fmt(r.get("torch_dense_step_s"), 1),
@@ -831,25 +838,28 @@ def section_distillation(name="distillation/bench_distillation.json"):
             fmt(r.get("tiled_extra_mib"), 0), fmt(r.get("dense_extra_mib"), 0),
             fmt(r.get("torch_dense_extra_mib"), 0),
             fmt(ratios.get("extra_memory_tiled_over_dense"), 3),
-            fmt(ratios.get("temp_memory_tiled_over_dense"), 3),
+            fmt(step_memory, 3),
             fmt(ratios.get("time_tiled_over_torch_dense_process"))])
     settings = data.get("settings", {})
+    token_chunk = settings.get("token_chunk_size") or "the backend's default"
     return "\n\n".join([
         f"N = {settings.get('tokens'):,}, d = {settings.get('dim'):,} (student and teacher), "
         f"V = {settings.get('vocab'):,}, tile width {settings.get('chunk_size')}, "
+        f"token chunk {token_chunk}, "
         f"{settings.get('threads')} threads, float32; forward + backward of the mean forward "
         "KL with respect to the student's h and W; *tiled*: `fused.linear_divergence`, "
         "*dense*: both `[N, V]` logits in `keras.ops`, *torch dense*: PyTorch's eager "
         "`F.kl_div` in its own process. Time ratios: medians over the interleaved rounds "
         "(per round in brackets); against PyTorch, the medians of two processes. Extra "
         "memory: peak resident size of one call in a fresh process over the inputs and the "
-        "two gradients (for the torch row, its dense step's); temp: XLA's compiled scratch "
-        f"memory (JAX). Load average {_loadavg(data.get('loadavg_before'))} before, "
+        "two gradients (for the torch row, its dense step's; on TensorFlow over both calls, "
+        "XLA's compilation included); step memory: XLA's compiled scratch memory (JAX) or "
+        "TensorFlow's allocator peak over one call less the gradients. Load average {_loadavg(data.get('loadavg_before'))} before, "
         f"{_loadavg(data.get('loadavg_after'))} after.",
         table(["backend", "mode", "tiled s", "dense s", "torch dense s",
                "tiled / dense time (rounds)", "tiled extra MiB", "dense extra MiB",
                "torch dense extra MiB",
-               "tiled / dense extra memory", "tiled / dense XLA temp",
+               "tiled / dense extra memory", "tiled / dense step memory",
                "tiled / torch dense time"], out),
         provenance(name, _machine_text(data))])
 
@@ -1107,6 +1117,10 @@ def build(make_figures=True):
             "device_heads/device_heads_v33278.json", DEVICE_HEADS_COMMAND),
         "device_heads_v100000": section_device_heads(
             "device_heads/device_heads_v100000.json", DEVICE_HEADS_COMMAND),
+        "distillation_tensorflow_allocator": section_distillation(
+            "distillation/bench_distillation_tensorflow_allocator.json"),
+        "distillation_tensorflow_chunk256": section_distillation(
+            "distillation/bench_distillation_tensorflow_chunk256.json"),
         "distillation_n2048": section_distillation(
             "distillation/bench_distillation_n2048_v32768.json"),
         "distillation_n2048_tensorflow": section_distillation(

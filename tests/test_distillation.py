@@ -107,8 +107,15 @@ CASES = {
 }
 
 
-def _case(name, seed=0):
+def _case(name, seed=0, path=None):
+    """`(inputs, tiled, dense, options)` of a case; `path` `"summed"`
+    (`gradient_in_forward=True`, chunks of 4 tokens), `"vocab"`
+    (`gradient_in_forward=False`) or None (the default)."""
     options = dict(CASES[name])
+    if path == "summed":
+        options.update(gradient_in_forward=True, token_chunk_size=4)
+    elif path == "vocab":
+        options["gradient_in_forward"] = False
     options.setdefault("teacher_kernel_transposed", True)
     inputs, targets, weights = make_inputs(
         seed, options.get("student_kernel_transposed", False),
@@ -135,9 +142,15 @@ def _case(name, seed=0):
 NAMES = ["h_s", "W_s", "b_s", "h_t", "W_t", "b_t"]
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_matches_dense(name):
-    inputs, tiled, dense, options = _case(name)
+SUMMED = [name for name, case in CASES.items() if case.get("reduction") != "none"]
+
+
+@pytest.mark.parametrize("name, path", [(name, "vocab") for name in CASES]
+                         + [(name, "summed") for name in SUMMED])
+def test_matches_dense(name, path):
+    """Both paths: the vocabulary tiles (gradient in the backward pass) and
+    the token chunks (gradient in the forward pass, summed reductions)."""
+    inputs, tiled, dense, options = _case(name, path=path)
     value, grads, _ = value_and_grad(tiled, inputs)
     expected, expected_grads, _ = value_and_grad(dense, inputs)
     assert_close(value, expected, name="divergence")
@@ -174,7 +187,7 @@ def _jit_value_and_grads(fn, args):
     return value, grads
 
 
-@pytest.mark.parametrize("name", ["jsd_03_none_teacher_grad"])
+@pytest.mark.parametrize("name", ["jsd_03_none_teacher_grad", "forward_kl_teacher_grad"])
 def test_compiled_matches_dense(name):
     inputs, tiled, dense, options = _case(name, seed=3)
     value, grads = _jit_value_and_grads(tiled, inputs)
@@ -183,6 +196,58 @@ def test_compiled_matches_dense(name):
     count = 6 if options.get("teacher_gradient") else 3
     for g, e, n in zip(grads[:count], expected_grads[:count], NAMES):
         assert_close(g, e, name=f"d{n}")
+
+
+@pytest.mark.parametrize("divergence", ["jsd", "reverse_kl"])
+def test_summed_chunks_with_padding(divergence):
+    """7 tokens in chunks of 4 (one padding row of weight 0); the gradient
+    of the weights is the per-token divergence."""
+    inputs, targets, weights = make_inputs(seed=11)
+    inputs = [x[:7] if i in (0, 3) else x for i, x in enumerate(inputs)]
+    targets, weights = targets[:7], weights[:7]
+    options = dict(divergence=divergence, beta=0.3, temperature=1.3,
+                   student_soft_cap=2.5, teacher_kernel_transposed=True,
+                   ignore_index=IGNORE, teacher_gradient=True)
+
+    def summed(hs, ws, bs, ht, wt, bt, sw):
+        return linear_divergence(hs, ws, ht, wt, targets, student_bias=bs, teacher_bias=bt,
+                                 sample_weight=sw, gradient_in_forward=True,
+                                 token_chunk_size=4, **options)
+
+    def dense(*args):
+        return dense_divergence(*args[:6], targets, sample_weight=args[6], **options)
+
+    value, grads, _ = value_and_grad(summed, inputs + [weights])
+    expected, expected_grads, _ = value_and_grad(dense, inputs + [weights])
+    assert_close(value, expected, name="divergence")
+    for g, e, n in zip(grads, expected_grads, NAMES + ["sample_weight"]):
+        assert_close(g, e, name=f"d{n}")
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="a None dimension: TensorFlow graphs")
+def test_summed_with_a_token_count_known_when_run():
+    """A `tf.function` traced with a `None` leading dimension (as Keras'
+    `fit` traces its step): the chunk count is computed when it runs."""
+    import tensorflow as tf
+
+    inputs, targets, weights = make_inputs(seed=13)
+    hs, ws, bs, ht, wt, bt = inputs
+
+    @tf.function(input_signature=[tf.TensorSpec([None, DS], "float32"),
+                                  tf.TensorSpec([None, DT], "float32")])
+    def step(h_s, h_t):
+        with tf.GradientTape() as tape:
+            tape.watch(h_s)
+            value = linear_divergence(h_s, ws, h_t, wt, teacher_kernel_transposed=True,
+                                      gradient_in_forward=True, token_chunk_size=4)
+        return value, tape.gradient(value, h_s)
+
+    value, grad = step(hs, ht)
+    expected, expected_grads, _ = value_and_grad(
+        lambda a: dense_divergence(a, ws, 0.0, ht, wt, 0.0, teacher_kernel_transposed=True),
+        [hs])
+    assert_close(value, expected, name="divergence")
+    assert_close(grad, expected_grads[0], name="dh_s")
 
 
 def test_per_token_gradients_are_exact():
@@ -239,6 +304,9 @@ def test_leading_shape_and_divisible_tiles():
     (dict(student_soft_cap=-1.0), "student_soft_cap"),
     (dict(reduction="avg"), "reduction"),
     (dict(ignore_index=IGNORE), "targets"),
+    (dict(gradient_in_forward=True, reduction="none"), "gradient_in_forward"),
+    (dict(gradient_in_forward="yes"), "gradient_in_forward"),
+    (dict(token_chunk_size=0), "token_chunk_size"),
 ])
 def test_bad_options(bad, match):
     inputs, _, _, _ = _case("forward_kl")
@@ -364,6 +432,13 @@ def test_causal_lm_distillation_matches_stock_logits(divergence, monkeypatch):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4 * scale, err_msg=v.path)
     for a, v in zip(teacher_before, teacher.weights):
         np.testing.assert_array_equal(a, to_numpy(v))
+
+    # Evaluation (no gradient in the forward pass) agrees too.
+    result = distiller.evaluate(x, y, sample_weight=sw, batch_size=HUB_B, verbose=0,
+                                return_dict=True)
+    expected = reference.evaluate(x, y, sample_weight=sw, batch_size=HUB_B, verbose=0,
+                                  return_dict=True)
+    np.testing.assert_allclose(result["loss"], expected["loss"], rtol=1e-5)
 
 
 # The example script, in-process at a tiny shape (by default on PyTorch,

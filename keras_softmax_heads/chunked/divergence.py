@@ -172,7 +172,7 @@ def kl_forward(pair, teacher_weighted):
     return acc / sum_s - lse_s + lse_t, lse_s, lse_t
 
 
-def _log_mixture(log_p, log_q, beta):
+def log_mixture(log_p, log_q, beta):
     """`log(beta p + (1 - beta) q)`, stable."""
     a = log_p + math.log(beta)
     b = log_q + math.log(1.0 - beta)
@@ -199,7 +199,7 @@ def jsd_forward(pair, beta):
         kl_p, kl_q = state
         (g_s, gm_s, _, _), (g_t, gm_t, _, _) = pair.both(start, mask)
         log_q, log_p = g_s - lse_s[:, None], g_t - lse_t[:, None]
-        log_m = _log_mixture(log_p, log_q, beta)
+        log_m = log_mixture(log_p, log_q, beta)
         q = ops.exp(gm_s - lse_s[:, None])
         p = ops.exp(gm_t - lse_t[:, None])
         return (kl_p + ops.sum(p * (log_p - log_m), axis=1),
@@ -208,6 +208,32 @@ def jsd_forward(pair, beta):
     zeros = ops.zeros_like(lse_s)
     kl_p, kl_q = _over_tiles(pair, kl_body, (zeros, zeros))
     return kl_p, kl_q, lse_s, lse_t
+
+
+def score_gradients(divergence, beta, log_q, log_p, q, p, kls):
+    """`(ds, dt)`: the per-token divergence's gradients with respect to the
+    student's and the teacher's (tempered, capped) scores, `[N, size]`.
+    `log_q`, `log_p`, `q`, `p` are the two sides' log-probabilities and
+    probabilities on a tile (or the whole vocabulary); `kls` the per-token
+    KLs `[N]`: `kls["kl"]` for the KLs, `kls["kl_p"]` and `kls["kl_q"]`
+    (`KL(p || m)`, `KL(q || m)`) for the JSD."""
+    if divergence == "forward_kl":
+        return q - p, p * (log_p - log_q - kls["kl"][:, None])
+    if divergence == "reverse_kl":
+        return q * (log_q - log_p - kls["kl"][:, None]), p - q
+    log_m = log_mixture(log_p, log_q, beta)
+    return ((1.0 - beta) * q * (log_q - log_m - kls["kl_q"][:, None]),
+            beta * p * (log_p - log_m - kls["kl_p"][:, None]))
+
+
+def canonical_divergence(divergence, beta):
+    """`(divergence, beta)` with the JSD at `beta` 0 / 1 named as the
+    forward / reverse KL it equals."""
+    if divergence == "jsd" and beta == 0.0:
+        return "forward_kl", 0.0
+    if divergence == "jsd" and beta == 1.0:
+        return "reverse_kl", 1.0
+    return divergence, float(beta)
 
 
 def backward(pair, divergence, beta, residuals, upstream, teacher_gradient):
@@ -220,16 +246,7 @@ def backward(pair, divergence, beta, residuals, upstream, teacher_gradient):
         (g_s, gm_s, w_s, d_s), (g_t, gm_t, w_t, d_t) = pair.both(start, mask, True)
         log_q, log_p = g_s - lse_s, g_t - lse_t
         q, p = ops.exp(gm_s - lse_s), ops.exp(gm_t - lse_t)
-        if divergence == "forward_kl":
-            ds = q - p
-            dt = p * (log_p - log_q - residuals["kl"][:, None])
-        elif divergence == "reverse_kl":
-            ds = q * (log_q - log_p - residuals["kl"][:, None])
-            dt = p - q
-        else:
-            log_m = _log_mixture(log_p, log_q, beta)
-            ds = (1.0 - beta) * q * (log_q - log_m - residuals["kl_q"][:, None])
-            dt = beta * p * (log_p - log_m - residuals["kl_p"][:, None])
+        ds, dt = score_gradients(divergence, beta, log_q, log_p, q, p, residuals)
         state = list(state)
         state[0] = project_tile_gradient(pair.s, ds * (u * d_s), w_s, start, *state[0])
         if teacher_gradient:
@@ -240,6 +257,44 @@ def backward(pair, divergence, beta, residuals, upstream, teacher_gradient):
     state = _over_tiles(pair, body, state)
     return (projection_gradients(pair.s, *state[0]),
             projection_gradients(pair.t, *state[1]) if teacher_gradient else None)
+
+
+def shared_vocabulary(student, teacher):
+    """The `V` of two `OutputLayer`s, which must be the same."""
+    _, vocab = kernel_geometry(student.hidden, student.kernel, student.kernel_transposed)
+    _, vocab_t = kernel_geometry(teacher.hidden, teacher.kernel, teacher.kernel_transposed)
+    if vocab_t != vocab:
+        raise ValueError(
+            "The student and the teacher must score the same vocabulary. "
+            f"Received: student V={vocab}, teacher V={vocab_t}"
+        )
+    return vocab
+
+
+def flat_inputs(student, teacher, teacher_gradient):
+    """`(s_args, t_args)`: each side's `[hidden, kernel(, bias)]`, the
+    teacher's under `stop_gradient` unless `teacher_gradient`."""
+    s_args = [student.hidden, student.kernel] + (
+        [student.bias] if student.bias is not None else [])
+    t_args = [teacher.hidden, teacher.kernel] + (
+        [teacher.bias] if teacher.bias is not None else [])
+    if not teacher_gradient:
+        t_args = [ops.stop_gradient(x) for x in t_args]
+    return s_args, t_args
+
+
+def upstream_of(args, upstream, variables, name):
+    """The upstream cotangent a custom gradient's `grad_fn` received:
+    TensorFlow and JAX call `grad_fn(upstream)`, PyTorch
+    `grad_fn(*inputs, upstream=upstream)`. Raises for variables read
+    inside (`name`: the caller, for the message)."""
+    if variables:
+        raise ValueError(
+            f"{name} read variables it was not given: {[v.name for v in variables]}"
+        )
+    if upstream is None:
+        (upstream,) = args
+    return upstream
 
 
 def tiled_divergence(student, teacher, divergence="forward_kl", *, beta=0.5,
@@ -278,26 +333,12 @@ def tiled_divergence(student, teacher, divergence="forward_kl", *, beta=0.5,
     >>> bool(np.allclose(ops.convert_to_numpy(kl), dense, rtol=1e-4))
     True
     """
-    if divergence == "jsd" and beta == 0.0:
-        divergence = "forward_kl"
-    elif divergence == "jsd" and beta == 1.0:
-        divergence = "reverse_kl"
-    beta = float(beta)
-    _, vocab = kernel_geometry(student.hidden, student.kernel, student.kernel_transposed)
-    _, vocab_t = kernel_geometry(teacher.hidden, teacher.kernel, teacher.kernel_transposed)
-    if vocab_t != vocab:
-        raise ValueError(
-            "The student and the teacher must score the same vocabulary. "
-            f"Received: student V={vocab}, teacher V={vocab_t}"
-        )
-    tiling = Tiling.of(vocab, chunk_size)
+    divergence, beta = canonical_divergence(divergence, beta)
+    tiling = Tiling.of(shared_vocabulary(student, teacher), chunk_size)
     acc = accumulation_dtype(student.hidden, student.kernel, teacher.hidden, teacher.kernel)
     caps = (student.soft_cap, teacher.soft_cap)
     s_bias, t_bias = student.bias is not None, teacher.bias is not None
-    s_args = [student.hidden, student.kernel] + ([student.bias] if s_bias else [])
-    t_args = [teacher.hidden, teacher.kernel] + ([teacher.bias] if t_bias else [])
-    if not teacher_gradient:
-        t_args = [ops.stop_gradient(x) for x in t_args]
+    s_args, t_args = flat_inputs(student, teacher, teacher_gradient)
     n_s = len(s_args)
 
     @ops.custom_gradient
@@ -319,15 +360,7 @@ def tiled_divergence(student, teacher, divergence="forward_kl", *, beta=0.5,
         out, residuals = dispatch.run_pass(forward, implementation)
 
         def grad_fn(*args, upstream=None, variables=None):
-            # TensorFlow and JAX call grad_fn(upstream); PyTorch
-            # grad_fn(*inputs, upstream=upstream).
-            if variables:
-                raise ValueError(
-                    "tiled_divergence read variables it was not given: "
-                    f"{[v.name for v in variables]}"
-                )
-            if upstream is None:
-                (upstream,) = args
+            upstream = upstream_of(args, upstream, variables, "tiled_divergence")
             s_grads, t_grads = dispatch.run_pass(
                 lambda: backward(pair, divergence, beta, residuals, upstream,
                                  teacher_gradient),

@@ -14,6 +14,7 @@ from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked.divergence import DIVERGENCES
 from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.divergence import tiled_divergence
+from keras_softmax_heads.chunked.summed_divergence import summed_divergence
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 from keras_softmax_heads.fused.cross_entropy import broadcast_weights
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
@@ -21,6 +22,7 @@ from keras_softmax_heads.fused.cross_entropy import reduce_loss
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_float_dtype
+from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_number
 
 
@@ -84,6 +86,14 @@ def token_weights(loss, targets=None, sample_weight=None, ignore_index=None):
     return weights, ignored
 
 
+def weighted_mean_of_sum(total, weights):
+    """`total / sum(weights)` (`total` a weighted sum), 0 when the weights
+    sum to 0: `cross_entropy.weighted_mean` from the sum."""
+    total_w = ops.cast(ops.sum(weights), total.dtype)
+    positive = total_w > 0
+    return ops.where(positive, total / ops.where(positive, total_w, 1.0), 0.0)
+
+
 def linear_divergence(
     student_hidden,
     student_kernel,
@@ -106,6 +116,8 @@ def linear_divergence(
     chunk_size=DEFAULT_CHUNK_SIZE,
     teacher_gradient=False,
     implementation="auto",
+    gradient_in_forward=None,
+    token_chunk_size=None,
 ):
     """Divergence between a student's and a teacher's output softmax, tiled.
 
@@ -122,11 +134,16 @@ def linear_divergence(
       `m = beta p + (1 - beta) q`; `beta = 0` is `KL(p || q)` and
       `beta = 1` is `KL(q || p)`, as in TRL's `generalized_jsd_loss`.
 
-    No `[N, V]` tensor of either side is formed: the vocabulary is processed
-    in tiles of at most `chunk_size` words in float32 (float64 for float64
-    inputs) and the backward pass recomputes them
-    (`chunked.divergence.tiled_divergence`). Gradients are exact per token
-    for every reduction, weight and mask; they reach the student's hidden
+    No `[N, V]` tensor of either side is formed, and the accumulation is
+    in float32 (float64 for float64 inputs). With `reduction="none"` the
+    vocabulary is processed in tiles of at most `chunk_size` words and the
+    backward pass recomputes them (`chunked.divergence.tiled_divergence`).
+    With `"sum"` / `"mean"`, by default at most `token_chunk_size` tokens
+    are scored over the whole vocabulary at a time and the gradient is computed in the forward pass
+    (`chunked.summed_divergence`): as many products as the dense
+    divergence, but a call whose gradient is not taken (evaluation) pays
+    for it too; pass `gradient_in_forward=False` there. Gradients are exact
+    per token for every reduction, weight and mask; they reach the student's hidden
     states, kernel and bias, and the teacher's only with
     `teacher_gradient=True` (by default the teacher is under
     `stop_gradient`). Temperature: the divergence is not multiplied by
@@ -161,6 +178,13 @@ def linear_divergence(
             respect to the teacher's inputs.
         implementation: `"auto"` or `"ops"`, as in
             `chunked.chunked_pointwise_nll`.
+        gradient_in_forward: None (default: True for the `"sum"` / `"mean"`
+            reductions), True or False: compute the gradient in the forward
+            pass, over chunks of tokens (True needs a summed reduction).
+        token_chunk_size: None (default: about `2**26` scores a chunk,
+            `2**25` on TensorFlow: `chunked.summed_divergence.
+            default_token_chunk`) or an integer >= 1, the most tokens a
+            chunk with `gradient_in_forward`.
 
     Returns:
         The divergence, float32 (float64 for float64 inputs), reduced as
@@ -209,6 +233,31 @@ def linear_divergence(
             f"leading shape. Received: student_hidden.shape={student_hidden.shape}, "
             f"teacher_hidden.shape={teacher_hidden.shape}"
         )
+    gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward,
+                                     allow_none=True)
+    token_chunk_size = check_int("token_chunk_size", token_chunk_size, minimum=1,
+                                 allow_none=True)
+    if gradient_in_forward and options["reduction"] == "none":
+        raise ValueError(
+            "`gradient_in_forward=True` needs a summed reduction (\"sum\" or "
+            "\"mean\"): per-token results get their cotangents in the backward "
+            f"pass. Received: reduction={options['reduction']!r}"
+        )
+    if gradient_in_forward is None:
+        gradient_in_forward = options["reduction"] != "none"
+    if gradient_in_forward:
+        weights, _ = token_weights(ops.zeros(lead, student.hidden.dtype), targets,
+                                   sample_weight, options["ignore_index"])
+        total = summed_divergence(
+            student, teacher, ops.reshape(weights, (-1,)), options["divergence"],
+            beta=options["beta"], temperature=options["temperature"],
+            token_chunk_size=token_chunk_size,
+            teacher_gradient=options["teacher_gradient"],
+            implementation=options["implementation"],
+        )
+        if options["reduction"] == "sum":
+            return total
+        return weighted_mean_of_sum(total, weights)
     per_token = tiled_divergence(
         student, teacher, options["divergence"], beta=options["beta"],
         temperature=options["temperature"], chunk_size=chunk_size,

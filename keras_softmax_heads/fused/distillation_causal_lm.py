@@ -14,6 +14,7 @@ from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
 from keras_softmax_heads.fused.distillation import check_divergence_options
 from keras_softmax_heads.fused.distillation import linear_divergence
 from keras_softmax_heads.validation import check_choice
+from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_number
 
 
@@ -57,8 +58,11 @@ class DistillationCausalLM(keras.Model):
         teacher: a keras-hub `CausalLM` with the same vocabulary (any
             hidden size); frozen.
         divergence, beta, temperature, ignore_index, chunk_size,
-        implementation: as in `linear_divergence` (the soft caps come from
-            the models).
+        token_chunk_size, implementation: as in `linear_divergence` (the
+            soft caps come from the models). A training step computes the
+            divergence's gradient in its forward pass (over chunks of
+            `token_chunk_size` tokens; `linear_divergence`'s
+            `gradient_in_forward`), an evaluation step does not.
         reduction: `"mean"` (default) or `"sum"`, as in
             `linear_divergence`.
         cross_entropy_weight: float >= 0 (default 0): the weight of the
@@ -79,7 +83,7 @@ class DistillationCausalLM(keras.Model):
     def __init__(self, student, teacher, *, divergence="forward_kl", beta=0.5,
                  temperature=1.0, cross_entropy_weight=0.0, ignore_index=None,
                  reduction="mean", chunk_size=DEFAULT_CHUNK_SIZE,
-                 implementation="auto", **kwargs):
+                 token_chunk_size=None, implementation="auto", **kwargs):
         super().__init__(**kwargs)
         options = check_divergence_options(
             divergence=divergence, beta=beta, temperature=temperature,
@@ -90,6 +94,8 @@ class DistillationCausalLM(keras.Model):
         check_choice("reduction", options["reduction"], ("mean", "sum"))
         self.divergence_options = options
         self.chunk_size = check_chunk_size(chunk_size)
+        self.token_chunk_size = check_int("token_chunk_size", token_chunk_size,
+                                          minimum=1, allow_none=True)
         self.cross_entropy_weight = check_number(
             "cross_entropy_weight", cross_entropy_weight, low=0)
         s_vocab = student.backbone.token_embedding.input_dim
@@ -125,7 +131,9 @@ class DistillationCausalLM(keras.Model):
             teacher_kernel_transposed=t_transposed, student_soft_cap=s_cap,
             teacher_soft_cap=t_cap, ignore_index=ignore_index,
             sample_weight=sample_weight, reduction=reduction,
-            chunk_size=self.chunk_size, **options,
+            chunk_size=self.chunk_size, token_chunk_size=self.token_chunk_size,
+            # No gradient is taken in evaluation: the tiled forward pass alone.
+            gradient_in_forward=None if training else False, **options,
         )
         self.divergence_tracker.update_state(ops.mean(loss))
         if self.cross_entropy_weight:

@@ -123,8 +123,11 @@ def check_rate(name, value):
     return check_number(name, value, low=0, high=1, high_open=True)
 
 
-def check_bool(name, value):
-    """`value` as a Python bool; rejects ints, strings and None."""
+def check_bool(name, value, allow_none=False):
+    """`value` as a Python bool; rejects ints, strings and None (None is
+    accepted, and returned, only with `allow_none=True`)."""
+    if value is None and allow_none:
+        return None
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"`{name}` must be a bool. {_received(name, value)}")
     return bool(value)

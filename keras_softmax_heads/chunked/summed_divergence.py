@@ -1,0 +1,323 @@
+"""The summed divergence over token chunks, its gradient taken in the
+forward pass: `sum_i w_i D_i` between two output layers.
+
+`chunked.divergence.tiled_divergence` gives the per-token divergence `D_i`
+with an exact gradient for any upstream cotangent; its backward pass
+recomputes both sides' scores, six `N d V` products where the dense
+divergence does four. When the divergence is summed with known weights
+(the `"sum"` / `"mean"` reductions), the cotangent of every token is the
+one scalar upstream times its weight, so the gradient can be finished in
+the forward pass: rows of `token_chunk_size` tokens at a time, each
+chunk's scores over the whole vocabulary (`[chunk, V]`, never `[N, V]`),
+its divergence, its score gradients (`divergence.score_gradients`), its
+rows of `dh` and its term of `dW` (and `db`). Four products, as dense; the
+backward pass only scales the stored gradients by the upstream scalar (the
+fused linear losses of Liger-Kernel work the same way). The price: a
+forward pass whose gradient is not wanted still computes it
+(`linear_divergence`'s `gradient_in_forward=False` avoids that).
+
+Chunks: all of one width (`chunked.tiling.tile_width` of the token count
+when it is static: a divisor where there is one); the hidden states and
+weights are padded with zero rows (weight 0) to a whole number of chunks,
+which also serves a token count known only when the step runs (a `None`
+batch dimension in a TensorFlow graph: the chunk count is then a tensor).
+Design notes: `docs/distillation.md`.
+"""
+
+import keras
+from keras import ops
+
+from keras_softmax_heads.chunked import dispatch
+from keras_softmax_heads.chunked.core import accumulation_dtype
+from keras_softmax_heads.chunked.core import tile_loop
+from keras_softmax_heads.chunked.divergence import OutputLayer
+from keras_softmax_heads.chunked.divergence import canonical_divergence
+from keras_softmax_heads.chunked.divergence import flat_inputs
+from keras_softmax_heads.chunked.divergence import log_mixture
+from keras_softmax_heads.chunked.divergence import score_gradients
+from keras_softmax_heads.chunked.divergence import shared_vocabulary
+from keras_softmax_heads.chunked.divergence import upstream_of
+from keras_softmax_heads.chunked.tiling import Tiling
+from keras_softmax_heads.chunked.tiling import kernel_geometry
+from keras_softmax_heads.chunked.tiling import tile_width
+
+#: The default chunk holds about this many scores (`[chunk, V]`, float32:
+#: 256 MiB a tensor; about three alive under JAX's XLA).
+CHUNK_SCORES = 2**26
+
+#: The vocabulary tile width of the kernel gradient's accumulation.
+KERNEL_TILE = 4096
+
+
+def default_token_chunk(vocab, backend=None):
+    """The default number of tokens per chunk for `vocab` words on
+    `backend` (default: Keras' backend): `CHUNK_SCORES // vocab`, half that
+    on TensorFlow (whose XLA keeps the exponentials of the log-sum-exps as
+    buffers of their own: four `[chunk, V]` tensors alive, not three), at
+    least 1. Measured: `docs/results/distillation/`.
+
+    >>> default_token_chunk(131072, "jax"), default_token_chunk(131072, "tensorflow")
+    (512, 256)
+    """
+    scores = CHUNK_SCORES
+    if (backend or keras.backend.backend()) == "tensorflow":
+        scores //= 2
+    return max(1, scores // vocab)
+
+
+class Side:
+    """One output layer's tensors inside the custom gradient, in the
+    accumulation dtype where the product needs it."""
+
+    def __init__(self, layer, acc, pad):
+        self.d, self.vocab = kernel_geometry(layer.hidden, layer.kernel,
+                                             layer.kernel_transposed)
+        self.low_matmul = dispatch.low_precision_matmul(layer.hidden, layer.kernel)
+        self.product = self.low_matmul or dispatch.matmul_fn(acc)
+        hidden = layer.hidden if self.low_matmul else ops.cast(layer.hidden, acc)
+        self.hidden = padded(hidden, pad)
+        self.kernel = layer.kernel if self.low_matmul else ops.cast(layer.kernel, acc)
+        self.bias = None if layer.bias is None else ops.cast(layer.bias, acc)
+        self.transposed = layer.kernel_transposed
+        self.cap = layer.soft_cap
+        self.acc = acc
+        self.tiling = Tiling.of(self.vocab, KERNEL_TILE)
+        self.tail_keep = None
+        if self.tiling.overlap:
+            keep = (self.tiling.tail_mask() == 0).astype("float32")
+            self.tail_keep = ops.convert_to_tensor(keep, acc)
+
+    def rows(self, start, size):
+        return ops.slice(self.hidden, [start, 0], [size, self.d])
+
+    def scores(self, h, inv_t):
+        """`(g, dg/dz)` of a chunk: `g(h W + b) / T` `[size, V]` and the
+        derivative (a scalar without a soft cap)."""
+        kernel = ops.transpose(self.kernel) if self.transposed else self.kernel
+        z = self.product(h, kernel)
+        if self.bias is not None:
+            z = z + self.bias
+        if self.cap is None:
+            return (z * inv_t if inv_t != 1.0 else z), inv_t
+        y = ops.tanh(z / self.cap)
+        return y * (self.cap * inv_t), (1.0 - ops.square(y)) * inv_t
+
+    def gradients(self, h, dz, state, start):
+        """`state = (dh, dkernel, dbias)` after a chunk's score gradient
+        `dz` `[size, V]`: its `dh` rows written, its kernel / bias terms
+        added."""
+        dh, dkernel, dbias = state
+        if self.transposed:  # kernel [V, d]
+            dh_rows = self.product(dz, self.kernel)
+        else:
+            dh_rows = self.product(dz, ops.transpose(self.kernel))
+        dkernel = self.add_kernel_gradient(dkernel, h, dz)
+        dh = ops.slice_update(dh, [start, 0], dh_rows)
+        if self.bias is not None:
+            dbias = dbias + ops.sum(dz, axis=0)
+        return dh, dkernel, dbias
+
+    def add_kernel_gradient(self, dkernel, h, dz):
+        """`dkernel + h^T dz` (transposed: `+ dz^T h`), added one vocabulary
+        tile (`self.tiling`) at a time into place: no `[d, V]` temporary."""
+        tiling, size = self.tiling, self.tiling.size
+        rows = ops.shape(h)[0]
+
+        def add(dk, start, mask):
+            dz_tile = ops.slice(dz, [0, start], [rows, size])
+            if mask is not None:  # the tail tile's columns of its neighbour
+                dz_tile = dz_tile * mask
+            if self.transposed:
+                begin, shape = [start, 0], [size, self.d]
+                term = self.product(ops.transpose(dz_tile), h)
+            else:
+                begin, shape = [0, start], [self.d, size]
+                term = self.product(ops.transpose(h), dz_tile)
+            return ops.slice_update(dk, begin, ops.slice(dk, begin, shape) + term)
+
+        if tiling.overlap:
+            dkernel = add(dkernel, tiling.tail_start, self.tail_keep)
+        return tile_loop(tiling.num_full, lambda i, dk: add(dk, i * size, None), dkernel)
+
+    def zeros(self):
+        n = ops.shape(self.hidden)[0]  # the padded count
+        # A scalar without a bias (loops carry no None).
+        dbias = ops.zeros((self.vocab,) if self.bias is not None else (), self.acc)
+        return (ops.zeros((n, self.d), self.acc),
+                ops.zeros(ops.shape(self.kernel), self.acc), dbias)
+
+
+def padded(x, pad):
+    """`x` with `pad` (an int or a scalar tensor) zero rows appended."""
+    if isinstance(pad, int) and pad == 0:
+        return x
+    return ops.pad(x, [[0, pad]] + [[0, 0]] * (len(x.shape) - 1))
+
+
+def unpadded(x, n):
+    """The first `n` rows of `x`."""
+    return ops.slice(x, [0] * len(x.shape), [n] + list(x.shape[1:]))
+
+
+def unpadded_rows(grads, n):
+    """`(dh, dkernel, dbias)` with `dh` cut to its first `n` rows (`()`
+    stays `()`)."""
+    if not grads:
+        return grads
+    return (unpadded(grads[0], n), *grads[1:])
+
+
+class TokenChunks:
+    """The chunks of `n` tokens (an int, or a scalar tensor when unknown
+    until the step runs): `size` (static), `count` and `pad` (ints, or
+    tensors), `count * size = n + pad`."""
+
+    def __init__(self, n, chunk_size):
+        if isinstance(n, int):
+            self.size = tile_width(n, chunk_size)
+            self.count = -(-n // self.size)
+        else:
+            self.size = chunk_size
+            self.count = (n + chunk_size - 1) // chunk_size
+        self.n = n
+        self.pad = self.count * self.size - n
+
+
+def chunk_divergence(divergence, beta, s, t, teacher_gradient):
+    """`(D, ds, dt)` of a chunk's scores `s` (student), `t` (teacher)
+    `[size, V]`: the per-token divergence `[size]` and its gradients with
+    respect to `s` and `t` (`dt` None without `teacher_gradient`).
+
+    The KLs are written from the log-sum-exps so that XLA keeps three
+    `[size, V]` buffers alive (`s`, the weighting side's probabilities,
+    the gradient), not the log-probabilities too:
+    `KL(p || q) = sum_v p_v (t_v - s_v) + lse_s - lse_t`."""
+    lse_s = ops.logsumexp(s, axis=-1, keepdims=True)
+    lse_t = ops.logsumexp(t, axis=-1, keepdims=True)
+    if divergence == "jsd":
+        log_q, log_p = s - lse_s, t - lse_t
+        q, p = ops.exp(log_q), ops.exp(log_p)
+        log_m = log_mixture(log_p, log_q, beta)
+        kls = {"kl_p": ops.sum(p * (log_p - log_m), axis=1),
+               "kl_q": ops.sum(q * (log_q - log_m), axis=1)}
+        ds, dt = score_gradients(divergence, beta, log_q, log_p, q, p, kls)
+        return beta * kls["kl_p"] + (1.0 - beta) * kls["kl_q"], ds, dt
+    if divergence == "forward_kl":
+        p = ops.exp(t - lse_t)
+        kl = ops.sum(p * (t - s), axis=1) + (lse_s - lse_t)[:, 0]
+        ds = ops.exp(s - lse_s) - p
+        dt = None
+        if teacher_gradient:
+            dt = p * ((t - lse_t) - (s - lse_s) - kl[:, None])
+        return kl, ds, dt
+    q = ops.exp(s - lse_s)  # reverse KL(q || p)
+    kl = ops.sum(q * (s - t), axis=1) + (lse_t - lse_s)[:, 0]
+    ds = q * ((s - lse_s) - (t - lse_t) - kl[:, None])
+    dt = ops.exp(t - lse_t) - q if teacher_gradient else None
+    return kl, ds, dt
+
+
+def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
+                      beta=0.5, temperature=1.0, token_chunk_size=None,
+                      teacher_gradient=False, implementation="auto"):
+    """`sum_i w_i D_i` and its gradient, over chunks of tokens.
+
+    The core behind `linear_divergence`'s `"sum"` / `"mean"` reductions
+    (which checks the arguments). `student`, `teacher`, `divergence`,
+    `beta`, `temperature`, `teacher_gradient` and `implementation` are
+    `tiled_divergence`'s; `weights` `[N]` float (0: the token is left out;
+    its gradient is `D`).
+    At most `token_chunk_size` tokens (default `default_token_chunk(V)`)
+    are scored over the whole vocabulary at a time; the gradients are
+    computed in the forward pass (the module docstring).
+
+    Returns:
+        A scalar, float32 (float64 for float64 inputs).
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> rng = np.random.default_rng(0)
+    >>> h_s, w_s = rng.normal(size=(5, 8)), rng.normal(size=(8, 50))
+    >>> h_t, w_t = rng.normal(size=(5, 16)), rng.normal(size=(16, 50))
+    >>> f32 = lambda x: x.astype("float32")
+    >>> total = summed_divergence(OutputLayer(f32(h_s), f32(w_s)),
+    ...                           OutputLayer(f32(h_t), f32(w_t)),
+    ...                           np.ones(5, "float32"), token_chunk_size=2)
+    >>> log_q = ops.convert_to_numpy(ops.log_softmax(h_s @ w_s, axis=-1))
+    >>> log_p = ops.convert_to_numpy(ops.log_softmax(h_t @ w_t, axis=-1))
+    >>> dense = (np.exp(log_p) * (log_p - log_q)).sum()
+    >>> bool(np.isclose(float(total), dense, rtol=1e-4))
+    True
+    """
+    divergence, beta = canonical_divergence(divergence, beta)
+    vocab = shared_vocabulary(student, teacher)
+    n = student.hidden.shape[0]
+    if n is None:
+        n = ops.shape(student.hidden)[0]
+    chunks = TokenChunks(n, token_chunk_size or default_token_chunk(vocab))
+    acc = accumulation_dtype(student.hidden, student.kernel, teacher.hidden, teacher.kernel)
+    inv_t = 1.0 / temperature
+    s_bias, t_bias = student.bias is not None, teacher.bias is not None
+    s_args, t_args = flat_inputs(student, teacher, teacher_gradient)
+    n_s = len(s_args)
+
+    @ops.custom_gradient
+    def summed_fn(weights, *args):
+        s = Side(OutputLayer(args[0], args[1], args[2] if s_bias else None,
+                             student.kernel_transposed, student.soft_cap), acc, chunks.pad)
+        t = Side(OutputLayer(args[n_s], args[n_s + 1], args[n_s + 2] if t_bias else None,
+                             teacher.kernel_transposed, teacher.soft_cap), acc, chunks.pad)
+        w_all = padded(ops.cast(weights, acc), chunks.pad)
+
+        def body(i, state):
+            total, per_token, s_state, t_state = state
+            start = i * chunks.size
+            h_s, h_t = s.rows(start, chunks.size), t.rows(start, chunks.size)
+            g_s, d_s = s.scores(h_s, inv_t)
+            g_t, d_t = t.scores(h_t, inv_t)
+            value, ds, dt = chunk_divergence(divergence, beta, g_s, g_t, teacher_gradient)
+            w = ops.slice(w_all, [start], [chunks.size])
+            # A weight-0 token (padding too) adds nothing, even a non-finite
+            # divergence.
+            total = total + ops.sum(ops.where(w != 0, w * value, ops.zeros_like(value)))
+            per_token = ops.slice_update(per_token, [start], value)
+            s_state = s.gradients(h_s, ds * (w[:, None] * d_s), s_state, start)
+            if teacher_gradient:
+                t_state = t.gradients(h_t, dt * (w[:, None] * d_t), t_state, start)
+            return total, per_token, s_state, t_state
+
+        def forward():
+            state = (ops.zeros((), acc), ops.zeros_like(w_all), s.zeros(),
+                     t.zeros() if teacher_gradient else ())
+            if isinstance(chunks.count, int):
+                state = tile_loop(chunks.count, body, state)
+            else:  # known when the step runs
+                state = ops.fori_loop(0, chunks.count, body, state)
+            total, per_token, s_grads, t_grads = state
+            # Without the padding rows.
+            return (total, unpadded(per_token, n), unpadded_rows(s_grads, n),
+                    unpadded_rows(t_grads, n))
+
+        total, per_token, s_grads, t_grads = dispatch.run_pass(forward, implementation)
+
+        def grad_fn(*args, upstream=None, variables=None):
+            u = ops.cast(upstream_of(args, upstream, variables, "summed_divergence"), acc)
+
+            def scaled(grads, inputs):
+                # zip drops the scalar bias placeholder of a side without one.
+                return [ops.cast(u * g, x.dtype) for g, x in zip(grads, inputs)]
+
+            s_out = scaled(s_grads, s_args)
+            t_out = (scaled(t_grads, t_args) if teacher_gradient
+                     else [None] * len(t_args))
+            return (ops.cast(u * per_token, weights.dtype), *s_out, *t_out)
+
+        return total, grad_fn
+
+    weights = ops.convert_to_tensor(weights)
+    if keras.backend.standardize_dtype(weights.dtype) not in ("float16", "bfloat16",
+                                                              "float32", "float64"):
+        weights = ops.cast(weights, acc)
+    return summed_fn(weights, *(s_args + t_args))
