@@ -239,16 +239,15 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
     >>> import numpy as np
     >>> from keras import ops
     >>> rng = np.random.default_rng(0)
-    >>> h_s, w_s = rng.normal(size=(5, 8)), rng.normal(size=(8, 50))
-    >>> h_t, w_t = rng.normal(size=(5, 16)), rng.normal(size=(16, 50))
-    >>> f32 = lambda x: x.astype("float32")
-    >>> total = summed_divergence(OutputLayer(f32(h_s), f32(w_s)),
-    ...                           OutputLayer(f32(h_t), f32(w_t)),
-    ...                           np.ones(5, "float32"), token_chunk_size=2)
-    >>> log_q = ops.convert_to_numpy(ops.log_softmax(h_s @ w_s, axis=-1))
-    >>> log_p = ops.convert_to_numpy(ops.log_softmax(h_t @ w_t, axis=-1))
-    >>> dense = (np.exp(log_p) * (log_p - log_q)).sum()
-    >>> bool(np.isclose(float(total), dense, rtol=1e-4))
+    >>> student = [rng.normal(size=s).astype("float32") for s in [(5, 8), (8, 50)]]
+    >>> teacher = [rng.normal(size=s).astype("float32") for s in [(5, 16), (16, 50)]]
+    >>> weights = np.array([1.0, 0.5, 0.0, 2.0, 1.0], "float32")
+    >>> total = summed_divergence(OutputLayer(*student), OutputLayer(*teacher), weights,
+    ...                           "reverse_kl", token_chunk_size=2)
+    >>> log_q = ops.convert_to_numpy(ops.log_softmax(student[0] @ student[1]))
+    >>> log_p = ops.convert_to_numpy(ops.log_softmax(teacher[0] @ teacher[1]))
+    >>> reverse_kl = (np.exp(log_q) * (log_q - log_p)).sum(-1)
+    >>> bool(np.isclose(float(total), (weights * reverse_kl).sum(), rtol=1e-4))
     True
     """
     divergence, beta = canonical_divergence(divergence, beta)
