@@ -10,6 +10,8 @@ policy-gradient `fit` step through the scores (a custom `compute_loss`)
 equals the same step through the stock logits.
 """
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -19,45 +21,24 @@ import keras  # noqa: E402
 from backends import BACKEND  # noqa: E402
 from multibackend import slow_off_tensorflow  # noqa: E402
 from keras import ops  # noqa: E402
+from test_fused_causal_lm import V as BUILDERS_V  # noqa: E402
+from test_fused_causal_lm import tiny_gemma2  # noqa: E402
+from test_fused_causal_lm import tiny_gpt2  # noqa: E402
+from test_fused_causal_lm import tiny_llama  # noqa: E402
 
 from keras_softmax_heads.fused import causal_lm_token_scores  # noqa: E402
 
 pytestmark = pytest.mark.multibackend
 
-V, T, B = 96, 8, 3
+V, T, B = BUILDERS_V, 8, 3  # the vocabulary of the tiny models
 CHUNK = 40
 TEMPERATURE = 0.8
 LR = 0.5
 
 
-def _gemma2():
-    return keras_hub.models.GemmaBackbone(
-        vocabulary_size=V, num_layers=1, num_query_heads=2,
-        num_key_value_heads=1, hidden_dim=16, intermediate_dim=32, head_dim=8,
-        query_head_dim_normalize=False, use_post_ffw_norm=True,
-        use_post_attention_norm=True, attention_logit_soft_cap=50.0,
-        final_logit_soft_cap=1.5, use_sliding_window_attention=True,
-        sliding_window_size=4,
-    ), keras_hub.models.GemmaCausalLM
-
-
-def _gpt2():
-    return keras_hub.models.GPT2Backbone(
-        vocabulary_size=V, num_layers=1, num_heads=2, hidden_dim=16,
-        intermediate_dim=32, max_sequence_length=16, dropout=0.0,
-    ), keras_hub.models.GPT2CausalLM
-
-
-def _llama():
-    return keras_hub.models.LlamaBackbone(
-        vocabulary_size=V, num_layers=1, num_query_heads=2,
-        num_key_value_heads=1, hidden_dim=16, intermediate_dim=32,
-        tie_word_embeddings=False,
-    ), keras_hub.models.LlamaCausalLM
-
-
 # Gemma 2 (the soft cap) in the default run; the others under -m slow.
-MODELS = {"gemma2": _gemma2, "gpt2": _gpt2, "llama": _llama}
+MODELS = {"gemma2": functools.partial(tiny_gemma2, num_layers=1), "gpt2": tiny_gpt2,
+          "llama": tiny_llama}
 NAMES = ["gemma2"] + [pytest.param(n, marks=pytest.mark.slow) for n in ("gpt2", "llama")]
 
 

@@ -35,18 +35,18 @@ V, T, B = 96, 8, 4
 LR = 0.5
 
 
-def _gpt2():
+def tiny_gpt2():
     return keras_hub.models.GPT2Backbone(
         vocabulary_size=V, num_layers=1, num_heads=2, hidden_dim=16,
         intermediate_dim=32, max_sequence_length=16, dropout=0.0,
     ), keras_hub.models.GPT2CausalLM
 
 
-def _gemma2():
+def tiny_gemma2(num_layers=2):
     # Gemma 2's options on the Gemma backbone; a small final soft cap so
     # that capping changes the loss.
     return keras_hub.models.GemmaBackbone(
-        vocabulary_size=V, num_layers=2, num_query_heads=2,
+        vocabulary_size=V, num_layers=num_layers, num_query_heads=2,
         num_key_value_heads=1, hidden_dim=16, intermediate_dim=32, head_dim=8,
         query_head_dim_normalize=False, use_post_ffw_norm=True,
         use_post_attention_norm=True, attention_logit_soft_cap=50.0,
@@ -55,7 +55,7 @@ def _gemma2():
     ), keras_hub.models.GemmaCausalLM
 
 
-def _llama():
+def tiny_llama():
     return keras_hub.models.LlamaBackbone(
         vocabulary_size=V, num_layers=1, num_query_heads=2,
         num_key_value_heads=1, hidden_dim=16, intermediate_dim=32,
@@ -75,7 +75,7 @@ def _gemma3():
     ), keras_hub.models.Gemma3CausalLM
 
 
-MODELS = {"gpt2": _gpt2, "gemma2": _gemma2, "llama": _llama, "gemma3": _gemma3}
+MODELS = {"gpt2": tiny_gpt2, "gemma2": tiny_gemma2, "llama": tiny_llama, "gemma3": _gemma3}
 
 
 def _data(seed=0):
@@ -327,7 +327,7 @@ def test_lora_on_tied_embedding_uses_merged_matrix(targets, monkeypatch):
 
 
 def test_soft_cap_option_must_match_the_model():
-    backbone, cls = _gemma2()
+    backbone, cls = tiny_gemma2()
     fused_class = ksh.fused.fused_causal_lm(cls)
     lm = fused_class(backbone=backbone, preprocessor=None, fused_loss={"logit_soft_cap": 1.5})
     assert lm.fused_loss == {} and lm.fused_projection()[2] == 1.5
@@ -338,6 +338,6 @@ def test_soft_cap_option_must_match_the_model():
 
 
 def test_fused_evaluate_must_be_bool():
-    backbone, cls = _gpt2()
+    backbone, cls = tiny_gpt2()
     with pytest.raises(ValueError, match="Received: fused_evaluate=1"):
         ksh.fused.fused_causal_lm(cls)(backbone=backbone, preprocessor=None, fused_evaluate=1)

@@ -86,6 +86,17 @@ def _problem(layer, tiling, acc):
     return TileProblem(spec, layer.hidden, layer.kernel, layer.bias, None, [])
 
 
+def tempered_scores(z, cap, inv_t, derivative=True):
+    """`(g, dg/dz)`: `g = z / T` or, with a soft cap, `cap tanh(z / cap) /
+    T` (`inv_t = 1 / T`), and its derivative (a scalar without a cap; None
+    with a cap unless `derivative`)."""
+    if cap is None:
+        return (z * inv_t if inv_t != 1.0 else z), inv_t
+    y = ops.tanh(z / cap)
+    deriv = (1.0 - ops.square(y)) * inv_t if derivative else None
+    return y * (cap * inv_t), deriv
+
+
 class Pair:
     """Both sides' tile problems and the scores' options (built inside the
     custom-gradient function from its arguments)."""
@@ -103,15 +114,7 @@ class Pair:
         the same with `mask` (`-inf` on masked columns; for maxima and
         exponentials), the kernel tile and, on request, the derivative."""
         z, w = linear_tile(p, start, None)
-        deriv = None
-        if cap is None:
-            g = z * self.inv_t if self.inv_t != 1.0 else z
-            deriv = self.inv_t
-        else:
-            y = ops.tanh(z / cap)
-            g = y * (cap * self.inv_t)
-            if derivative:
-                deriv = (1.0 - ops.square(y)) * self.inv_t
+        g, deriv = tempered_scores(z, cap, self.inv_t, derivative)
         gm = g if mask is None else g + mask
         return g, gm, w, deriv
 
@@ -131,15 +134,21 @@ def _online(run_max, run_sum, gm):
     return new_max, scale, e, run_sum * scale + ops.sum(e, axis=1)
 
 
-def _over_tiles(pair, body, state):
-    """`state = body(start, mask, state)` over the tiles, in
-    `chunked.tiling`'s order (the masked tail tile first)."""
-    tiling = pair.tiling
+def over_tiles(tiling, tail_mask, body, state):
+    """`state = body(start, mask, state)` over the tiles of `tiling`, in
+    `chunked.tiling`'s order: the tail tile first with `tail_mask` (if the
+    tiling has one), then the full tiles with None."""
     if tiling.overlap:
-        state = body(tiling.tail_start, pair.s.tail_mask, state)
+        state = body(tiling.tail_start, tail_mask, state)
     return tile_loop(
         tiling.num_full, lambda i, st: body(i * tiling.size, None, st), state
     )
+
+
+def _over_tiles(pair, body, state):
+    """`over_tiles` of a pair's vocabulary tiles (the student's `-inf`
+    tail mask)."""
+    return over_tiles(pair.tiling, pair.s.tail_mask, body, state)
 
 
 def _initial(pair, count):

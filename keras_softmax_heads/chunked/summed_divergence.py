@@ -34,8 +34,10 @@ from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.divergence import canonical_divergence
 from keras_softmax_heads.chunked.divergence import flat_inputs
 from keras_softmax_heads.chunked.divergence import log_mixture
+from keras_softmax_heads.chunked.divergence import over_tiles
 from keras_softmax_heads.chunked.divergence import score_gradients
 from keras_softmax_heads.chunked.divergence import shared_vocabulary
+from keras_softmax_heads.chunked.divergence import tempered_scores
 from keras_softmax_heads.chunked.divergence import upstream_of
 from keras_softmax_heads.chunked.tiling import Tiling
 from keras_softmax_heads.chunked.tiling import kernel_geometry
@@ -97,10 +99,7 @@ class Side:
         z = self.product(h, kernel)
         if self.bias is not None:
             z = z + self.bias
-        if self.cap is None:
-            return (z * inv_t if inv_t != 1.0 else z), inv_t
-        y = ops.tanh(z / self.cap)
-        return y * (self.cap * inv_t), (1.0 - ops.square(y)) * inv_t
+        return tempered_scores(z, self.cap, inv_t)
 
     def gradients(self, h, dz, state, start):
         """`state = (dh, dkernel, dbias)` after a chunk's score gradient
@@ -120,10 +119,10 @@ class Side:
     def add_kernel_gradient(self, dkernel, h, dz):
         """`dkernel + h^T dz` (transposed: `+ dz^T h`), added one vocabulary
         tile (`self.tiling`) at a time into place: no `[d, V]` temporary."""
-        tiling, size = self.tiling, self.tiling.size
+        size = self.tiling.size
         rows = ops.shape(h)[0]
 
-        def add(dk, start, mask):
+        def add(start, mask, dk):
             dz_tile = ops.slice(dz, [0, start], [rows, size])
             if mask is not None:  # the tail tile's columns of its neighbour
                 dz_tile = dz_tile * mask
@@ -135,9 +134,7 @@ class Side:
                 term = self.product(ops.transpose(h), dz_tile)
             return ops.slice_update(dk, begin, ops.slice(dk, begin, shape) + term)
 
-        if tiling.overlap:
-            dkernel = add(dkernel, tiling.tail_start, self.tail_keep)
-        return tile_loop(tiling.num_full, lambda i, dk: add(dk, i * size, None), dkernel)
+        return over_tiles(self.tiling, self.tail_keep, add, dkernel)
 
     def zeros(self):
         n = ops.shape(self.hidden)[0]  # the padded count
@@ -179,7 +176,6 @@ class TokenChunks:
         else:
             self.size = chunk_size
             self.count = (n + chunk_size - 1) // chunk_size
-        self.n = n
         self.pad = self.count * self.size - n
 
 

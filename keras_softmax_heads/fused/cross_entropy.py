@@ -51,11 +51,15 @@ def check_loss_options(reduction="mean", ignore_index=None, label_smoothing=0.0,
 
 def weighted_mean(values, weights):
     """`sum(w v) / sum(w)`, 0 when the weights sum to 0."""
-    total_w = ops.sum(weights)
+    return mean_of_weighted_sum(ops.sum(values * weights), weights)
+
+
+def mean_of_weighted_sum(total, weights):
+    """`total / sum(weights)` (`total` a weighted sum), 0 when the weights
+    sum to 0."""
+    total_w = ops.cast(ops.sum(weights), total.dtype)
     positive = total_w > 0
-    return ops.where(
-        positive, ops.sum(values * weights) / ops.where(positive, total_w, 1.0), 0.0
-    )
+    return ops.where(positive, total / ops.where(positive, total_w, 1.0), 0.0)
 
 
 def linear_cross_entropy(

@@ -18,6 +18,7 @@ from keras_softmax_heads.chunked.summed_divergence import summed_divergence
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 from keras_softmax_heads.fused.cross_entropy import broadcast_weights
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
+from keras_softmax_heads.fused.cross_entropy import mean_of_weighted_sum
 from keras_softmax_heads.fused.cross_entropy import reduce_loss
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
@@ -84,14 +85,6 @@ def token_weights(loss, targets=None, sample_weight=None, ignore_index=None):
         ignored = ops.equal(ops.cast(ops.convert_to_tensor(targets), "int32"), ignore_index)
         weights = ops.where(ignored, ops.zeros_like(weights), weights)
     return weights, ignored
-
-
-def weighted_mean_of_sum(total, weights):
-    """`total / sum(weights)` (`total` a weighted sum), 0 when the weights
-    sum to 0: `cross_entropy.weighted_mean` from the sum."""
-    total_w = ops.cast(ops.sum(weights), total.dtype)
-    positive = total_w > 0
-    return ops.where(positive, total / ops.where(positive, total_w, 1.0), 0.0)
 
 
 def linear_divergence(
@@ -257,7 +250,7 @@ def linear_divergence(
         )
         if options["reduction"] == "sum":
             return total
-        return weighted_mean_of_sum(total, weights)
+        return mean_of_weighted_sum(total, weights)
     per_token = tiled_divergence(
         student, teacher, options["divergence"], beta=options["beta"],
         temperature=options["temperature"], chunk_size=chunk_size,
