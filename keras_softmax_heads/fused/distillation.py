@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import check_chunk_size
+from keras_softmax_heads.chunked.core import accumulation_dtype
 from keras_softmax_heads.chunked.divergence import DIVERGENCES
 from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.divergence import tiled_divergence
@@ -239,8 +240,11 @@ def linear_divergence(
     if gradient_in_forward is None:
         gradient_in_forward = options["reduction"] != "none"
     if gradient_in_forward:
-        weights, _ = token_weights(ops.zeros(lead, student.hidden.dtype), targets,
-                                   sample_weight, options["ignore_index"])
+        # Weights in the accumulation dtype, as the per-token form's are.
+        acc = accumulation_dtype(student.hidden, student.kernel, teacher.hidden,
+                                 teacher.kernel)
+        weights, _ = token_weights(ops.zeros(lead, acc), targets, sample_weight,
+                                   options["ignore_index"])
         total = summed_divergence(
             student, teacher, ops.reshape(weights, (-1,)), options["divergence"],
             beta=options["beta"], temperature=options["temperature"],
