@@ -285,6 +285,19 @@ def test_low_precision_inputs_accumulate_in_float32():
     assert_close(out, expected, rtol=1e-4)
 
 
+def test_summed_low_precision_keeps_float32_weights():
+    """bfloat16 hidden states: the summed path weights the tokens in
+    float32 (as the per-token path does), not in bfloat16."""
+    inputs, _, weights = make_inputs(seed=8)
+    low = [ops.cast(x, "bfloat16") for x in inputs]
+    weights = weights + np.float32(1e-3)  # not bfloat16 numbers
+    args = (low[0], low[1], low[3], low[4])
+    kwargs = dict(teacher_kernel_transposed=True, sample_weight=weights, reduction="sum")
+    summed = linear_divergence(*args, gradient_in_forward=True, **kwargs)
+    per_token = linear_divergence(*args, gradient_in_forward=False, **kwargs)
+    assert_close(summed, per_token, rtol=1e-5)
+
+
 def test_leading_shape_and_divisible_tiles():
     inputs, _, _, _ = _case("forward_kl", seed=9)
     hs, ws, bs, ht, wt, bt = inputs
