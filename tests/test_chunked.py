@@ -614,6 +614,49 @@ def test_bfloat16_kernel_is_not_widened_whole(transposed):
     assert _largest_f32_array(hlo) < d * v
 
 
+def _largest_constant_fill(graph_def):
+    """The most elements a `Fill` with constant dimensions makes in any
+    function of `graph_def`: a constant subgraph TensorFlow's XLA bridge
+    evaluates while it compiles."""
+    import tensorflow as tf
+
+    largest = 0
+    for fn in graph_def.library.function:
+        consts = {n.name: n for n in fn.node_def if n.op == "Const"}
+        for n in fn.node_def:
+            dims = consts.get(n.input[0].split(":")[0]) if n.op == "Fill" else None
+            if dims is not None:
+                largest = max(largest, int(np.prod(tf.make_ndarray(dims.attr["value"].tensor))))
+    return largest
+
+
+@TF_ONLY
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gradient_buffers_are_not_compile_time_constants(dtype):
+    """Under a caller's `jit_compile=True`, the passes build their kernel
+    gradient buffer from the kernel, not as a constant `Fill` of its shape:
+    TensorFlow's XLA bridge evaluated that `[d, V]` constant while
+    compiling, and kept the memory (`docs/results/relayout_ab/run3`)."""
+    import tensorflow as tf
+
+    n, d, v = 16, 64, 1024
+    rng = np.random.default_rng(0)
+    h = tf.cast(rng.normal(size=(n, d)).astype("float32"), dtype)
+    kernel = tf.cast(rng.normal(size=(d, v)).astype("float32") * 0.1, dtype)
+    targets = tf.constant(rng.integers(0, v, size=(n,)).astype("int32"))
+
+    @tf.function(jit_compile=True)
+    def step(h, kernel):
+        with tf.GradientTape() as tape:
+            tape.watch([h, kernel])
+            value = ops.sum(chunked_pointwise_nll(h, kernel, None, targets, chunk_size=128))
+        return value, tape.gradient(value, [h, kernel])
+
+    graph_def = step.get_concrete_function(h, kernel).graph.as_graph_def()
+    assert len(graph_def.library.function) > 0  # the nested passes
+    assert _largest_constant_fill(graph_def) < d * v
+
+
 # ------------------------------------------------------------------ mixture
 def mixture_problem(n=11, k=3, d=5, v=23, seed=0):
     rng = np.random.default_rng(seed)

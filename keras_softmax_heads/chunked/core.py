@@ -315,11 +315,11 @@ def zero_gradients(p):
     """`(dh, dkernel, dbias)`: the zero gradient buffers of `h`, the kernel
     (`dispatch.gradient_writer`'s) and the bias (a scalar without one)."""
     dkernel, p.write_gradient, p.finish_gradient = dispatch.gradient_writer(
-        p.kernel.shape, p.kernel.dtype, p.spec.implementation)
+        p.kernel, p.spec.implementation)
     dbias = ops.zeros((), p.acc)
     if p.spec.has_bias:
         dbias = ops.zeros((p.tiling.vocab,), p.bias.dtype)
-    return ops.zeros_like(p.h, dtype=p.acc), dkernel, dbias
+    return dispatch.zeros_like(p.h, p.acc, p.spec.implementation), dkernel, dbias
 
 
 def projection_gradients(p, dh, dkernel, dbias):

@@ -14,7 +14,9 @@ what the backends do differently:
   results; `matmul_fn`: float64 products on PyTorch;
 * `tile_reader`, `gradient_writer`: how a kernel tile is read in the
   accumulation dtype and how the kernel gradient is written tile by tile
-  (TensorFlow handles a bfloat16 kernel as its bits: see there).
+  (TensorFlow handles a bfloat16 kernel as its bits: see there);
+* `zeros_like`: a pass's zero gradient buffers, made so that TensorFlow
+  cannot fold them into compile-time constants.
 
 `implementation="ops"` runs the passes as they are on every backend (the
 reference the TensorFlow path is tested against).
@@ -117,6 +119,26 @@ def run_pass(fn, implementation="auto"):
     return tf.function(fn, jit_compile=True, autograph=False)()
 
 
+def zeros_like(x, dtype, implementation="auto"):
+    """Zeros of `x`'s shape in `dtype`: a pass's gradient buffer.
+
+    On TensorFlow with `implementation="auto"`, in a graph, they are
+    `tf.raw_ops.ZerosLike` of `x`, an op on an input that XLA turns into a
+    broadcast of 0. `keras.ops.zeros` of a static shape is a constant
+    subgraph, and TensorFlow's XLA bridge folds constant subgraphs: it
+    evaluates a `[d, V]` zero kernel gradient while it compiles, and inside
+    a nested pass (`run_pass`) under a caller's own `jit_compile=True` the
+    process kept that memory (`docs/results/relayout_ab/run3`). Elsewhere,
+    `keras.ops.zeros`.
+    """
+    if _fast_tensorflow(implementation):
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            return ops.cast(tf.raw_ops.ZerosLike(x=x), dtype)
+    return ops.zeros(ops.shape(x), dtype)
+
+
 def low_precision_matmul(*tensors):
     """For bfloat16 / float16 inputs on JAX: `(a, b) -> a @ b` taking both in
     the inputs' dtype and returning the exact float32 products
@@ -185,10 +207,11 @@ def tile_reader(kernel, acc, implementation="auto"):
     return read
 
 
-def gradient_writer(shape, dtype, implementation="auto"):
-    """`(buffer, write, finish)`: the kernel gradient written tile by tile.
+def gradient_writer(kernel, implementation="auto"):
+    """`(buffer, write, finish)`: the gradient of `kernel` written tile by
+    tile.
 
-    `buffer` is the zero gradient, `write(buffer, begin, tile)` writes a
+    `buffer` is the zero gradient (`zeros_like`), `write(buffer, begin, tile)` writes a
     float32 tile into it (rounded once to `dtype`), `finish(buffer)` is the
     gradient in `dtype`. A bfloat16 gradient on TensorFlow, or on JAX on a
     CPU, with `implementation="auto"`, is kept as its `uint16` bits: XLA's
@@ -196,16 +219,17 @@ def gradient_writer(shape, dtype, implementation="auto"):
     at each tile's write. Elsewhere: `keras.ops.slice_update` on a `dtype`
     buffer.
     """
+    dtype = kernel.dtype
     if not _bfloat16_bits(dtype, implementation):
         def write(buffer, begin, tile):
             return ops.slice_update(buffer, begin, ops.cast(tile, dtype))
 
-        return ops.zeros(shape, dtype), write, lambda buffer: buffer
+        return zeros_like(kernel, dtype, implementation), write, lambda buffer: buffer
 
     def write_bits(buffer, begin, tile):
         return ops.slice_update(buffer, begin, _bitcast(ops.cast(tile, "bfloat16"), "uint16"))
 
-    return (ops.zeros(shape, "uint16"), write_bits,
+    return (zeros_like(kernel, "uint16", implementation), write_bits,
             lambda buffer: _bitcast(buffer, "bfloat16"))
 
 

@@ -136,12 +136,12 @@ class Side:
 
         return over_tiles(self.tiling, self.tail_keep, add, dkernel)
 
-    def zeros(self):
-        n = ops.shape(self.hidden)[0]  # the padded count
-        # A scalar without a bias (loops carry no None).
+    def zeros(self, implementation):
+        """The zero gradient buffers of the (padded) hidden states, the
+        kernel and the bias (a scalar without one: loops carry no None)."""
         dbias = ops.zeros((self.vocab,) if self.bias is not None else (), self.acc)
-        return (ops.zeros((n, self.d), self.acc),
-                ops.zeros(ops.shape(self.kernel), self.acc), dbias)
+        return (dispatch.zeros_like(self.hidden, self.acc, implementation),
+                dispatch.zeros_like(self.kernel, self.acc, implementation), dbias)
 
 
 def padded(x, pad):
@@ -284,8 +284,8 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
             return total, per_token, s_state, t_state
 
         def forward():
-            state = (ops.zeros((), acc), ops.zeros_like(w_all), s.zeros(),
-                     t.zeros() if teacher_gradient else ())
+            state = (ops.zeros((), acc), ops.zeros_like(w_all), s.zeros(implementation),
+                     t.zeros(implementation) if teacher_gradient else ())
             if isinstance(chunks.count, int):
                 state = tile_loop(chunks.count, body, state)
             else:  # known when the step runs
