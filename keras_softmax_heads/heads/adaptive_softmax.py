@@ -103,11 +103,14 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
 
     The tail's tokens are placed first (in token order) in `order`; capacity
     `k` computes rows `order[:k]`, which hold every member when
-    `count <= k`. `ops.cond` picks the first rung of `ladder` that holds
-    them, in the forward and (recomputing the rows) in the backward pass.
-    The gradient is written out (`d ll / d z = onehot - softmax(z)`), not
-    taken through the `cond` (under XLA that made every Keras fit step
-    recompile; `docs/adaptive.md`).
+    `count <= k`. The first rung is computed unconditionally and keeps
+    what its gradient needs (`onehot - softmax(z)`, the rows' inputs), so
+    when it holds the members (nearly always: `capacity`) the backward pass
+    takes two products per tail, as autodiff would. Otherwise `ops.cond`
+    climbs the rest of `ladder`, in the forward and (recomputing the rows)
+    in the backward pass. The gradient is written out
+    (`d ll / d z = onehot - softmax(z)`), not taken through the `cond`
+    (under XLA that made every Keras fit step recompile; `docs/adaptive.md`).
 
     Args:
         h: `[N, d]` context vectors, compute dtype, static `N`.
@@ -135,7 +138,7 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
         count = int(ops.convert_to_numpy(ops.sum(member_int)))
         ladder = [next(k for k in ladder if count <= k)]
 
-    def climb(fn, count, j=0):
+    def climb(fn, count, j):
         if j == len(ladder) - 1:
             return fn(ladder[j])
         return ops.cond(
@@ -150,7 +153,8 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
         is_member = member_int > 0
         count = ops.sum(member_int)
 
-        def scores(k):
+        def rung(k):
+            """Rows `order[:k]`: `(rows, h_rows, x, ll_rows, d ll / d z)`."""
             rows = order[:k]
             h_rows = ops.take(h, rows, axis=0)  # [k, d]
             x = ops.matmul(h_rows, projection)  # [k, d_i]
@@ -158,7 +162,9 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
             if b is not None:
                 z = z + b
             onehot = ops.one_hot(ops.take(local, rows), size, dtype=acc)
-            return rows, h_rows, x, z, onehot
+            lse = ops.logsumexp(z, axis=-1, keepdims=True)
+            ll_rows = ops.sum(z * onehot, axis=-1) - ops.squeeze(lse, -1)
+            return rows, h_rows, x, ll_rows, onehot - ops.exp(z - lse)
 
         def to_tokens(per_row, k):
             """Rows' values back to the tokens (zero for non-members)."""
@@ -166,12 +172,16 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
             padded = ops.concatenate([per_row, pad], axis=0)
             return ops.take(padded, ops.where(is_member, slot, k), axis=0)
 
-        def forward(k):
-            _, _, _, z, onehot = scores(k)
-            ll_rows = ops.sum(z * onehot, axis=-1) - ops.logsumexp(z, axis=-1)
-            return to_tokens(ll_rows, k)
+        def first_or_climb(first_value, fn):
+            """`first_value` if the first rung holds the members, else `fn`
+            on the first rung of the rest that does."""
+            if len(ladder) == 1:
+                return first_value()
+            return ops.cond(count <= ladder[0], first_value, lambda: climb(fn, count, 1))
 
-        ll = climb(forward, count)
+        first = rung(ladder[0])
+        ll = first_or_climb(lambda: to_tokens(first[3], ladder[0]),
+                            lambda k: to_tokens(rung(k)[3], k))
 
         def grad_fn(*args, upstream=None, variables=None):
             # TensorFlow and JAX call grad_fn(upstream); PyTorch
@@ -181,12 +191,11 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
                 (upstream,) = args
             upstream = ops.cast(upstream, acc)
 
-            def backward(k):
-                rows, h_rows, x, z, onehot = scores(k)
+            def gradients(k, rows, h_rows, x, dll_dz):
                 g = ops.where(
                     ops.take(is_member, rows), ops.take(upstream, rows), 0.0
                 )
-                dz = ops.expand_dims(g, -1) * (onehot - ops.softmax(z, axis=-1))
+                dz = ops.expand_dims(g, -1) * dll_dz
                 dz_c = ops.cast(dz, h.dtype)
                 d_kernel = ops.matmul(ops.transpose(x), dz_c)
                 dx = ops.matmul(dz_c, ops.transpose(kernel))
@@ -194,7 +203,13 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
                 dh = to_tokens(ops.matmul(dx, ops.transpose(projection)), k)
                 return dh, d_projection, d_kernel, ops.sum(dz, axis=0)
 
-            dh, d_projection, d_kernel, d_bias = climb(backward, count)
+            def recomputed(k):
+                rows, h_rows, x, _, dll_dz = rung(k)
+                return gradients(k, rows, h_rows, x, dll_dz)
+
+            rows, h_rows, x, _, dll_dz = first
+            dh, d_projection, d_kernel, d_bias = first_or_climb(
+                lambda: gradients(ladder[0], rows, h_rows, x, dll_dz), recomputed)
             grads = [
                 ops.cast(dh, h.dtype),
                 ops.cast(d_projection, projection.dtype),
