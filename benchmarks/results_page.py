@@ -15,6 +15,7 @@ only.
 """
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -592,6 +593,39 @@ def section_adaptive_bench(name="bench_adaptive.json"):
         provenance(name, data)])
 
 
+def section_adaptive_threads(folder="adaptive_threads"):
+    """Issue 28's thread-count check of the adaptive softmax: the static
+    path's train step before and after the saved first rung, the dynamic
+    path and torch's module, at 1 and 2 threads, per round (a file's
+    suffix: `after_t2_3.json` is round 3 at 2 threads)."""
+    paths = sorted(glob.glob(os.path.join(RESULTS, folder, "after_t*_*.json")))
+    if not paths:
+        return missing(f"{folder}/after_t*_*.json")
+    out = []
+    for path in paths:
+        threads, rnd = re.match(r"after_t(\d+)_(\w+)\.json$", os.path.basename(path)).groups()
+        after = {(r["key"], r["v"]): r for r in load(os.path.join(folder, os.path.basename(path)))["rows"]}
+        before_data = load(os.path.join(folder, f"before_t{threads}_{rnd}.json")) or {"rows": []}
+        before = {(r["key"], r["v"]): r for r in before_data["rows"]}
+        for v in sorted({v for _, v in after}):
+            rows = {"before": before.get(("static", v)), "after": after.get(("static", v)),
+                    "dynamic": after.get(("dynamic", v)), "torch": after.get(("torch", v))}
+            ms = {k: 1000 * r["step_s"] for k, r in rows.items() if r and "step_s" in r}
+            mem = [(rows[k] or {}).get("peak_mib") for k in ("before", "after")]
+            out.append([threads, f"{v:,}", rnd]
+                       + [f"{ms[k]:.1f}" if k in ms else "–"
+                          for k in ("before", "after", "dynamic", "torch")]
+                       + [fmt(ms[k] / ms["torch"]) if k in ms and "torch" in ms else "–"
+                          for k in ("before", "after", "dynamic")]
+                       + [f"{fmt(mem[0], 0)} → {fmt(mem[1], 0)}"])
+    return "\n\n".join([
+        table(["threads", "V", "round", "static before (ms)", "static after (ms)",
+               "dynamic (ms)", "torch (ms)", "before / torch", "after / torch",
+               "dynamic / torch", "static peak MiB (before → after)"], out),
+        f"*Raw:* [`docs/results/{folder}/`](results/{folder}/README.md); *command:* "
+        f"`bash docs/results/{folder}/run.sh` (V = 793,471: `run_793k.sh`)."])
+
+
 def section_adaptive_study(name="study_adaptive_wikitext2.json"):
     """Issue 21's study: equal training time on WikiText-2."""
     data = load(name)
@@ -1102,6 +1136,7 @@ def build(make_figures=True):
         "gpu_peers": section_peers("bench_peers_gpu.json"),
         "adaptive_bench": section_adaptive_bench(),
         "adaptive_study": section_adaptive_study(),
+        "adaptive_threads": section_adaptive_threads(),
         "fused_lce": section_fused_lce(),
         "fused_lce_xla": section_fused_lce("bench_linear_cross_entropy_xla.json"),
         "fused_lce_jax": section_fused_lce("bench_linear_cross_entropy_jax.json"),
