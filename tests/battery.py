@@ -251,8 +251,12 @@ class HeadBattery:
         if type(head).exact_training_objective and not self.avoids_full_scores_in_training:
             return
         seq = self._sequential(head)
-        seq.compile(keras.optimizers.Adam(0.05), loss=ksh.HeadLoss(head),
-                    jit_compile=self.jit_compatible)
+        # Compiled where the head compiles; on PyTorch (`torch.compile`, tens
+        # of seconds a model) only for batteries that ask for it, as in
+        # `test_jit_compile_fit_step` (conftest).
+        jit = self.jit_compatible and (keras.backend.backend() != "torch"
+                                       or self.torch_compile_by_default)
+        seq.compile(keras.optimizers.Adam(0.05), loss=ksh.HeadLoss(head), jit_compile=jit)
         first = seq.evaluate(x, y, verbose=0)
         seq.fit(x, y, batch_size=8, epochs=self.fit_epochs, verbose=0)
         last = seq.evaluate(x, y, verbose=0)
