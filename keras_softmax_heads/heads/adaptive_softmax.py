@@ -103,8 +103,8 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
 
     The tail's tokens are placed first (in token order) in `order`; capacity
     `k` computes rows `order[:k]`, which hold every member when
-    `count <= k`. The first rung is computed unconditionally and keeps
-    what its gradient needs (`onehot - softmax(z)`, the rows' inputs), so
+    `count <= k`. The first rung's products are computed unconditionally
+    and kept for the backward pass (the scores `z` and the rows' inputs), so
     when it holds the members (nearly always: `capacity`) the backward pass
     takes two products per tail, as autodiff would. Otherwise `ops.cond`
     climbs the rest of `ladder`, in the forward and (recomputing the rows)
@@ -153,18 +153,19 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
         is_member = member_int > 0
         count = ops.sum(member_int)
 
-        def rung(k):
-            """Rows `order[:k]`: `(rows, h_rows, x, ll_rows, d ll / d z)`."""
+        def scores(k):
+            """Rows `order[:k]`, their inputs and their scores:
+            `(rows, h_rows, x, z)`."""
             rows = order[:k]
             h_rows = ops.take(h, rows, axis=0)  # [k, d]
             x = ops.matmul(h_rows, projection)  # [k, d_i]
             z = ops.cast(ops.matmul(x, kernel), acc)  # [k, size]
             if b is not None:
                 z = z + b
-            onehot = ops.one_hot(ops.take(local, rows), size, dtype=acc)
-            lse = ops.logsumexp(z, axis=-1, keepdims=True)
-            ll_rows = ops.sum(z * onehot, axis=-1) - ops.squeeze(lse, -1)
-            return rows, h_rows, x, ll_rows, onehot - ops.exp(z - lse)
+            return rows, h_rows, x, z
+
+        def onehot(rows):
+            return ops.one_hot(ops.take(local, rows), size, dtype=acc)
 
         def to_tokens(per_row, k):
             """Rows' values back to the tokens (zero for non-members)."""
@@ -179,9 +180,13 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
                 return first_value()
             return ops.cond(count <= ladder[0], first_value, lambda: climb(fn, count, 1))
 
-        first = rung(ladder[0])
-        ll = first_or_climb(lambda: to_tokens(first[3], ladder[0]),
-                            lambda k: to_tokens(rung(k)[3], k))
+        def log_likelihood(k, rows, h_rows, x, z):
+            ll_rows = ops.sum(z * onehot(rows), axis=-1) - ops.logsumexp(z, axis=-1)
+            return to_tokens(ll_rows, k)
+
+        first = scores(ladder[0])
+        ll = first_or_climb(lambda: log_likelihood(ladder[0], *first),
+                            lambda k: log_likelihood(k, *scores(k)))
 
         def grad_fn(*args, upstream=None, variables=None):
             # TensorFlow and JAX call grad_fn(upstream); PyTorch
@@ -191,11 +196,11 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
                 (upstream,) = args
             upstream = ops.cast(upstream, acc)
 
-            def gradients(k, rows, h_rows, x, dll_dz):
+            def gradients(k, rows, h_rows, x, z):
                 g = ops.where(
                     ops.take(is_member, rows), ops.take(upstream, rows), 0.0
                 )
-                dz = ops.expand_dims(g, -1) * dll_dz
+                dz = ops.expand_dims(g, -1) * (onehot(rows) - ops.softmax(z, axis=-1))
                 dz_c = ops.cast(dz, h.dtype)
                 d_kernel = ops.matmul(ops.transpose(x), dz_c)
                 dx = ops.matmul(dz_c, ops.transpose(kernel))
@@ -203,13 +208,8 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
                 dh = to_tokens(ops.matmul(dx, ops.transpose(projection)), k)
                 return dh, d_projection, d_kernel, ops.sum(dz, axis=0)
 
-            def recomputed(k):
-                rows, h_rows, x, _, dll_dz = rung(k)
-                return gradients(k, rows, h_rows, x, dll_dz)
-
-            rows, h_rows, x, _, dll_dz = first
             dh, d_projection, d_kernel, d_bias = first_or_climb(
-                lambda: gradients(ladder[0], rows, h_rows, x, dll_dz), recomputed)
+                lambda: gradients(ladder[0], *first), lambda k: gradients(k, *scores(k)))
             grads = [
                 ops.cast(dh, h.dtype),
                 ops.cast(d_projection, projection.dtype),
