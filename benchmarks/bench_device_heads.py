@@ -21,8 +21,10 @@ With `--torch`, PyTorch's FullSoftmax and the PLIF formula of
 own interleaved rounds (their ratio: to PyTorch's FullSoftmax).
 
 A head whose step fails (e.g. out of memory) is a row with its error; the
-others still run. `--max_seconds` bounds the whole run: once it has passed,
-the remaining heads are rows with `"skipped"`. Raw JSON to `--out`.
+others still run. `--max_seconds` bounds the JAX heads: once it has passed,
+the remaining heads are rows with `"skipped"` (the PyTorch rows, the PLIF
+target's peer, still run). Raw JSON to `--out`, rewritten after each
+vocabulary size's rows and after PyTorch's (`"complete"` once all ran).
 
 Heads (`HEADS`): `full`, `plif` (K = 100,000 knots), `plif_k1000`,
 `sigsoftmax`, `monotonic` (16 units), `mos15`, `mos4` (MixtureOfSoftmaxes,
@@ -204,11 +206,17 @@ def torch_rows(n, d, vocab, rounds, knots=100_000):
             row["error"] = measure.error_text(err)
         rows[name] = row
     time_rounds(rows, calls, rounds, "torch_full_compile")
+    calls.clear()
+    heads.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # JAX's rows of the next vocabulary size allocate after
     return list(rows.values())
 
 
-def run(args):
-    """The whole table as a JSON-ready dict."""
+def run(args, save=None):
+    """The whole table as a JSON-ready dict; `save(result)`, when given, is
+    called after each vocabulary size's rows (and PyTorch's), so a run
+    stopped from outside (a device call's time limit) keeps them."""
     import jax
     import keras
 
@@ -225,10 +233,15 @@ def run(args):
         for row in head_rows(names, args.tokens, args.dim, vocab, args.warmup,
                              args.rounds, deadline):
             result["rows"].append(dict(row, vocab=vocab, tokens=args.tokens, dim=args.dim))
-        if args.torch and time.perf_counter() < deadline:
+        if save:
+            save(dict(result, complete=False))
+        if args.torch:  # the peers of the PLIF target: run even past the deadline
             for row in torch_rows(args.tokens, args.dim, vocab, args.rounds):
                 result["rows"].append(dict(row, vocab=vocab, tokens=args.tokens, dim=args.dim))
+            if save:
+                save(dict(result, complete=False))
     result["wall_s"] = args.max_seconds - (deadline - time.perf_counter())
+    result["complete"] = True
     return result
 
 
@@ -255,7 +268,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    result = run(parse_args(argv))
+    args = parse_args(argv)
+    result = run(args, save=lambda partial: measure.save(partial, args.out))
     for row in result["rows"]:
         print(row["vocab"], row["head"], {k: row.get(k) for k in (
             "step_s", "ratio_to_full", "temp_ratio_to_full", "error", "skipped")})

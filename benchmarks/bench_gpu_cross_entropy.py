@@ -349,11 +349,22 @@ def ratios_of(case_rows):
     return out
 
 
-def run(settings):
+def run(settings, save=None):
     """All the cases: `{"rows": [...], "ratios": [...]}` (and
-    `"option_checks"`, `option_checks()`, with `check_options`)."""
+    `"option_checks"`, `option_checks()`, with `check_options`).
+
+    `save(partial)`, when given, is called with the results so far after the
+    option checks and after each case, so that a run stopped from outside
+    (a device call's time limit) keeps every finished case. Cases not begun
+    within `settings["max_seconds"]` (if set) are recorded as skipped."""
     rows, ratios = [], []
     checks = host = None
+    deadline = (time.perf_counter() + settings["max_seconds"]
+                if settings.get("max_seconds") else None)
+
+    def partial():
+        return {"rows": list(rows), "ratios": list(ratios), "option_checks": checks}
+
     if settings["check_options"]:
         try:
             checks = option_checks()
@@ -363,8 +374,15 @@ def run(settings):
         except Exception as err:  # a lowering error: the table still runs
             checks = {"error": measure.error_text(err)}
             print(f"option checks failed: {checks['error']}", flush=True)
+        if save:
+            save(partial())
     for case in settings["cases"]:
         n, d, v, dtype = case
+        if deadline is not None and time.perf_counter() > deadline:
+            rows += [{"row": row, "skipped": "time budget (--max_seconds) spent",
+                      "n": n, "d": d, "v": v, "dtype": dtype} for row in settings["rows"]]
+            print(f"N={n} d={d} V={v} {dtype}: skipped (--max_seconds)", flush=True)
+            continue
         print(f"N={n} d={d} V={v} {dtype}", flush=True)
         if host is None or host[0].shape != (n, d) or host[1].shape[0] != v:
             host = None
@@ -380,7 +398,9 @@ def run(settings):
             rows.append(r)
             print("  " + summary(r), flush=True)
         ratios.append(dict(n=n, d=d, v=v, dtype=dtype, **ratios_of(results)))
-    return {"rows": rows, "ratios": ratios, "option_checks": checks}
+        if save:
+            save(partial())
+    return partial()
 
 
 def summary(r):
@@ -442,7 +462,11 @@ def parse_args(argv):
     parser.add_argument("--check_options", action="store_true",
                         help="First compare the kernel with the tiled pass for every "
                         "option at N=300, d=200, V=1000 (`option_checks`).")
-    parser.add_argument("--out", default=None, help="Write the results to this JSON file.")
+    parser.add_argument("--max_seconds", type=float, default=None,
+                        help="Begin no case after this many seconds (the rest are "
+                        "recorded as skipped).")
+    parser.add_argument("--out", default=None, help="Write the results to this JSON file "
+                        "(rewritten after each case).")
     args = parser.parse_args(argv)
     rows = args.rows.split(",")
     bad = [r for r in rows if r not in ROWS]
@@ -451,7 +475,7 @@ def parse_args(argv):
     return args, {"cases": parse_shapes(args.shapes), "rows": rows, "repeats": args.repeats,
                   "implementation": args.implementation, "filter_eps": args.filter_eps,
                   "torch_tf32": args.torch_tf32, "check_options": args.check_options,
-                  "chunk_size": args.chunk_size,
+                  "chunk_size": args.chunk_size, "max_seconds": args.max_seconds,
                   "blocks": [int(x) for x in args.blocks.split(",")] if args.blocks else None}
 
 
@@ -463,16 +487,20 @@ def main(argv=None):
     if settings["blocks"]:
         pallas_cross_entropy.GPU_BLOCKS = tuple(settings["blocks"])
     settings["blocks"] = list(pallas_cross_entropy.GPU_BLOCKS)
-    load_before = os.getloadavg()
-    result = run(settings)
-    result.update(
+    header = dict(
         command="python " + " ".join(shlex.quote(x) for x in sys.argv),
         settings={k: (v if k != "cases" else [list(c) for c in v]) for k, v in settings.items()},
         machine=measure.machine(), devices=devices(), versions=versions(),
-        loadavg_before=load_before, loadavg_after=os.getloadavg(),
-    )
-    measure.save(result, args.out)
-    return result
+        loadavg_before=os.getloadavg())
+
+    def save(partial, final=False):
+        if args.out:
+            measure.save(dict(header, **partial, complete=final,
+                              loadavg_after=os.getloadavg()), args.out)
+
+    result = run(settings, save)
+    save(result, final=True)
+    return dict(header, **result, complete=True)
 
 
 if __name__ == "__main__":

@@ -3,19 +3,33 @@
 # training step against FullSoftmax's in the same process (median wall time,
 # ratio, XLA's compiled memory), d = 512, N = 8,192, V = 33,278 (with
 # torch.compile of FullSoftmax and of the PLIF formula) and V = 100,000
-# (without the [N, K, V] reference MoS, which asks for 45.8 GiB there).
-# Sized for about 5 minutes on one H100 (each call stops timing new heads
-# after --max_seconds). Keras and its two missing dependencies travel as
-# wheels in .whl/ (benchmarks/device_env.sh).
+# (without the [N, K, V] reference MoS, which asks for 45.8 GiB there); then
+# PLIF's slope histogram on each path (scatter, sorted, the Pallas kernel).
+# Bounded at about 340 s in all (hard `timeout`s; each table stops starting
+# heads after --max_seconds and saves its JSON after each vocabulary size), so
+# that this call and device_cross_entropy.sh's fit one session's 15 minutes of
+# device time with the machine's start. Four files in OUT_DIR (the device
+# tool returns at most eight). Keras and its two missing dependencies travel
+# as wheels in .whl/ (benchmarks/device_wheels.sh, then carry ".whl").
 # usage: benchmarks/device_heads.sh [OUT_DIR]   (default docs/results/device_heads)
 set -uo pipefail
 out=${1:-docs/results/device_heads}
 mkdir -p "$out"
+log=$out/device_heads_log.txt
+{
 source benchmarks/device_env.sh
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.is_available())"
 bench="python3 benchmarks/bench_device_heads.py --tokens=8192 --dim=512 --rounds=7 --warmup=2"
-$bench --vocab_sizes=33278 --torch --max_seconds=150 --out=$out/device_heads_v33278.json
-$bench --vocab_sizes=100000 --max_seconds=120 \
-    --heads=full,plif,plif_k1000,sigsoftmax,monotonic,mos15,mos4,moss15,mos4_plif,moc15 \
+timeout 170 $bench --vocab_sizes=33278 --torch --max_seconds=110 \
+    --heads=full,plif,plif_k1000,mos15,mos4,sigsoftmax,monotonic,moss15,mos4_plif,moc15,mos15_dense \
+    --out=$out/device_heads_v33278.json
+echo "v33278 exit $?"
+timeout 100 $bench --vocab_sizes=100000 --max_seconds=60 \
+    --heads=full,plif,plif_k1000,mos4,sigsoftmax,monotonic,mos15,moss15,mos4_plif,moc15 \
     --out=$out/device_heads_v100000.json
+echo "v100000 exit $?"
+timeout 45 python3 benchmarks/bench_plif_histogram.py --n 8192 --methods scatter,sorted,pallas \
+    --out $out/plif_histogram_gpu_jax.json
+echo "plif histogram exit $?"
 ls -la "$out"
+} 2>&1 | tee "$log"

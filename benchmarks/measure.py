@@ -392,12 +392,14 @@ def machine(keys=None):
 
 def save(result, path, indent=1):
     """Writes the JSON `result` to `path` (its folder made if needed; nothing
-    when `path` is None)."""
+    when `path` is None), through a temporary file renamed over it: a run
+    killed while writing leaves the previous file whole."""
     if not path:
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=indent)
+    os.replace(path + ".tmp", path)
     print(f"wrote {path}")
 
 

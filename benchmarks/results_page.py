@@ -64,6 +64,10 @@ SOURCES = {
     "plif_histogram/cpu_jax_n64.json": dict(
         command="python benchmarks/bench_plif_histogram.py --n 64 --rounds 2 "
                 "--out docs/results/plif_histogram/cpu_jax_n64.json"),
+    "plif_histogram/gpu_jax.json": dict(
+        command="benchmarks/device_heads.sh OUT_DIR (its last run: python "
+                "benchmarks/bench_plif_histogram.py --n 8192 --methods scatter,sorted,pallas), "
+                "OUT_DIR/plif_histogram_gpu_jax.json copied here"),
 }
 
 #: Chen et al. (2016), Table 2, PTB test perplexity (24 h on a K40 each).
@@ -972,7 +976,8 @@ def section_device_heads(name, command=None):
 
 
 def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
-                                  "plif_histogram/cpu_jax_n64.json")):
+                                  "plif_histogram/cpu_jax_n64.json",
+                                  "plif_histogram/gpu_jax.json")):
     """PLIF's slope histogram per method (scatter / sorted / pallas), issue 28."""
     loaded = [(name, load(name)) for name in names]
     loaded = [(name, d) for name, d in loaded if d is not None]

@@ -30,7 +30,12 @@ def test_device_heads_and_mixture_memory_in_process(monkeypatch):
     args = bench_device_heads.parse_args(
         ["--tokens=16", "--dim=8", "--vocab_sizes=40", "--rounds=1", "--warmup=0",
          "--heads=full,mos4"])
-    rows = {r["head"]: r for r in bench_device_heads.run(args)["rows"]}
+    saved = []
+    result = bench_device_heads.run(args, save=lambda partial: saved.append(partial))
+    rows = {r["head"]: r for r in result["rows"]}
+    # Saved after the vocabulary's rows (a device call's limit keeps them).
+    assert [len(p["rows"]) for p in saved] == [2] and not saved[0]["complete"]
+    assert result["complete"]
     assert list(rows) == ["full", "mos4"]
     assert rows["full"]["ratio_to_full"] == 1.0
     for row in rows.values():

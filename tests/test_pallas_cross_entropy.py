@@ -290,3 +290,15 @@ def test_gpu_benchmark_smoke(tmp_path):
     if not torch.cuda.is_available():
         assert rows["torch_dense"]["skipped"] == "no CUDA device"
     assert result["ratios"][0]["time_ours_over_xla_dense"] > 0
+    assert result["complete"]
+
+    # A device call's time limit can stop the run: every finished case is
+    # saved as it ends, and no case begins after --max_seconds.
+    _, settings = bench.parse_args(["--shapes=8x4x10:float32;8x4x12:float32",
+                                    "--rows=xla_dense", "--repeats=1"])
+    saved = []
+    bench.run(settings, save=lambda partial: saved.append(len(partial["rows"])))
+    assert saved == [1, 2]
+    settings["max_seconds"] = 1e-9
+    skipped = bench.run(settings)["rows"]
+    assert [r["skipped"] for r in skipped] == ["time budget (--max_seconds) spent"] * 2
