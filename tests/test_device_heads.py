@@ -59,3 +59,32 @@ def test_device_heads_script_end_to_end(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert {r["head"] for r in rows} >= {"full", "mos15_dense", "torch_plif_compile"}
     assert all("error" not in r for r in rows), rows
+
+
+def test_every_head_step_lowers_for_a_gpu(monkeypatch):
+    """The device call's steps as a GPU runs them, at its shape (N = 8,192,
+    d = 512, V = 33,278), lowered for CUDA on the CPU (nothing compiled or
+    run): JAX reporting a GPU backend, the library takes its GPU paths
+    (tile widths, the Pallas kernels lowered through Triton, not
+    interpreted), so a Python-level failure of a GPU path shows here, not in
+    a device session."""
+    import jax
+
+    monkeypatch.syspath_prepend(BENCH)
+    import bench_device_heads
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    n, d, vocab = 8192, 512, 33278
+    h = jax.ShapeDtypeStruct((n, d), "float32")
+    y = jax.ShapeDtypeStruct((n,), "int32")
+    kernels = {}
+    for name in bench_device_heads.HEADS:
+        head = bench_device_heads.make_head(name, vocab)
+        head.build((None, d))
+        step = bench_device_heads.train_step(head, dense=name.endswith("_dense"))
+        weights = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in head.trainable_variables]
+        text = step.trace(weights, h, y).lower(lowering_platforms=("cuda",)).as_text()
+        kernels[name] = text.count("xla.gpu.triton")
+    # PLIF's slope histogram (and MonotonicSoftmax's grid's) is the kernel.
+    assert {k for k, count in kernels.items() if count} == {
+        "plif", "plif_k1000", "monotonic", "mos4_plif"}, kernels

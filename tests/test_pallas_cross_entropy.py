@@ -3,6 +3,8 @@ Pallas' interpret mode on the CPU, against today's tiled pass through the
 same public function (`linear_cross_entropy(..., implementation="pallas")`),
 and its dispatch. JAX only: the module skips on the other backends."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -186,6 +188,35 @@ def test_kernels_lower_to_triton():
         except (ImportError, NotImplementedError) as err:  # a jaxlib without Triton
             pytest.skip(f"no Pallas Triton lowering here: {err}")
         assert lowered.as_text().count("xla.gpu.triton") == 2  # forward, backward
+
+
+def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
+    """The device call's JAX rows (`bench_gpu_cross_entropy.jax_losses`) at
+    its shapes (the Gemma 2 2B shape in bfloat16 and float32, N = 4,096,
+    d = 1,024, V = 131,072), with the default blocks and its 128-wide ones,
+    lowered for CUDA on the CPU (nothing compiled or run): with JAX
+    reporting a GPU backend, "auto" takes the kernel, lowered through
+    Triton (forward and backward), and the tiled and dense rows take none."""
+    import jax
+
+    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "benchmarks")
+    monkeypatch.syspath_prepend(bench_dir)
+    import bench_gpu_cross_entropy as bench
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    expected = {"xla_dense": 0, "ours": 2, "ours_filtered": 2, "ours_atomic": 2,
+                "ours_tiled": 0}
+    for blocks in (pallas_cross_entropy.GPU_BLOCKS, (128, 128, 64)):
+        monkeypatch.setattr(pallas_cross_entropy, "GPU_BLOCKS", blocks)
+        for n, d, v, dtype in bench.parse_shapes(bench.DEFAULT_SHAPES):
+            h = jax.ShapeDtypeStruct((n, d), dtype)
+            w = jax.ShapeDtypeStruct((v, d), dtype)
+            t = jax.ShapeDtypeStruct((n,), "int32")
+            for row, fn in bench.jax_losses(bench.ROWS, "auto", 2.0**-12, 4096).items():
+                step = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))
+                text = step.trace(h, w, t).lower(lowering_platforms=("cuda",)).as_text()
+                assert text.count("xla.gpu.triton") == expected[row], (blocks, n, dtype, row)
 
 
 def test_dispatch():
