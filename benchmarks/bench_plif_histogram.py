@@ -5,8 +5,9 @@ Two rows per number of knots `K` and path (`--methods`: `scatter`, today's
 the privatised Pallas kernel, interpreted off the GPU):
 
 * `histogram`: the two histograms of the slopes' gradient, `A = hist(g)`
-  and `B = hist(g * offset)`, of all `N * V` scores, in tiles of
-  `TILE_ELEMENTS` scores (a `scan_tiles` loop, as in the PLIF kernels);
+  and `B = hist(g * offset)`, of all `N * V` scores, in tiles of the
+  platform's `functional.dispatch.tile_elements` scores (a `scan_tiles`
+  loop, as in the PLIF kernels);
 * `loss_grad`: `functional.plif_log_likelihood`'s summed loss and its
   gradients w.r.t. the scores and the raw slopes (the head's step without
   its matrix products), the path forced through
@@ -21,8 +22,8 @@ same rounds. Raw JSON: `docs/results/plif_histogram/<platform>_jax.json`.
 Usage:
     python benchmarks/bench_plif_histogram.py --quick --out /tmp/h.json  # smoke run
     python benchmarks/bench_plif_histogram.py       # N=2048, V=33278, K in {1e5, 1e3}, CPU paths
-    python benchmarks/bench_plif_histogram.py --n 8192 --methods scatter,sorted,pallas \\
-        --tile-elements 268435456   # on a GPU (one call; see docs/plif.md)
+    python benchmarks/bench_plif_histogram.py --n 8192 --methods scatter,sorted,pallas
+        # on a GPU (the last run of benchmarks/device_heads.sh; see docs/plif.md)
 """
 
 import argparse
@@ -50,7 +51,8 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 2)")
     parser.add_argument("--score-scale", type=float, default=3.0)
     parser.add_argument("--tile-elements", type=int, default=None,
-                        help="functional.plif_kernels.TILE_ELEMENTS (default: the library's)")
+                        help="scores per tile on every platform (default: the library's, "
+                        "functional.dispatch.tile_elements)")
     parser.add_argument("--quick", action="store_true", help="N=64, V=500, K in {1000, 100}")
     parser.add_argument("--out", default=None, help="JSON path (default: by platform)")
     args = parser.parse_args(argv)
@@ -122,8 +124,10 @@ def run(args):
     from keras_softmax_heads import functional
     from keras_softmax_heads.functional import dispatch
 
-    if args.tile_elements:
+    if args.tile_elements:  # the CPU's tile and the accelerators'
         functional.plif_kernels.TILE_ELEMENTS = args.tile_elements
+        dispatch.ACCELERATOR_TILE_ELEMENTS = args.tile_elements
+    tile = dispatch.tile_elements(functional.plif_kernels.TILE_ELEMENTS)
     from keras_softmax_heads.platforms import current_platform
 
     platform = current_platform()
@@ -140,8 +144,7 @@ def run(args):
             calls, first, check = {}, {}, {}
             for method in methods:
                 if row == "histogram":
-                    call = histogram_call(method, num_knots, z.reshape(-1), g,
-                                          functional.plif_kernels.TILE_ELEMENTS)
+                    call = histogram_call(method, num_knots, z.reshape(-1), g, tile)
                 else:
                     call = loss_grad_call(method, num_knots, z, targets, raw)
                 value, first[method], _ = measure.clock(call)
@@ -169,7 +172,7 @@ def run(args):
     return {
         "script": "benchmarks/bench_plif_histogram.py", "args": vars(args),
         "platform": platform, "device": getattr(device, "device_kind", str(device)),
-        "jax": jax.__version__, "tile_elements": functional.plif_kernels.TILE_ELEMENTS,
+        "jax": jax.__version__, "tile_elements": tile,
         "loadavg": os.getloadavg(), "machine": measure.machine(), "rows": rows,
     }
 

@@ -89,6 +89,47 @@ def test_platform_dispatch(monkeypatch):
     assert dispatch.histogram_method() == "sorted"
 
 
+def test_tile_elements_by_platform():
+    """PLIF's tile: the CPU's (cache-sized) on a CPU, few large tiles on a
+    GPU / TPU, whatever the CPU's is set to."""
+    cpu = functional.plif_kernels.TILE_ELEMENTS
+    assert dispatch.tile_elements(cpu) == cpu == 2**19
+    for platform in ("gpu", "tpu"):
+        with forced_platform(platform):
+            assert dispatch.tile_elements(cpu) == dispatch.ACCELERATOR_TILE_ELEMENTS == 2**28
+            assert dispatch.tile_elements(7) == 2**28
+
+
+@jax_only
+def test_no_tile_loop_on_an_accelerator(monkeypatch):
+    """`plif_log_likelihood` and its gradients at 4,096 x 1,000 scores (8
+    CPU tiles), lowered (not run): a `scan_tiles` loop on the CPU, none on a
+    GPU (lowered for CUDA, JAX reporting a GPU: the Pallas histogram through
+    Triton) or a TPU (its sorted histogram), where the scores fit one tile."""
+    import jax
+
+    z = jax.ShapeDtypeStruct((4096, 1000), "float32")
+    raw = jax.ShapeDtypeStruct((64,), "float32")
+    t = jax.ShapeDtypeStruct((4096,), "int32")
+
+    def loss(z, raw, t):
+        return functional.plif_log_likelihood(z, raw, 2.0, t).sum()
+
+    def lowered(**kwargs):
+        step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        return step.trace(z, raw, t).lower(**kwargs).as_text()
+
+    assert lowered().count("stablehlo.while") == 2  # the forward and backward loops
+    with forced_platform("tpu"):  # (the sorted histogram's binary search is a loop too)
+        untiled = lowered().count("stablehlo.while")
+        monkeypatch.setattr(dispatch, "ACCELERATOR_TILE_ELEMENTS", 2**19)
+        assert lowered().count("stablehlo.while") == untiled + 2
+        monkeypatch.undo()
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    text = lowered(lowering_platforms=("cuda",))
+    assert text.count("stablehlo.while") == 0 and "xla.gpu.triton" in text
+
+
 def test_this_machine_is_a_cpu():
     """The test machine's platform, and today's path on it."""
     assert current_platform() == "cpu"
@@ -112,6 +153,7 @@ def test_plif_gradients_on_each_path(monkeypatch):
     CPU's (TPU: sorted; GPU on JAX: Pallas) give the gradients of the CPU
     path (scatter)."""
     monkeypatch.setattr(functional.plif_kernels, "TILE_ELEMENTS", 40)
+    monkeypatch.setattr(dispatch, "ACCELERATOR_TILE_ELEMENTS", 40)  # tiled there too
     rng = np.random.default_rng(3)
     z = (rng.normal(size=(6, 23)) * 2).astype("float32")
     raw = rng.normal(size=(16,)).astype("float32")

@@ -14,6 +14,8 @@ dispatch function tested against its `keras.ops` path.
   TensorFlow, `ops.segment_sum` elsewhere; on a TPU the scatter-free
   `sorted_knot_histogram`; on a GPU under JAX the Pallas kernel of
   `plif_pallas`;
+* `tile_elements`: the scores per tile of PLIF's tiled kernels, by
+  platform (a CPU's cache-sized tile, or few large tiles on a GPU / TPU);
 * `lookup`: `table[idx]` for indices known to be in range (`tf.gather` on
   TensorFlow, `ops.take` elsewhere);
 * `upstream_gradient`: the upstream gradient inside an
@@ -79,6 +81,35 @@ def scan_tiles(body, carry, xs, ys_dtypes):
         parallel_iterations=1,
     )
     return carry, tuple(a.stack() for a in arrays)
+
+
+ACCELERATOR_TILE_ELEMENTS = 2**28
+"""Scores per tile of PLIF's tiled kernels on a GPU / TPU (1 GiB of float32)."""
+
+
+def tile_elements(cpu_tile_elements):
+    """Scores per tile of PLIF's tiled kernels (`plif`, `plif_log_likelihood`)
+    on `platforms.current_platform()`.
+
+    On the CPU `cpu_tile_elements` (`plif_kernels.TILE_ELEMENTS`, 2 MiB of
+    float32: a tile stays in cache, and the loop keeps XLA from fusing the
+    slope tables into every lookup). On a GPU / TPU
+    `ACCELERATOR_TILE_ELEMENTS`: the loop is sequential there, each tile a
+    handful of small kernels, so few large tiles (none at all when the
+    scores fit one) are what is fast; issue 28 measured PLIF's loss and
+    gradients at 6.0x a full softmax's with 2**19 scores per tile and 3.0x
+    with 2**28 (one H100, N = 8,192, V = 33,278). Why: `docs/plif.md`.
+
+    >>> from keras_softmax_heads.platforms import forced_platform
+    >>> with forced_platform("gpu"):
+    ...     tile_elements(2**19) == ACCELERATOR_TILE_ELEMENTS
+    True
+    >>> tile_elements(2**19)  # the CPU
+    524288
+    """
+    if current_platform() == "cpu":
+        return cpu_tile_elements
+    return ACCELERATOR_TILE_ELEMENTS
 
 
 HISTOGRAM_METHODS = ("scatter", "sorted", "pallas")

@@ -27,11 +27,14 @@ from keras import ops
 from keras_softmax_heads.functional.dispatch import knot_histogram
 from keras_softmax_heads.functional.dispatch import lookup
 from keras_softmax_heads.functional.dispatch import scan_tiles
+from keras_softmax_heads.functional.dispatch import tile_elements
 from keras_softmax_heads.functional.dispatch import upstream_gradient
 from keras_softmax_heads.validation import check_positive
 
 TILE_ELEMENTS = 2**19
-"""Scores per tile of `plif` and `plif_log_likelihood` (2 MiB of float32)."""
+"""Scores per tile of `plif` and `plif_log_likelihood` on the CPU (2 MiB of
+float32); a GPU / TPU takes `dispatch.ACCELERATOR_TILE_ELEMENTS`
+(`dispatch.tile_elements`)."""
 
 
 def plif_identity_raw_slope():
@@ -189,9 +192,10 @@ def _ll_tile_grad(tables, z, idx, targets, upstream, lse):
 
 
 def _tile_rows(rows, vocab_size):
-    """Rows per tile: about `TILE_ELEMENTS` scores, a divisor of `rows` if one
-    is within a factor 2 (then there is no remainder tile to concatenate)."""
-    target = max(1, min(rows, TILE_ELEMENTS // max(vocab_size, 1)))
+    """Rows per tile: about `tile_elements(TILE_ELEMENTS)` scores (the
+    platform's), a divisor of `rows` if one is within a factor 2 (then there
+    is no remainder tile to concatenate)."""
+    target = max(1, min(rows, tile_elements(TILE_ELEMENTS) // max(vocab_size, 1)))
     # Divisors of `rows` in [target / 2, target], largest first.
     for small in range(1, int(math.isqrt(rows)) + 1):
         if rows % small == 0 and (target + 1) // 2 <= rows // small <= target:
@@ -291,7 +295,8 @@ def plif(z, raw_slopes, knot_bound):
     saves `z` and the int32 interval index, gives `df/dz = s[idx]` and the
     slopes' gradient by two weighted histograms (`knot_histogram`) and a
     reverse cumulative sum. Extra memory does not grow with `K` beyond the
-    `[K]` tables. Inputs of static size larger than `TILE_ELEMENTS` are
+    `[K]` tables. Inputs of static size larger than the platform's tile
+    (`dispatch.tile_elements`: `TILE_ELEMENTS` scores on the CPU) are
     processed in tiles (`scan_tiles`).
 
     Args:
@@ -328,7 +333,7 @@ def plif(z, raw_slopes, knot_bound):
     z = ops.cast(z, _compute_dtype(z))
     shape = tuple(z.shape)
     size = math.prod(shape) if all(d is not None for d in shape) else None
-    if size is not None and size > TILE_ELEMENTS:
+    if size is not None and size > tile_elements(TILE_ELEMENTS):
         out = _plif_tiled(ops.reshape(z, [size]), raw, knot_bound)
         return ops.cast(ops.reshape(out, shape), out_dtype)
     return ops.cast(_plif_untiled(z, raw, knot_bound), out_dtype)
@@ -354,8 +359,9 @@ def _plif_untiled(z, raw, knot_bound):
 
 def _plif_tiled(z, raw, knot_bound):
     """`plif` of a flat vector of static size, in tiles of about
-    `TILE_ELEMENTS` scores (under XLA the loop keeps each tile in cache and
-    the `[K]` tables materialised, see `docs/plif.md`)."""
+    `tile_elements(TILE_ELEMENTS)` scores (on a CPU under XLA the loop keeps
+    each tile in cache and the `[K]` tables materialised, see
+    `docs/plif.md`)."""
     tiled = _tiled_custom_gradient(
         _plif_tile, _plif_tile_grad, z.dtype, ("int32", z.dtype),
         _RowTiles(z.shape[0], 1), knot_bound,
@@ -440,8 +446,9 @@ def plif_log_likelihood(z, raw_slopes, knot_bound, targets):
     the per-row log-normaliser; the backward pass recomputes the PLIF scores
     and `softmax` tile by tile and returns `dL/dz` and the slopes' gradient
     (two weighted histograms, see `docs/plif.md`). Rows are processed in
-    tiles of about `TILE_ELEMENTS` scores in `scan_tiles` when their number
-    is static (always under XLA, JAX and PyTorch), in one piece otherwise.
+    tiles of about `dispatch.tile_elements` scores (`TILE_ELEMENTS` on the
+    CPU, far more on a GPU / TPU) in `scan_tiles` when their number is
+    static (always under XLA, JAX and PyTorch), in one piece otherwise.
 
     Args:
         z: float tensor `[..., V]`, the linear scores (float16 / bfloat16 are
