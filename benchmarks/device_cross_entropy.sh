@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# Issue 29's side-by-side table on one GPU (JAX, no TensorFlow), one call:
-# PyTorch dense, Liger-Kernel 0.8.5 and Cut Cross-Entropy 25.1.1 (PyTorch on
-# CUDA; triton comes with CUDA PyTorch), XLA dense, ours (the Pallas kernel,
-# implementation "auto"), ours with filter_eps and today's tiled pass, at the
-# Gemma 2 2B shape (bfloat16, float32) and N=4096 d=1024 V=131072 (float32);
-# first the kernel against the tiled pass for every option at a small shape
-# (Triton lowering + exactness), then ours with 128 x 128 blocks at the Gemma
-# bfloat16 shape. Bounded at about 340 s in all (hard `timeout`s 60 + 200 +
-# 50 s; the table begins no case after --max_seconds and rewrites its JSON
-# after each case), so that this call and device_heads.sh's fit one session's
-# 15 minutes of device time with the machine's start. Four files in OUT_DIR.
+# Issue 29's GPU half in one call (JAX, no TensorFlow): first the kernel
+# against the tiled pass for every option at a small shape (Triton lowering
+# + exactness); then the side-by-side table: PyTorch dense, Liger-Kernel
+# 0.8.5 and Cut Cross-Entropy 25.1.1 (PyTorch on CUDA; triton comes with CUDA
+# PyTorch), XLA dense, ours (the Pallas kernel, implementation "auto"), ours
+# with filter_eps and today's tiled pass, at the Gemma 2 2B shape (bfloat16,
+# float32) and N=4096 d=1024 V=131072 (float32); then a keras-hub Gemma
+# training step, stock against fused (time, and the longest sequence that
+# fits, by XLA's compiled memory). Bounded at about 410 s in all (hard
+# `timeout`s 60 + 180 + 140 s; each table rewrites its JSON as it goes and
+# begins nothing new after its --max_seconds), so that this call and
+# device_heads.sh's fit one session's 15 minutes of device time with the
+# machine's start. Four files in OUT_DIR. BLOCKS128=1 instead runs only the
+# kernel with 128 x 128 blocks at the Gemma bfloat16 shape (a third call, if
+# the session's time allows).
 # Wheels in .whl/ (git-ignored; benchmarks/device_wheels.sh downloads them
 # here, the device call names ".whl" in `carry`; benchmarks/device_env.sh
-# installs them with --no-deps): Keras, namex, optree, liger-kernel and
-# cut-cross-entropy (both peers need only torch and triton). A missing peer's
-# rows are recorded as skipped.
+# installs them with --no-deps): Keras, namex, optree, keras-hub,
+# liger-kernel and cut-cross-entropy. A missing peer's rows are recorded as
+# skipped.
 # usage: benchmarks/device_cross_entropy.sh OUT_DIR   (e.g. $OUT)
 set -uo pipefail
 out=${1:?OUT_DIR}
@@ -25,19 +29,26 @@ source benchmarks/device_env.sh
 python3 -c "import torch, triton; print('torch', torch.__version__, torch.cuda.is_available(), 'triton', triton.__version__)"
 python3 -c "import liger_kernel, cut_cross_entropy; print('liger + cce import')" \
     || echo "a peer's wheel is missing: its rows are skipped"
-# 1. The kernel against the tiled pass, every option (its own process: a Triton
-#    failure here does not stop the table).
-timeout 60 python3 benchmarks/bench_gpu_cross_entropy.py --check_options --shapes= \
-    --out=$out/option_checks.json
-echo "option checks exit $?"
-# 2. The table: every row, the three cases (the bfloat16 Gemma case first), one process.
-timeout 200 python3 benchmarks/bench_gpu_cross_entropy.py --max_seconds=140 \
-    --out=$out/bench_gpu_cross_entropy.json
-echo "bench exit $?"
-# 3. Larger kernel blocks at the Gemma shape (bfloat16), against XLA dense.
-timeout 50 python3 benchmarks/bench_gpu_cross_entropy.py --blocks=128,128,64 \
-    --shapes=8192x2304x256000:bfloat16 --rows=xla_dense,ours,ours_filtered --repeats=5 \
-    --out=$out/bench_gpu_cross_entropy_blocks128.json
-echo "blocks128 exit $?"
+if [ "${BLOCKS128:-0}" = 1 ]; then
+  # Larger kernel blocks at the Gemma shape (bfloat16), against XLA dense.
+  timeout 100 python3 benchmarks/bench_gpu_cross_entropy.py --blocks=128,128,64 \
+      --shapes=8192x2304x256000:bfloat16 --rows=xla_dense,ours,ours_filtered --repeats=5 \
+      --out=$out/bench_gpu_cross_entropy_blocks128.json
+  echo "blocks128 exit $?"
+else
+  # 1. The kernel against the tiled pass, every option (its own process: a
+  #    Triton failure here does not stop the table).
+  timeout 60 python3 benchmarks/bench_gpu_cross_entropy.py --check_options --shapes= \
+      --out=$out/option_checks.json
+  echo "option checks exit $?"
+  # 2. The table: every row, the three cases (the bfloat16 Gemma case first).
+  timeout 180 python3 benchmarks/bench_gpu_cross_entropy.py --max_seconds=130 \
+      --out=$out/bench_gpu_cross_entropy.json
+  echo "bench exit $?"
+  # 3. The keras-hub Gemma step, stock against fused.
+  timeout 140 python3 benchmarks/bench_gpu_causal_lm.py --max_seconds=110 \
+      --out=$out/bench_gpu_causal_lm.json
+  echo "causal lm exit $?"
+fi
 ls -la $out
 } 2>&1 | tee "$log"

@@ -1005,6 +1005,43 @@ def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
                   f"{_loadavg(d.get('loadavg'))}." for name, d in loaded)])
 
 
+def section_gpu_causal_lm(name="gpu_cross_entropy/bench_gpu_causal_lm.json"):
+    """A keras-hub Gemma training step on a GPU, stock against fused (issue 29)."""
+    data = load(name)
+    if data is None:
+        return (missing(name) + " Command: `benchmarks/device_cross_entropy.sh OUT_DIR` "
+                "(`benchmarks/bench_gpu_causal_lm.py`).")
+    out = []
+    for r in data["rows"].values():
+        cells = [f"`{r['row']}`", f"{r.get('seq_len', 0):,}"]
+        if "step_s" not in r:
+            cells += [_error_cell(r), "–", "–"]
+        else:
+            cells += [fmt(1000 * r["step_s"], 1), fmt(r.get("ratio_to_stock")),
+                      fmt(r["memory"]["peak_bytes"] / 2**30, 2)]
+        probes = ", ".join(
+            f"{p['seq_len']:,}: " + (f"{p['peak_bytes'] / 2**30:.1f} GiB"
+                                     + ("" if p.get("fits") else " (does not fit)")
+                                     if "peak_bytes" in p else _error_cell(p))
+            for p in r.get("probes", []))
+        out.append(cells + [probes or "–", fmt(r.get("max_seq_len"))])
+    args = data.get("args", {})
+    limit = data.get("memory_limit_bytes")
+    return "\n\n".join([
+        f"{', '.join(data.get('devices', [])) or 'device ?'}, JAX {data.get('jax')}, Keras "
+        f"{data.get('keras')}; `GemmaBackbone` with V = {args.get('vocabulary_size'):,}, "
+        f"d = {args.get('hidden_dim'):,}, {args.get('num_layers')} blocks, "
+        f"{args.get('dtype')}, batch {args.get('batch_size')}; Keras' `train_step` (loss, "
+        "gradients, Adam, metrics) under `jax.jit`, median of "
+        f"{args.get('steps')} interleaved rounds. Peak: XLA's compiled memory (arguments + "
+        "outputs - aliased + temporaries); a probe fits when its peak is at most "
+        + (f"{limit / 2**30:.1f} GiB" if limit else "the device's memory")
+        + f" ({data.get('memory_limit_source')}).",
+        table(["row", "tokens", "ms / step", "/ stock (time)", "peak GiB",
+               "probes (compiled peak)", "longest that fits"], out),
+        provenance(name, _machine_text(data))])
+
+
 def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.json"):
     """The fused cross-entropy on a GPU against its peers (issue 29)."""
     data = load(name)
@@ -1166,6 +1203,7 @@ def build(make_figures=True):
         "distillation_n2048_tensorflow": section_distillation(
             "distillation/bench_distillation_n2048_v32768_tensorflow.json"),
         "gpu_cross_entropy": section_gpu_cross_entropy(),
+        "gpu_causal_lm": section_gpu_causal_lm(),
     }
     with open(TEMPLATE) as f:
         template = f.read()
