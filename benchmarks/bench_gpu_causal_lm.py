@@ -148,11 +148,9 @@ def batch(args, seq_len, abstract=False, seed=0):
 
 
 def memory_of(compiled):
-    analysis = compiled.memory_analysis()
-    out = {"argument": analysis.argument_size_in_bytes,
-           "output": analysis.output_size_in_bytes,
-           "alias": analysis.alias_size_in_bytes,
-           "temp": analysis.temp_size_in_bytes}
+    """`measure.memory_of_compiled` and `peak_bytes`: arguments + outputs -
+    aliased (the donated state) + temporaries."""
+    out = measure.memory_of_compiled(compiled)
     out["peak_bytes"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
     return out
 

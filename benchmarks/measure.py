@@ -357,7 +357,13 @@ def compiled_memory(fn, *args, **kwargs):
     import jax
 
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    analysis = jitted.lower(*args, **kwargs).compile().memory_analysis()
+    return memory_of_compiled(jitted.lower(*args, **kwargs).compile())
+
+
+def memory_of_compiled(compiled):
+    """XLA's memory analysis of a compiled JAX program, in bytes (the
+    dict of `compiled_memory`)."""
+    analysis = compiled.memory_analysis()
     return {
         "argument": analysis.argument_size_in_bytes,
         "output": analysis.output_size_in_bytes,

@@ -14,6 +14,7 @@ pytestmark = [
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
+@pytest.mark.slow  # about 30 s: two keras-hub models, each compiled four times
 def test_stock_and_fused_steps_and_probes(monkeypatch):
     """Both rows train through Keras' own step (the same loss from the same
     weights), are timed in the same rounds, and probe sequence lengths by
