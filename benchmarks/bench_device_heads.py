@@ -30,7 +30,9 @@ Heads (`HEADS`): `full`, `plif` (K = 100,000 knots), `plif_k1000`,
 `sigsoftmax`, `monotonic` (16 units), `mos15`, `mos4` (MixtureOfSoftmaxes,
 the tiled default loss), `mos15_dense` (the `[N, K, V]` reference loss),
 `moss15` (mixture of sigsoftmax), `mos4_plif` (MoS + PLIF, 1,000 knots),
-`moc15` (MixtureOfContexts).
+`moc15` (MixtureOfContexts); `plif_fused`, `plif_k1000_fused`: PLIF with
+the backward tile as one Pallas kernel (`HISTOGRAM_METHOD="pallas_fused"`,
+not yet a default: this table decides).
 
 Usage:
     python benchmarks/bench_device_heads.py --tokens=64 --dim=16 \
@@ -49,7 +51,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 HEADS = ("full", "plif", "plif_k1000", "sigsoftmax", "monotonic", "mos15", "mos4",
-         "mos15_dense", "moss15", "mos4_plif", "moc15")
+         "mos15_dense", "moss15", "mos4_plif", "moc15", "plif_fused", "plif_k1000_fused")
 PLIF_BOUND = 20.0
 
 
@@ -71,30 +73,41 @@ def make_head(name, vocab):
         "moss15": lambda: MixtureOfSoftmaxes(vocab, num_components=15, component="sigsoftmax"),
         "mos4_plif": lambda: MixtureOfSoftmaxes(vocab, num_components=4, num_knots=1000),
         "moc15": lambda: MixtureOfContexts(vocab, num_components=15),
+        "plif_fused": lambda: ksh.PLIFSoftmax(vocab, num_knots=100_000, knot_bound=PLIF_BOUND),
+        "plif_k1000_fused": lambda: ksh.PLIFSoftmax(vocab, num_knots=1000,
+                                                    knot_bound=PLIF_BOUND),
     }
     if name not in heads:
         raise ValueError(f"Unknown head {name!r}. Known: {HEADS}")
     return heads[name]()
 
 
-def train_step(head, dense=False):
+def train_step(head, dense=False, histogram_method=None):
     """`jax.jit` of `(weights, h, y) -> (loss, (d weights, d h))`, the loss
     `mean(head.training_loss(h, y))` (with `dense`, the head's
     `dense_log_likelihood`); `weights` are the values of
-    `head.trainable_variables`."""
+    `head.trainable_variables`. `histogram_method`: PLIF's
+    `functional.dispatch.HISTOGRAM_METHOD` while the step is traced (None:
+    the platform's)."""
     import jax
     import keras
+
+    from keras_softmax_heads.functional import dispatch
 
     variables = head.trainable_variables
     fixed = [(v, v.value) for v in head.non_trainable_variables]
 
     def loss(values, h, y):
-        with keras.StatelessScope(state_mapping=list(zip(variables, values)) + fixed):
-            if dense:
-                per_token = -head.dense_log_likelihood(h, y, training=True)
-            else:
-                per_token = head.training_loss(h, y, training=True)
-            return keras.ops.mean(per_token)
+        saved, dispatch.HISTOGRAM_METHOD = dispatch.HISTOGRAM_METHOD, histogram_method
+        try:
+            with keras.StatelessScope(state_mapping=list(zip(variables, values)) + fixed):
+                if dense:
+                    per_token = -head.dense_log_likelihood(h, y, training=True)
+                else:
+                    per_token = head.training_loss(h, y, training=True)
+                return keras.ops.mean(per_token)
+        finally:
+            dispatch.HISTOGRAM_METHOD = saved
 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
@@ -110,11 +123,18 @@ def step_inputs(n, d, vocab, seed=0):
     return jnp.asarray(h), jnp.asarray(y)
 
 
+def step_of(name, head):
+    """The training step of head `name` (`train_step` with the `_dense`
+    loss or the `_fused` histogram method its name asks for)."""
+    method = "pallas_fused" if name.endswith("_fused") else None
+    return train_step(head, dense=name.endswith("_dense"), histogram_method=method)
+
+
 def build(name, vocab, d):
     """`(head, step, weights)`: the built head, its jitted step, its weights."""
     head = make_head(name, vocab)
     head.build((None, d))
-    return head, train_step(head, dense=name.endswith("_dense")), [
+    return head, step_of(name, head), [
         v.value for v in head.trainable_variables]
 
 
@@ -133,8 +153,10 @@ def time_rounds(rows, calls, rounds, baseline):
                 t / f for t, f in zip(times, wall[baseline]))
 
 
-def head_rows(names, n, d, vocab, warmup, rounds, deadline):
-    """The rows of one vocabulary size: memory, first call, interleaved times."""
+def head_rows(names, n, d, vocab, warmup, rounds, deadline, built=None):
+    """The rows of one vocabulary size: memory, first call, interleaved times
+    (`built(rows)`, when given, is called with the rows so far after each
+    head is compiled, before any is timed)."""
     import jax
 
     h, y = step_inputs(n, d, vocab)
@@ -160,6 +182,8 @@ def head_rows(names, n, d, vocab, warmup, rounds, deadline):
         except Exception as err:  # noqa: BLE001 (a failed head is a row)
             row["error"] = measure.error_text(err)
         rows[name] = row
+        if built:
+            built(list(rows.values()))
     time_rounds(rows, calls, rounds, "full")
     for row in rows.values():
         memory = row.get("compiled_memory")
@@ -215,8 +239,9 @@ def torch_rows(n, d, vocab, rounds, knots=100_000):
 
 def run(args, save=None):
     """The whole table as a JSON-ready dict; `save(result)`, when given, is
-    called after each vocabulary size's rows (and PyTorch's), so a run
-    stopped from outside (a device call's time limit) keeps them."""
+    called after each head is compiled, after each vocabulary size's rows
+    are timed and after PyTorch's, so a run stopped from outside (a device
+    call's time limit) keeps what it had."""
     import jax
     import keras
 
@@ -230,9 +255,14 @@ def run(args, save=None):
     }
     names = ["full"] + [x for x in args.heads if x != "full"]
     for vocab in args.vocab_sizes:
-        for row in head_rows(names, args.tokens, args.dim, vocab, args.warmup,
-                             args.rounds, deadline):
-            result["rows"].append(dict(row, vocab=vocab, tokens=args.tokens, dim=args.dim))
+        def tagged(rows, vocab=vocab):
+            return [dict(row, vocab=vocab, tokens=args.tokens, dim=args.dim) for row in rows]
+
+        def built(rows, tagged=tagged):  # compiled, not yet timed
+            save(dict(result, rows=result["rows"] + tagged(rows), complete=False))
+
+        result["rows"] += tagged(head_rows(names, args.tokens, args.dim, vocab, args.warmup,
+                                           args.rounds, deadline, built if save else None))
         if save:
             save(dict(result, complete=False))
         if args.torch:  # the peers of the PLIF target: run even past the deadline

@@ -210,6 +210,7 @@ def run(args, save=None):
         except Exception as err:  # out of memory, a failed compile: a row with its error
             entry["error"] = measure.error_text(err)
         print(row, {k: entry.get(k) for k in ("first_call_s", "loss", "error")}, flush=True)
+        saved()
     if calls:
         wall, _ = measure.interleaved(calls, args.steps)
         for row, times in wall.items():

@@ -31,10 +31,13 @@ def test_device_heads_and_mixture_memory_in_process(monkeypatch):
         ["--tokens=16", "--dim=8", "--vocab_sizes=40", "--rounds=1", "--warmup=0",
          "--heads=full,mos4"])
     saved = []
-    result = bench_device_heads.run(args, save=lambda partial: saved.append(partial))
+    result = bench_device_heads.run(
+        args, save=lambda partial: saved.append(
+            (len(partial["rows"]), all("step_s" in r for r in partial["rows"]))))
     rows = {r["head"]: r for r in result["rows"]}
-    # Saved after the vocabulary's rows (a device call's limit keeps them).
-    assert [len(p["rows"]) for p in saved] == [2] and not saved[0]["complete"]
+    # Saved after each head is compiled, then after the timed rounds (a
+    # device call's limit keeps what was done).
+    assert saved == [(1, False), (2, False), (2, True)]
     assert result["complete"]
     assert list(rows) == ["full", "mos4"]
     assert rows["full"]["ratio_to_full"] == 1.0
@@ -77,14 +80,18 @@ def test_every_head_step_lowers_for_a_gpu(monkeypatch):
     n, d, vocab = 8192, 512, 33278
     h = jax.ShapeDtypeStruct((n, d), "float32")
     y = jax.ShapeDtypeStruct((n,), "int32")
-    kernels = {}
+    kernels, fused = {}, {}
     for name in bench_device_heads.HEADS:
         head = bench_device_heads.make_head(name, vocab)
         head.build((None, d))
-        step = bench_device_heads.train_step(head, dense=name.endswith("_dense"))
+        step = bench_device_heads.step_of(name, head)
         weights = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in head.trainable_variables]
         text = step.trace(weights, h, y).lower(lowering_platforms=("cuda",)).as_text()
         kernels[name] = text.count("xla.gpu.triton")
+        fused[name] = "plif_ll_gradient" in text
     # PLIF's slope histogram (and MonotonicSoftmax's grid's) is the kernel.
     assert {k for k, count in kernels.items() if count} == {
-        "plif", "plif_k1000", "monotonic", "mos4_plif"}, kernels
+        "plif", "plif_k1000", "monotonic", "mos4_plif", "plif_fused", "plif_k1000_fused"}, kernels
+    # The fused backward tile replaces the histogram kernel in the `_fused` rows only.
+    assert {k for k, is_fused in fused.items() if is_fused} == {"plif_fused",
+                                                                 "plif_k1000_fused"}

@@ -30,7 +30,10 @@ def test_stock_and_fused_steps_and_probes(monkeypatch):
         "--probe_seq_lens=16,64,256", "--memory_limit_gb=0.0007", "--steps=2"])
     saved = []
     result = bench.run(args, save=lambda partial: saved.append(partial["complete"]))
-    assert saved[-1] and not any(saved[:-1]) and result["complete"]
+    # Saved after each row's compilation, after the timed rounds, after each
+    # probe, and at the end.
+    assert len(saved) == 2 + 1 + 5 + 1 and saved[-1] and not any(saved[:-1])
+    assert result["complete"]
     stock, fused = result["rows"]["stock"], result["rows"]["fused"]
     for row in (stock, fused):
         assert row["step_s"] > 0 and row["memory"]["peak_bytes"] > 0, row

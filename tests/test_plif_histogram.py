@@ -150,8 +150,9 @@ def test_plif_gradients_on_each_path(monkeypatch):
     """`plif`, `plif_log_likelihood` (tiled: 3 tiles and a remainder) and
     (not on JAX) `interpolate_table`,
     compiled (eager on TensorFlow), with the path of each forced platform whose path is not the
-    CPU's (TPU: sorted; GPU on JAX: Pallas) give the gradients of the CPU
-    path (scatter)."""
+    CPU's (TPU: sorted; GPU on JAX: Pallas; on JAX also the fused backward
+    tile, `"pallas_fused"`) give the gradients of the CPU path (scatter);
+    each path is seen to be taken."""
     monkeypatch.setattr(functional.plif_kernels, "TILE_ELEMENTS", 40)
     monkeypatch.setattr(dispatch, "ACCELERATOR_TILE_ELEMENTS", 40)  # tiled there too
     rng = np.random.default_rng(3)
@@ -171,16 +172,81 @@ def test_plif_gradients_on_each_path(monkeypatch):
         table = functional.interpolate_table(z, ops.cumsum(ops.softplus(raw)), -3.0, 6.0)
         return plif + ops.sum(ops.multiply(table, w))
 
-    # TensorFlow eagerly (its XLA compilations of the two tiled PLIFs
-    # take 18 s; the histogram tests above compile the sorted path there).
-    run = loss if BACKEND == "tensorflow" else jit(loss)
-    _, ref_grads, _ = value_and_grad(run, [z, raw])
-    for platform in ["tpu"] + (["gpu"] if BACKEND == "jax" else []):
+    def compiled():
+        """TensorFlow eagerly (its XLA compilations of the two tiled PLIFs
+        take 18 s; the histogram tests above compile the sorted path
+        there); elsewhere a new compiled function for each path: `jax.jit`
+        of the same function would reuse its first trace, and the path
+        that trace took."""
+        return loss if BACKEND == "tensorflow" else jit(lambda z, raw: loss(z, raw))
+
+    taken = []
+
+    def spy(module, name):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: (taken.append(name), real(*a, **k))[1])
+
+    spy(dispatch, "sorted_knot_histogram")
+    if BACKEND == "jax":
+        from keras_softmax_heads.functional import plif_pallas
+
+        spy(plif_pallas, "pallas_knot_histogram")
+        spy(plif_pallas, "pallas_ll_gradient")
+    _, ref_grads, _ = value_and_grad(compiled(), [z, raw])
+    assert taken == []  # the CPU's scatter
+    paths = [("tpu", None, "sorted_knot_histogram")]
+    if BACKEND == "jax":
+        paths += [("gpu", None, "pallas_knot_histogram"),
+                  # the log-likelihood's backward tile as one kernel (interpreted)
+                  ("cpu", "pallas_fused", "pallas_ll_gradient")]
+    for platform, method, path in paths:
+        monkeypatch.setattr(dispatch, "HISTOGRAM_METHOD", method)
+        taken.clear()
         with forced_platform(platform):
-            assert dispatch.histogram_method() in ("sorted", "pallas")
-            _, grads, _ = value_and_grad(run, [z, raw])
+            _, grads, _ = value_and_grad(compiled(), [z, raw])
+        assert path in taken, (platform, method, taken)
         for a, b in zip(grads, ref_grads):
             np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * max(1.0, np.abs(b).max()))
+
+
+@jax_only
+def test_fused_ll_gradient_matches_numpy():
+    """`plif_pallas.pallas_ll_gradient` (interpreted): the score gradient
+    and both slope histograms of a backward tile against NumPy, with
+    padding (V = 53), programs sharing a private histogram, scores outside
+    `[-T, T]` and hot bins; it lowers through Triton for a GPU."""
+    import jax
+
+    from keras_softmax_heads.functional.plif_pallas import pallas_ll_gradient
+
+    rng = np.random.default_rng(0)
+    n, vocab, knots, bound = 7, 53, 16, 2.0
+    z = (rng.normal(size=(n, vocab)) * 2).astype("float32")
+    z[0, :20] = 0.01  # one hot bin
+    raw = rng.normal(size=knots).astype("float32")
+    slopes = np.log1p(np.exp(raw)).astype("float32")
+    width = 2 * bound / knots
+    left = (-bound + width * np.concatenate([[0], np.cumsum(slopes)[:-1]])).astype("float32")
+    t = rng.integers(0, vocab, n).astype("int32")
+    u = rng.normal(size=n).astype("float32")
+    idx = np.clip(np.floor((z + bound) / width), 0, knots - 1).astype(int)
+    offset = z - (-bound + width * idx)
+    f = left[idx] + slopes[idx] * offset
+    lse = np.log(np.exp(f).sum(1)).astype("float32")
+    d_f = u[:, None] * ((np.arange(vocab)[None] == t[:, None]) - np.exp(f - lse[:, None]))
+    expected = [d_f * slopes[idx], np.bincount(idx.ravel(), d_f.ravel(), knots),
+                np.bincount(idx.ravel(), (d_f * offset).ravel(), knots)]
+    for kwargs in ({}, {"lanes": 16, "programs": 5, "copies": 2}):
+        d_z, (a, b) = jax.jit(lambda *x, kw=kwargs: pallas_ll_gradient(*x, bound, **kw))(
+            z, t, u, lse, slopes, left)
+        for got, want in zip((d_z, a, b), expected):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-6)
+    S = jax.ShapeDtypeStruct
+    fn = jax.jit(lambda *x: pallas_ll_gradient(*x, 20.0, interpret=False))
+    text = fn.trace(S((4096, 33278), "float32"), S((4096,), "int32"), S((4096,), "float32"),
+                    S((4096,), "float32"), S((100000,), "float32"),
+                    S((100000,), "float32")).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("xla.gpu.triton") == 1
 
 
 @jax_only

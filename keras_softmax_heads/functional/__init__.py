@@ -14,7 +14,8 @@
   `sorted_knot_histogram`; `lookup` and `upstream_gradient` are imported
   from `functional.dispatch`);
 * `plif_pallas`: `pallas_knot_histogram`, the slope histogram as a Pallas
-  kernel (JAX; imported from `functional.plif_pallas`, it imports JAX).
+  kernel, and `pallas_ll_gradient`, `plif_log_likelihood`'s backward tile
+  as one (JAX; imported from `functional.plif_pallas`, it imports JAX).
 
 Every public name is importable from `keras_softmax_heads.functional`.
 """

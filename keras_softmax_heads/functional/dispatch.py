@@ -112,8 +112,11 @@ def tile_elements(cpu_tile_elements):
     return ACCELERATOR_TILE_ELEMENTS
 
 
-HISTOGRAM_METHODS = ("scatter", "sorted", "pallas")
-"""The paths of `knot_histogram` (see `histogram_method`)."""
+HISTOGRAM_METHODS = ("scatter", "sorted", "pallas", "pallas_fused")
+"""The paths of `knot_histogram` (see `histogram_method`). `"pallas_fused"`
+is `"pallas"` for `knot_histogram`; it also makes `plif_log_likelihood`'s
+backward tile one kernel (`fused_ll_gradient`). Not a default anywhere
+until a GPU measures it against `"pallas"` (`docs/plif.md`)."""
 
 HISTOGRAM_METHOD = None
 """A path forced for every `knot_histogram` call (None: by platform)."""
@@ -155,7 +158,9 @@ def knot_histogram(idx, weights, num_knots, method=None):
     * `"sorted"`: `sorted_knot_histogram`, without any scatter (`keras.ops`,
       every backend).
     * `"pallas"` (JAX only): `plif_pallas.pallas_knot_histogram`, per-program
-      private histograms (interpreted off the GPU).
+      private histograms (interpreted off the GPU); `"pallas_fused"` the
+      same here (it fuses `plif_log_likelihood`'s backward tile, see
+      `fused_ll_gradient`).
 
     `O(idx.size)` time (the sorted path `O(idx.size log idx.size)`),
     `O(num_knots)` memory per weight tensor beyond the paths' buffers.
@@ -189,7 +194,7 @@ def knot_histogram(idx, weights, num_knots, method=None):
     weights = [ops.reshape(w, [-1]) for w in weights]
     if method == "sorted":
         return sorted_knot_histogram(idx, weights, num_knots)
-    if method == "pallas":
+    if method in ("pallas", "pallas_fused"):
         if keras.backend.backend() != "jax":
             raise ValueError(
                 "`method='pallas'` needs the JAX backend. "
@@ -209,6 +214,28 @@ def knot_histogram(idx, weights, num_knots, method=None):
             for w in weights
         )
     return tuple(ops.segment_sum(w, idx, num_segments=num_knots) for w in weights)
+
+
+def uses_fused_ll_gradient(dtype):
+    """Whether `plif_log_likelihood`'s backward tile runs as one Pallas
+    kernel (`fused_ll_gradient`): the `"pallas_fused"` method
+    (`histogram_method()`), the JAX backend and float32 scores."""
+    return (
+        histogram_method() == "pallas_fused"
+        and keras.backend.backend() == "jax"
+        and keras.backend.standardize_dtype(dtype) == "float32"
+    )
+
+
+def fused_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound):
+    """`plif_log_likelihood`'s backward tile in one Pallas kernel (JAX):
+    `(dL/dz [n, V], (A [K], B [K]))` from the scores `z` `[n, V]`, the
+    rows' targets, cotangents `upstream` and `lse` `[n]`, and the `[K]`
+    tables (`plif_pallas.pallas_ll_gradient`; the `keras.ops` tile of
+    `plif_kernels` is its reference)."""
+    from keras_softmax_heads.functional.plif_pallas import pallas_ll_gradient
+
+    return pallas_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound)
 
 
 def sorted_knot_histogram(idx, weights, num_knots):

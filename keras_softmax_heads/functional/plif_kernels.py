@@ -24,11 +24,13 @@ from typing import NamedTuple
 import keras
 from keras import ops
 
+from keras_softmax_heads.functional.dispatch import fused_ll_gradient
 from keras_softmax_heads.functional.dispatch import knot_histogram
 from keras_softmax_heads.functional.dispatch import lookup
 from keras_softmax_heads.functional.dispatch import scan_tiles
 from keras_softmax_heads.functional.dispatch import tile_elements
 from keras_softmax_heads.functional.dispatch import upstream_gradient
+from keras_softmax_heads.functional.dispatch import uses_fused_ll_gradient
 from keras_softmax_heads.validation import check_positive
 
 TILE_ELEMENTS = 2**19
@@ -178,7 +180,11 @@ def _ll_tile(tables, z, targets):
 
 def _ll_tile_grad(tables, z, idx, targets, upstream, lse):
     """`plif_log_likelihood` backward on rows `z` `[n, V]`: the PLIF scores
-    and `softmax` recomputed, `(dL/dz, (A, B))`."""
+    and `softmax` recomputed, `(dL/dz, (A, B))` (one Pallas kernel with the
+    `"pallas_fused"` histogram method, `dispatch.fused_ll_gradient`)."""
+    if uses_fused_ll_gradient(tables.dtype):
+        return fused_ll_gradient(z, targets, upstream, lse, tables.slopes,
+                                 tables.left_values, tables.knot_bound)
     f, slope, offset = _scores(tables, z, idx)
     # d ll / d f = upstream * (onehot(target) - softmax(f)).
     d_f = (
