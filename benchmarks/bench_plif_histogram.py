@@ -27,6 +27,7 @@ Usage:
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 
@@ -46,7 +47,8 @@ def parse_args(argv=None):
     parser.add_argument("--v", type=int, default=33278, help="vocabulary V")
     parser.add_argument("--knots", default="100000,1000", help="comma-separated K")
     parser.add_argument("--methods", default=None,
-                        help="comma-separated paths (default: scatter,sorted; with pallas on a GPU)")
+                        help="comma-separated paths (default: scatter,sorted; with pallas on a "
+                        "GPU); 'pallas:32' sets the Pallas kernels' vector width (LANES)")
     parser.add_argument("--rows", default="histogram,loss_grad", help="which rows")
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 2)")
     parser.add_argument("--score-scale", type=float, default=3.0)
@@ -63,9 +65,30 @@ def parse_args(argv=None):
     return args
 
 
-def histogram_call(method, num_knots, z, g, tile_elements):
-    """A jitted `() -> (A, B)`: the two slope histograms of `z` (flat) with
-    weights `g` and `g * offset`, tile by tile."""
+def parse_method(label):
+    """`"pallas:32"` -> `("pallas", 32)`: a path, and for the Pallas paths
+    the kernels' vector width (`plif_pallas.LANES`; None: the library's)."""
+    method, _, lanes = label.partition(":")
+    return method, int(lanes) if lanes else None
+
+
+@contextlib.contextmanager
+def lanes_scope(lanes):
+    """`plif_pallas.LANES = lanes` while tracing (None: unchanged)."""
+    from keras_softmax_heads.functional import plif_pallas
+
+    saved = plif_pallas.LANES
+    plif_pallas.LANES = lanes or saved
+    try:
+        yield
+    finally:
+        plif_pallas.LANES = saved
+
+
+def histogram_call(label, num_knots, z, g, tile_elements):
+    """A compiled `() -> (A, B)`: the two slope histograms of `z` (flat)
+    with weights `g` and `g * offset`, tile by tile, by the path `label`
+    (`parse_method`)."""
     import jax
     from keras import ops
 
@@ -85,18 +108,21 @@ def histogram_call(method, num_knots, z, g, tile_elements):
         a, b = functional.knot_histogram(idx, (g, g * offset), num_knots, method=method)
         return (sums[0] + a, sums[1] + b), ()
 
-    @jax.jit
+    method, lanes = parse_method(label)
+
     def run(z_tiles, g_tiles):
         zeros = ops.zeros([num_knots], "float32")
         sums, _ = functional.scan_tiles(one_tile, (zeros, zeros), (z_tiles, g_tiles), ())
         return sums
 
-    return lambda: jax.block_until_ready(run(z_tiles, g_tiles))
+    with lanes_scope(lanes):
+        compiled = jax.jit(run).lower(z_tiles, g_tiles).compile()
+    return lambda: jax.block_until_ready(compiled(z_tiles, g_tiles))
 
 
-def loss_grad_call(method, num_knots, z, targets, raw):
-    """A jitted `() -> (loss, dz, draw)` of `plif_log_likelihood` with the
-    histogram path `method` forced while tracing."""
+def loss_grad_call(label, num_knots, z, targets, raw):
+    """A compiled `() -> (loss, dz, draw)` of `plif_log_likelihood` with the
+    histogram path of `label` (`parse_method`) forced while tracing."""
     import jax
 
     from keras_softmax_heads import functional
@@ -105,18 +131,22 @@ def loss_grad_call(method, num_knots, z, targets, raw):
     def loss(z, raw):
         return -functional.plif_log_likelihood(z, raw, KNOT_BOUND, targets).sum()
 
+    method, lanes = parse_method(label)
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     saved = dispatch.HISTOGRAM_METHOD
     dispatch.HISTOGRAM_METHOD = method
     try:
-        compiled = grad.lower(z, raw).compile()  # traced with `method`
+        with lanes_scope(lanes):
+            compiled = grad.lower(z, raw).compile()  # traced with `method`
     finally:
         dispatch.HISTOGRAM_METHOD = saved
     return lambda: jax.block_until_ready(compiled(z, raw))
 
 
-def run(args):
-    """Measures every row; returns the JSON result."""
+def run(args, save=None):
+    """Measures every row; returns the JSON result (`save(partial)`, when
+    given, after each row's methods: a run stopped from outside keeps
+    them)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -131,8 +161,12 @@ def run(args):
     from keras_softmax_heads.platforms import current_platform
 
     platform = current_platform()
+
+    def header():
+        return _header(args, platform, tile)
+
     methods = args.methods or ("scatter,sorted,pallas" if platform == "gpu" else "scatter,sorted")
-    methods = methods.split(",")
+    all_methods = methods.split(",")
     rng = np.random.default_rng(0)
     z = jnp.asarray((rng.normal(size=(args.n, args.v)) * args.score_scale).astype("float32"))
     g = jnp.asarray(rng.normal(size=(args.n * args.v,)).astype("float32"))
@@ -142,6 +176,9 @@ def run(args):
         raw = jnp.asarray(rng.normal(0.5, 0.3, size=(num_knots,)).astype("float32"))
         for row in args.rows.split(","):
             calls, first, check = {}, {}, {}
+            # For the histograms alone "pallas_fused" is "pallas".
+            methods = [m for m in all_methods
+                       if row != "histogram" or parse_method(m)[0] != "pallas_fused"]
             for method in methods:
                 if row == "histogram":
                     call = histogram_call(method, num_knots, z.reshape(-1), g, tile)
@@ -168,21 +205,30 @@ def run(args):
                 print(f"{row:9s} K={num_knots:6d} {method:8s} {rows[-1]['median_ms']:9.1f} ms "
                       f"x{rows[-1]['ratio_to_first_method']:.2f} "
                       f"diff {rows[-1]['max_abs_diff_to_first_method_rel']:.1e}")
+            if save:
+                save(dict(header(), rows=rows, complete=False))
+    return dict(header(), rows=rows, complete=True)
+
+
+def _header(args, platform, tile):
+    import jax
+
     device = jax.devices()[0]
     return {
         "script": "benchmarks/bench_plif_histogram.py", "args": vars(args),
         "platform": platform, "device": getattr(device, "device_kind", str(device)),
         "jax": jax.__version__, "tile_elements": tile,
-        "loadavg": os.getloadavg(), "machine": measure.machine(), "rows": rows,
+        "loadavg": os.getloadavg(), "machine": measure.machine(),
     }
 
 
 def main(argv=None):
     args = parse_args(argv)
     select_backend.use("jax")
-    result = run(args)
-    out = args.out or os.path.join(OUT_DIR, f"{result['platform']}_jax.json")
-    measure.save(result, out)
+    from keras_softmax_heads.platforms import current_platform
+
+    out = args.out or os.path.join(OUT_DIR, f"{current_platform()}_jax.json")
+    measure.save(run(args, save=lambda partial: measure.save(partial, out)), out)
 
 
 if __name__ == "__main__":

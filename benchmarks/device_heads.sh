@@ -4,9 +4,10 @@
 # ratio, XLA's compiled memory), d = 512, N = 8,192, V = 33,278 (with
 # torch.compile of FullSoftmax and of the PLIF formula) and V = 100,000
 # (without the [N, K, V] reference MoS, which asks for 45.8 GiB there); then
-# PLIF's slope histogram on each path (scatter, sorted, the Pallas kernel).
-# Bounded at about 340 s in all (hard `timeout`s; each table stops starting
-# heads after --max_seconds and saves its JSON after each vocabulary size), so
+# PLIF's slope histogram on each path (scatter, sorted, the Pallas kernel and
+# the fused backward tile, at the default 128 lanes and at 32). Bounded at
+# about 350 s in all (hard `timeout`s 170 + 90 + 60 s; each table stops
+# starting heads after --max_seconds and saves its JSON as it goes), so
 # that this call and device_cross_entropy.sh's fit one session's 15 minutes of
 # device time with the machine's start. Four files in OUT_DIR (the device
 # tool returns at most eight). Keras and its two missing dependencies travel
@@ -24,11 +25,12 @@ timeout 170 $bench --vocab_sizes=33278 --torch --max_seconds=110 \
     --heads=full,plif,plif_fused,plif_k1000,plif_k1000_fused,mos15,mos4,sigsoftmax,monotonic,moss15,mos4_plif,moc15,mos15_dense \
     --out=$out/device_heads_v33278.json
 echo "v33278 exit $?"
-timeout 100 $bench --vocab_sizes=100000 --max_seconds=60 \
+timeout 90 $bench --vocab_sizes=100000 --max_seconds=50 \
     --heads=full,plif,plif_fused,plif_k1000,mos4,sigsoftmax,monotonic,mos15,moss15,mos4_plif,moc15 \
     --out=$out/device_heads_v100000.json
 echo "v100000 exit $?"
-timeout 45 python3 benchmarks/bench_plif_histogram.py --n 8192 --methods scatter,pallas,pallas_fused,sorted \
+timeout 60 python3 benchmarks/bench_plif_histogram.py --n 8192 \
+    --methods scatter,pallas,pallas:32,pallas_fused,pallas_fused:32,sorted --rows loss_grad,histogram \
     --out $out/plif_histogram_gpu_jax.json
 echo "plif histogram exit $?"
 ls -la "$out"

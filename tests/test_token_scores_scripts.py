@@ -7,6 +7,7 @@ import pathlib
 
 import numpy as np
 import pytest
+from backends import BACKEND
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -29,6 +30,12 @@ def test_hub_token_scores_example():
     assert len(out["rewards"]) == 1 and any(x.startswith("step 0") for x in lines)
 
 
+# The benchmark's steps compile with XLA: 5-26 s on TensorFlow (the latter
+# in the full run), about 1 s on JAX, so the default run smokes it on JAX
+# (TensorFlow: -m slow; it does not run on PyTorch).
+@pytest.mark.multibackend
+@pytest.mark.skipif(BACKEND == "torch", reason="bench_token_scores runs on JAX or TensorFlow")
+@(pytest.mark.usefixtures() if BACKEND == "jax" else pytest.mark.slow)
 def test_bench_token_scores_smoke():
     bench = _load("benchmarks/bench_token_scores.py", "bench_token_scores")
     r = bench.measure_backend(32, 8, 96, 40, rounds=1, threads=1)
