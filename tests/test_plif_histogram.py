@@ -247,6 +247,10 @@ def test_fused_ll_gradient_matches_numpy():
                     S((4096,), "float32"), S((100000,), "float32"),
                     S((100000,), "float32")).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("xla.gpu.triton") == 1
+    with pytest.raises(ValueError, match="too many scores for one call"):
+        fn.trace(S((65536, 32768), "float32"), *(S((65536,), d) for d in
+                                                 ("int32", "float32", "float32")),
+                 S((1000,), "float32"), S((1000,), "float32"))
 
 
 @jax_only

@@ -197,15 +197,16 @@ def pallas_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_boun
     lanes = check_int("lanes", LANES if lanes is None else lanes, minimum=1)
     if lanes & (lanes - 1):
         raise ValueError(f"`lanes` must be a power of two. Received: lanes={lanes}")
-    if rows * vocab + lanes * 8 >= 2**31:  # the kernel's int32 positions
-        raise ValueError(
-            "`z` holds too many scores for one call (at most about 2**31; the "
-            f"PLIF kernels tile their rows). Received: z.shape={tuple(z.shape)}"
-        )
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
     size = rows * vocab
     row, programs, copies, steps, padded = _layout(size, 2, num_knots, lanes, programs, copies)
+    if padded >= 2**31:  # the kernel's int32 positions
+        raise ValueError(
+            "`z` holds too many scores for one call (under 2**31 with the "
+            "kernel's padding; the PLIF kernels tile their rows). Received: "
+            f"z.shape={tuple(z.shape)}"
+        )
     flat = jnp.pad(jnp.reshape(z, [-1]).astype("float32"), [(0, padded - size)])
     per_row = [jnp.asarray(x, dtype) for x, dtype in
                ((lse, "float32"), (upstream, "float32"), (targets, "int32"))]
@@ -224,8 +225,8 @@ def pallas_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_boun
             col = position - r * vocab
             zv = z_ref[pl.ds(s * lanes, lanes)]
             # `plif_kernels._interval`: clipped as a float, then as an integer.
-            where = jnp.clip(jnp.floor((zv + bound) / width), 0.0, num_knots - 1.0)
-            ids = jnp.clip(where.astype(jnp.int32), 0, num_knots - 1)
+            cell = jnp.clip(jnp.floor((zv + bound) / width), 0.0, num_knots - 1.0)
+            ids = jnp.clip(cell.astype(jnp.int32), 0, num_knots - 1)
             offset = zv - (-bound + width * ids.astype(jnp.float32))
             slope = slope_ref[ids]
             f = left_ref[ids] + slope * offset
