@@ -11,9 +11,9 @@
 # `timeout`s 60 + 180 + 140 s; each table rewrites its JSON as it goes and
 # begins nothing new after its --max_seconds), so that this call and
 # device_heads.sh's fit one session's 15 minutes of device time with the
-# machine's start. Four files in OUT_DIR. BLOCKS128=1 instead runs only the
-# kernel with 128 x 128 blocks at the Gemma bfloat16 shape (a third call, if
-# the session's time allows).
+# machine's start. Four files in OUT_DIR. BLOCK_SWEEP=1 instead runs only the
+# kernel with three larger block shapes at the Gemma bfloat16 shape (a third
+# call of about 200 s, if the session's time allows).
 # Wheels in .whl/ (git-ignored; benchmarks/device_wheels.sh downloads them
 # here, the device call names ".whl" in `carry`; benchmarks/device_env.sh
 # installs them with --no-deps): Keras, namex, optree, keras-hub,
@@ -29,12 +29,15 @@ source benchmarks/device_env.sh
 python3 -c "import torch, triton; print('torch', torch.__version__, torch.cuda.is_available(), 'triton', triton.__version__)"
 python3 -c "import liger_kernel, cut_cross_entropy; print('liger + cce import')" \
     || echo "a peer's wheel is missing: its rows are skipped"
-if [ "${BLOCKS128:-0}" = 1 ]; then
-  # Larger kernel blocks at the Gemma shape (bfloat16), against XLA dense.
-  timeout 100 python3 benchmarks/bench_gpu_cross_entropy.py --blocks=128,128,64 \
-      --shapes=8192x2304x256000:bfloat16 --rows=xla_dense,ours,ours_filtered --repeats=5 \
-      --out=$out/bench_gpu_cross_entropy_blocks128.json
-  echo "blocks128 exit $?"
+if [ "${BLOCK_SWEEP:-0}" = 1 ]; then
+  # Larger kernel blocks (block_n, block_v, block_d) at the Gemma shape
+  # (bfloat16), each against XLA dense in its own process.
+  for blocks in 128,128,64 128,256,64 64,256,64; do
+    timeout 60 python3 benchmarks/bench_gpu_cross_entropy.py --blocks=$blocks \
+        --shapes=8192x2304x256000:bfloat16 --rows=xla_dense,ours,ours_filtered --repeats=5 \
+        --out=$out/bench_gpu_cross_entropy_blocks_${blocks//,/_}.json
+    echo "blocks $blocks exit $?"
+  done
 else
   # 1. The kernel against the tiled pass, every option (its own process: a
   #    Triton failure here does not stop the table).

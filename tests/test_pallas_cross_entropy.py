@@ -193,7 +193,7 @@ def test_kernels_lower_to_triton():
 def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
     """The device call's JAX rows (`bench_gpu_cross_entropy.jax_losses`) at
     its shapes (the Gemma 2 2B shape in bfloat16 and float32, N = 4,096,
-    d = 1,024, V = 131,072), with the default blocks and its 128-wide ones,
+    d = 1,024, V = 131,072), with the default blocks and those of its block sweep,
     lowered for CUDA on the CPU (nothing compiled or run): with JAX
     reporting a GPU backend, "auto" takes the kernel, lowered through
     Triton (forward and backward), and the tiled and dense rows take none."""
@@ -207,7 +207,8 @@ def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     expected = {"xla_dense": 0, "ours": 2, "ours_filtered": 2, "ours_atomic": 2,
                 "ours_tiled": 0}
-    for blocks in (pallas_cross_entropy.GPU_BLOCKS, (128, 128, 64)):
+    blocks_swept = [(128, 128, 64), (128, 256, 64), (64, 256, 64)]  # BLOCK_SWEEP=1
+    for blocks in [pallas_cross_entropy.GPU_BLOCKS] + blocks_swept:
         monkeypatch.setattr(pallas_cross_entropy, "GPU_BLOCKS", blocks)
         for n, d, v, dtype in bench.parse_shapes(bench.DEFAULT_SHAPES):
             h = jax.ShapeDtypeStruct((n, d), dtype)
