@@ -156,7 +156,8 @@ def run(args, save=None):
 
     if args.tile_elements:  # the CPU's tile and the accelerators'
         functional.plif_kernels.TILE_ELEMENTS = args.tile_elements
-        dispatch.ACCELERATOR_TILE_ELEMENTS = args.tile_elements
+        dispatch.ACCELERATOR_TILE_ELEMENTS = dict.fromkeys(
+            dispatch.ACCELERATOR_TILE_ELEMENTS, args.tile_elements)
     tile = dispatch.tile_elements(functional.plif_kernels.TILE_ELEMENTS)
     from keras_softmax_heads.platforms import current_platform
 

@@ -1005,6 +1005,27 @@ def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
                   f"{_loadavg(d.get('loadavg'))}." for name, d in loaded)])
 
 
+def section_plif_tile_memory(name="plif_histogram/tile_memory_cpu.json"):
+    """PLIF's compiled temporary memory per accelerator tile (issue 28)."""
+    data = load(name)
+    if data is None:
+        return missing(name)
+    tiles = sorted({r["tile_elements"] for r in data["rows"]})
+    paths = list(dict.fromkeys((r["platform"], r["method"] or "sorted") for r in data["rows"]))
+    temp = {(r["platform"], r["method"] or "sorted", r["tile_elements"]): r["temp_gib"]
+            for r in data["rows"]}
+    out = [[f"2^{t.bit_length() - 1}"] + [fmt(temp.get(p + (t,)), 2) for p in paths]
+           for t in tiles]
+    args = data.get("args", {})
+    return "\n\n".join([
+        f"XLA's compiled temporary memory (GiB) of `plif_log_likelihood`'s loss and gradients "
+        f"at N = {args.get('n'):,}, V = {args.get('v'):,}, K = {args.get('knots'):,}, each "
+        "platform's path compiled on this CPU (nothing run; the scores themselves are "
+        f"{args.get('n', 0) * args.get('v', 0) * 4 / 2**30:.2f} GiB):",
+        table(["tile (scores)"] + [f"{p.upper()}, `{m}`" for p, m in paths], out),
+        provenance(name, _with_command(data))])
+
+
 def section_gpu_causal_lm(name="gpu_cross_entropy/bench_gpu_causal_lm.json"):
     """A keras-hub Gemma training step on a GPU, stock against fused (issue 29)."""
     data = load(name)
@@ -1190,6 +1211,7 @@ def build(make_figures=True):
         "mixture_step_time": section_device_heads(
             "mixture_memory/mixture_step_time_cpu_n2048_v10000.json"),
         "plif_histogram": section_plif_histogram(),
+        "plif_tile_memory": section_plif_tile_memory(),
         "device_heads_v33278": section_device_heads(
             "device_heads/device_heads_v33278.json", DEVICE_HEADS_COMMAND),
         "device_heads_v100000": section_device_heads(

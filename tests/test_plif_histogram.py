@@ -91,13 +91,13 @@ def test_platform_dispatch(monkeypatch):
 
 def test_tile_elements_by_platform():
     """PLIF's tile: the CPU's (cache-sized) on a CPU, few large tiles on a
-    GPU / TPU, whatever the CPU's is set to."""
+    GPU (2**28 scores) and a TPU (2**24), whatever the CPU's is set to."""
     cpu = functional.plif_kernels.TILE_ELEMENTS
     assert dispatch.tile_elements(cpu) == cpu == 2**19
-    for platform in ("gpu", "tpu"):
+    for platform, tile in (("gpu", 2**28), ("tpu", 2**24)):
         with forced_platform(platform):
-            assert dispatch.tile_elements(cpu) == dispatch.ACCELERATOR_TILE_ELEMENTS == 2**28
-            assert dispatch.tile_elements(7) == 2**28
+            assert dispatch.tile_elements(cpu) == dispatch.ACCELERATOR_TILE_ELEMENTS[platform]
+            assert dispatch.tile_elements(7) == tile
 
 
 @jax_only
@@ -122,7 +122,7 @@ def test_no_tile_loop_on_an_accelerator(monkeypatch):
     assert lowered().count("stablehlo.while") == 2  # the forward and backward loops
     with forced_platform("tpu"):  # (the sorted histogram's binary search is a loop too)
         untiled = lowered().count("stablehlo.while")
-        monkeypatch.setattr(dispatch, "ACCELERATOR_TILE_ELEMENTS", 2**19)
+        monkeypatch.setitem(dispatch.ACCELERATOR_TILE_ELEMENTS, "tpu", 2**19)
         assert lowered().count("stablehlo.while") == untiled + 2
         monkeypatch.undo()
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
@@ -154,7 +154,8 @@ def test_plif_gradients_on_each_path(monkeypatch):
     tile, `"pallas_fused"`) give the gradients of the CPU path (scatter);
     each path is seen to be taken."""
     monkeypatch.setattr(functional.plif_kernels, "TILE_ELEMENTS", 40)
-    monkeypatch.setattr(dispatch, "ACCELERATOR_TILE_ELEMENTS", 40)  # tiled there too
+    for platform in ("gpu", "tpu"):  # tiled there too
+        monkeypatch.setitem(dispatch.ACCELERATOR_TILE_ELEMENTS, platform, 40)
     rng = np.random.default_rng(3)
     z = (rng.normal(size=(6, 23)) * 2).astype("float32")
     raw = rng.normal(size=(16,)).astype("float32")
@@ -313,3 +314,25 @@ def test_benchmark_smoke(tmp_path):
     assert [(r["knots"], r["method"]) for r in rows] == [
         (1000, "scatter"), (1000, "sorted"), (100, "scatter"), (100, "sorted")]
     assert max(r["max_abs_diff_to_first_method_rel"] for r in rows) < 1e-5
+
+
+@jax_only
+def test_tile_memory_benchmark_smoke(monkeypatch, tmp_path):
+    """`benchmarks/bench_plif_tile_memory.py` at a tiny shape: a row per
+    path and tile, the temporaries growing with the tile on the TPU path,
+    and the library's tiles restored afterwards."""
+    import json
+    import os
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "benchmarks"))
+    import bench_plif_tile_memory as bench
+
+    before = dict(dispatch.ACCELERATOR_TILE_ELEMENTS)
+    out = tmp_path / "m.json"
+    bench.main(["--n=64", "--v=50", "--knots=100", "--tiles=6,12", f"--out={out}"])
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == len(bench.PATHS) * 2
+    tpu = [r["memory"]["temp"] for r in rows if r["platform"] == "tpu"]
+    assert tpu[0] < tpu[1]
+    assert dispatch.ACCELERATOR_TILE_ELEMENTS == before and dispatch.HISTOGRAM_METHOD is None

@@ -83,8 +83,9 @@ def scan_tiles(body, carry, xs, ys_dtypes):
     return carry, tuple(a.stack() for a in arrays)
 
 
-ACCELERATOR_TILE_ELEMENTS = 2**28
-"""Scores per tile of PLIF's tiled kernels on a GPU / TPU (1 GiB of float32)."""
+ACCELERATOR_TILE_ELEMENTS = {"gpu": 2**28, "tpu": 2**24}
+"""Scores per tile of PLIF's tiled kernels on a GPU (1 GiB of float32) and
+on a TPU (64 MiB: its sorted histogram's temporaries grow with the tile)."""
 
 
 def tile_elements(cpu_tile_elements):
@@ -93,23 +94,25 @@ def tile_elements(cpu_tile_elements):
 
     On the CPU `cpu_tile_elements` (`plif_kernels.TILE_ELEMENTS`, 2 MiB of
     float32: a tile stays in cache, and the loop keeps XLA from fusing the
-    slope tables into every lookup). On a GPU / TPU
-    `ACCELERATOR_TILE_ELEMENTS`: the loop is sequential there, each tile a
-    handful of small kernels, so few large tiles (none at all when the
-    scores fit one) are what is fast; issue 28 measured PLIF's loss and
-    gradients at 6.0x a full softmax's with 2**19 scores per tile and 3.0x
-    with 2**28 (one H100, N = 8,192, V = 33,278). Why: `docs/plif.md`.
+    slope tables into every lookup). On a GPU / TPU the loop is sequential,
+    each tile a handful of small kernels, so few large tiles (none at all
+    when the scores fit one) are what is fast. A GPU takes
+    `ACCELERATOR_TILE_ELEMENTS["gpu"]` (2**28); a TPU 2**24, because its
+    sorted histogram (a sort, gathers and a scan of the whole tile) holds
+    temporaries proportional to the tile. The measurements behind both:
+    `docs/plif.md`, "Tiles".
 
     >>> from keras_softmax_heads.platforms import forced_platform
     >>> with forced_platform("gpu"):
-    ...     tile_elements(2**19) == ACCELERATOR_TILE_ELEMENTS
+    ...     tile_elements(2**19) == 2**28
     True
     >>> tile_elements(2**19)  # the CPU
     524288
     """
-    if current_platform() == "cpu":
+    platform = current_platform()
+    if platform == "cpu":
         return cpu_tile_elements
-    return ACCELERATOR_TILE_ELEMENTS
+    return ACCELERATOR_TILE_ELEMENTS[platform]
 
 
 HISTOGRAM_METHODS = ("scatter", "sorted", "pallas", "pallas_fused")

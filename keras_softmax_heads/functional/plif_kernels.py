@@ -35,7 +35,7 @@ from keras_softmax_heads.validation import check_positive
 
 TILE_ELEMENTS = 2**19
 """Scores per tile of `plif` and `plif_log_likelihood` on the CPU (2 MiB of
-float32); a GPU / TPU takes `dispatch.ACCELERATOR_TILE_ELEMENTS`
+float32); a GPU / TPU takes its `dispatch.ACCELERATOR_TILE_ELEMENTS`
 (`dispatch.tile_elements`)."""
 
 
