@@ -1005,6 +1005,12 @@ def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
                   f"{_loadavg(d.get('loadavg'))}." for name, d in loaded)])
 
 
+def missing_from_device_call(name, script):
+    """`missing(name)` and the device call of issue 29 that writes it."""
+    return (missing(name) + " Command: `benchmarks/device_cross_entropy.sh OUT_DIR` "
+            f"(`benchmarks/{script}`).")
+
+
 def section_plif_tile_memory(name="plif_histogram/tile_memory_cpu.json"):
     """PLIF's compiled temporary memory per accelerator tile (issue 28)."""
     data = load(name)
@@ -1030,8 +1036,7 @@ def section_gpu_causal_lm(name="gpu_cross_entropy/bench_gpu_causal_lm.json"):
     """A keras-hub Gemma training step on a GPU, stock against fused (issue 29)."""
     data = load(name)
     if data is None:
-        return (missing(name) + " Command: `benchmarks/device_cross_entropy.sh OUT_DIR` "
-                "(`benchmarks/bench_gpu_causal_lm.py`).")
+        return missing_from_device_call(name, "bench_gpu_causal_lm.py")
     out = []
     for r in data["rows"].values():
         cells = [f"`{r['row']}`", f"{r.get('seq_len', 0):,}"]
@@ -1067,8 +1072,7 @@ def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.js
     """The fused cross-entropy on a GPU against its peers (issue 29)."""
     data = load(name)
     if data is None:
-        return (missing(name) + " Command: `benchmarks/device_cross_entropy.sh OUT_DIR` "
-                "(`benchmarks/bench_gpu_cross_entropy.py`).")
+        return missing_from_device_call(name, "bench_gpu_cross_entropy.py")
     ratios = {(e["n"], e["d"], e["v"], e["dtype"]): e for e in data.get("ratios", [])}
     out = []
     for r in data["rows"]:
