@@ -98,16 +98,13 @@ def train_step(head, dense=False, histogram_method=None):
     fixed = [(v, v.value) for v in head.non_trainable_variables]
 
     def loss(values, h, y):
-        saved, dispatch.HISTOGRAM_METHOD = dispatch.HISTOGRAM_METHOD, histogram_method
-        try:
-            with keras.StatelessScope(state_mapping=list(zip(variables, values)) + fixed):
-                if dense:
-                    per_token = -head.dense_log_likelihood(h, y, training=True)
-                else:
-                    per_token = head.training_loss(h, y, training=True)
-                return keras.ops.mean(per_token)
-        finally:
-            dispatch.HISTOGRAM_METHOD = saved
+        with dispatch.forced_histogram_method(histogram_method), keras.StatelessScope(
+                state_mapping=list(zip(variables, values)) + fixed):
+            if dense:
+                per_token = -head.dense_log_likelihood(h, y, training=True)
+            else:
+                per_token = head.training_loss(h, y, training=True)
+            return keras.ops.mean(per_token)
 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 

@@ -133,13 +133,8 @@ def loss_grad_call(label, num_knots, z, targets, raw):
 
     method, lanes = parse_method(label)
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-    saved = dispatch.HISTOGRAM_METHOD
-    dispatch.HISTOGRAM_METHOD = method
-    try:
-        with lanes_scope(lanes):
-            compiled = grad.lower(z, raw).compile()  # traced with `method`
-    finally:
-        dispatch.HISTOGRAM_METHOD = saved
+    with dispatch.forced_histogram_method(method), lanes_scope(lanes):
+        compiled = grad.lower(z, raw).compile()  # traced with `method`
     return lambda: jax.block_until_ready(compiled(z, raw))
 
 

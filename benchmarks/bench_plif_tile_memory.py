@@ -50,16 +50,15 @@ def temp_bytes(n, v, knots, platform, method, tile):
 
     shapes = [jax.ShapeDtypeStruct(s, d) for s, d in
               (((n, v), "float32"), ((knots,), "float32"), ((n,), "int32"))]
-    saved = dict(dispatch.ACCELERATOR_TILE_ELEMENTS), dispatch.HISTOGRAM_METHOD
+    saved = dict(dispatch.ACCELERATOR_TILE_ELEMENTS)
     dispatch.ACCELERATOR_TILE_ELEMENTS[platform] = tile
-    dispatch.HISTOGRAM_METHOD = method
     try:
-        with forced_platform(platform):  # a new function: traced afresh
+        with forced_platform(platform), dispatch.forced_histogram_method(method):
+            # A new function: traced afresh.
             step = jax.jit(jax.grad(lambda z, raw, t: loss(z, raw, t), argnums=(0, 1)))
             return measure.memory_of_compiled(step.trace(*shapes).lower().compile())
     finally:
-        dispatch.ACCELERATOR_TILE_ELEMENTS.update(saved[0])
-        dispatch.HISTOGRAM_METHOD = saved[1]
+        dispatch.ACCELERATOR_TILE_ELEMENTS.update(saved)
 
 
 def main(argv=None):

@@ -8,6 +8,8 @@ accelerators' tile widths, PLIF's sorted histogram on a TPU, the Pallas
 kernel through Triton on a GPU), lowered with `lowering_platforms` to
 StableHLO for that platform. Nothing is compiled or run."""
 
+import os
+
 import numpy as np
 import pytest
 from backends import BACKEND
@@ -22,23 +24,11 @@ pytestmark = [
 ]
 
 
-def train_step(head):
-    """`jax.jit` of `(weights, h, y) -> (mean training loss, gradients)`."""
-    import jax
-    import keras
-
-    variables = head.trainable_variables
-    fixed = [(v, v.value) for v in head.non_trainable_variables]
-
-    def loss(values, h, y):
-        with keras.StatelessScope(state_mapping=list(zip(variables, values)) + fixed):
-            return keras.ops.mean(head.training_loss(h, y, training=True))
-
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
-def test_every_head_lowers_for_a_tpu():
-    assert lowered_kernels("tpu") == set()
+def test_every_head_lowers_for_a_tpu(monkeypatch):
+    assert lowered_kernels("tpu", monkeypatch) == set()
 
 
 def test_every_head_lowers_for_a_gpu(monkeypatch):
@@ -46,14 +36,18 @@ def test_every_head_lowers_for_a_gpu(monkeypatch):
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # kernels not interpreted
     # The slope histogram's Pallas kernel (PLIF, MonotonicSoftmax's grid).
-    assert lowered_kernels("gpu") == {"plif", "monotonic"}
+    assert lowered_kernels("gpu", monkeypatch) == {"plif", "monotonic"}
 
 
-def lowered_kernels(platform):
-    """Lowers every registry head's step for `platform` with static shapes
+def lowered_kernels(platform, monkeypatch):
+    """Lowers every registry head's step (the device table's,
+    `bench_device_heads.train_step`) for `platform` with static shapes
     (asserting no dynamic dimension); returns the heads whose step holds a
     Triton (Pallas) kernel."""
     import jax
+
+    monkeypatch.syspath_prepend(BENCH)
+    from bench_device_heads import train_step
 
     target = {"gpu": "cuda", "tpu": "tpu"}[platform]
     n, d, vocab = 256, 32, 1000

@@ -19,6 +19,8 @@ from keras_softmax_heads.platforms import forced_platform
 from keras_softmax_heads.fused import linear_cross_entropy  # noqa: E402
 from keras_softmax_heads.fused import pallas_cross_entropy  # noqa: E402
 
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
 # Small shapes that are not multiples of the blocks (padding on every axis).
 N, D, V = 13, 20, 75
 BLOCKS = (16, 32, 16)
@@ -199,9 +201,7 @@ def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
     Triton (forward and backward), and the tiled and dense rows take none."""
     import jax
 
-    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "benchmarks")
-    monkeypatch.syspath_prepend(bench_dir)
+    monkeypatch.syspath_prepend(BENCH)
     import bench_gpu_cross_entropy as bench
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
@@ -295,16 +295,13 @@ def test_gpu_benchmark_smoke(tmp_path):
     the JAX rows (the kernel in interpret mode) run and agree, the PyTorch
     rows are skipped without CUDA."""
     import json
-    import os
     import sys
 
-    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "benchmarks")
-    sys.path.insert(0, bench_dir)
+    sys.path.insert(0, BENCH)
     try:
         import bench_gpu_cross_entropy as bench
     finally:
-        sys.path.remove(bench_dir)
+        sys.path.remove(BENCH)
     out = tmp_path / "gce.json"
     bench.main(["--shapes=40x16x100:bfloat16", "--implementation=pallas", "--repeats=1",
                 "--rows=torch_dense,xla_dense,ours", f"--out={out}"])

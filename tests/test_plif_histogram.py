@@ -3,6 +3,8 @@ the scatter-add, the scatter-free sorted form and the Pallas kernel (JAX,
 interpreted on the CPU), the platform dispatch, and PLIF's gradients with
 each path forced."""
 
+import os
+
 import numpy as np
 import pytest
 from backends import BACKEND
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.multibackend
 
 METHODS = ("scatter", "sorted") + (("pallas",) if BACKEND == "jax" else ())
 jax_only = pytest.mark.skipif(BACKEND != "jax", reason="Pallas runs on JAX")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _histogram_inputs(size, num_knots, seed):
@@ -296,15 +299,13 @@ def test_benchmark_smoke(tmp_path):
     """`benchmarks/bench_plif_histogram.py` at a tiny shape, one round
     (about 40 s: under `-m slow`)."""
     import json
-    import os
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "h.json"
-    env = dict(os.environ, PYTHONPATH=root, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(
-        [sys.executable, os.path.join(root, "benchmarks", "bench_plif_histogram.py"),
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_plif_histogram.py"),
          "--quick", "--rows", "histogram", "--rounds", "1",
          "--methods", "scatter,sorted", "--out", str(out)],
         capture_output=True, text=True, env=env, timeout=600,
@@ -322,10 +323,8 @@ def test_tile_memory_benchmark_smoke(monkeypatch, tmp_path):
     path and tile, the temporaries growing with the tile on the TPU path,
     and the library's tiles restored afterwards."""
     import json
-    import os
 
-    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), "benchmarks"))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     import bench_plif_tile_memory as bench
 
     before = dict(dispatch.ACCELERATOR_TILE_ELEMENTS)

@@ -23,6 +23,8 @@ dispatch function tested against its `keras.ops` path.
   JAX, keyword on PyTorch).
 """
 
+import contextlib
+
 import keras
 from keras import ops
 
@@ -125,6 +127,26 @@ HISTOGRAM_METHOD = None
 """A path forced for every `knot_histogram` call (None: by platform)."""
 
 
+@contextlib.contextmanager
+def forced_histogram_method(method):
+    """Within the scope `HISTOGRAM_METHOD` is `method` (None: by platform);
+    restored afterwards. The path is chosen while tracing: trace (or
+    compile) inside the scope (benchmarks, studies).
+
+    >>> with forced_histogram_method("sorted"):
+    ...     histogram_method()
+    'sorted'
+    """
+    global HISTOGRAM_METHOD
+    if method is not None:
+        check_choice("method", method, HISTOGRAM_METHODS)
+    saved, HISTOGRAM_METHOD = HISTOGRAM_METHOD, method
+    try:
+        yield
+    finally:
+        HISTOGRAM_METHOD = saved
+
+
 def histogram_method():
     """The path `knot_histogram` takes here: `HISTOGRAM_METHOD` when set,
     else by `platforms.current_platform()` and backend.
@@ -200,7 +222,7 @@ def knot_histogram(idx, weights, num_knots, method=None):
     if method in ("pallas", "pallas_fused"):
         if keras.backend.backend() != "jax":
             raise ValueError(
-                "`method='pallas'` needs the JAX backend. "
+                f"`method={method!r}` needs the JAX backend. "
                 f"Received: backend={keras.backend.backend()}"
             )
         from keras_softmax_heads.functional.plif_pallas import pallas_knot_histogram

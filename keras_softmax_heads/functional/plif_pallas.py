@@ -87,9 +87,7 @@ def pallas_knot_histogram(idx, weights, num_knots, lanes=None, programs=None, co
     from jax.experimental.pallas import triton as plgpu
 
     num_knots = check_int("num_knots", num_knots, minimum=1)
-    lanes = check_int("lanes", LANES if lanes is None else lanes, minimum=1)
-    if lanes & (lanes - 1):
-        raise ValueError(f"`lanes` must be a power of two. Received: lanes={lanes}")
+    lanes = _check_lanes(lanes)
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
     idx = jnp.reshape(idx, [-1]).astype("int32")
@@ -133,6 +131,14 @@ def pallas_knot_histogram(idx, weights, num_knots, lanes=None, programs=None, co
     )(idx, stacked, zeros)
     sums = jnp.sum(out[:, :, :num_knots], axis=0)
     return tuple(sums[k] for k in range(num_weights))
+
+
+def _check_lanes(lanes):
+    """`lanes` (default `LANES`) as a power of two; else raises."""
+    lanes = check_int("lanes", LANES if lanes is None else lanes, minimum=1)
+    if lanes & (lanes - 1):
+        raise ValueError(f"`lanes` must be a power of two. Received: lanes={lanes}")
+    return lanes
 
 
 def _layout(size, num_weights, num_knots, lanes, programs, copies):
@@ -194,9 +200,7 @@ def pallas_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_boun
     rows, vocab = z.shape
     num_knots = slopes.shape[0]
     width = 2.0 * float(knot_bound) / num_knots
-    lanes = check_int("lanes", LANES if lanes is None else lanes, minimum=1)
-    if lanes & (lanes - 1):
-        raise ValueError(f"`lanes` must be a power of two. Received: lanes={lanes}")
+    lanes = _check_lanes(lanes)
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
     size = rows * vocab
