@@ -174,6 +174,14 @@ class HeadBattery:
         )
         return ksh.HeadModel(backbone, head)
 
+    def _fit_passes(self, model, x, y):
+        """`fit_epochs` passes over (x, y) in batches of 8, as one epoch of
+        the data repeated: the same optimizer steps without Keras' per-epoch
+        overhead (about half the time of a small fit on TensorFlow)."""
+        repeats = (self.fit_epochs,) + (1,) * (np.ndim(x) - 1)
+        model.fit(np.tile(x, repeats), np.tile(y, repeats), batch_size=8,
+                  epochs=1, verbose=0)
+
     def _tokens(self, n=16, length=6, seed=0):
         rng = np.random.default_rng(seed)
         x = rng.integers(0, self.vocab_size, size=(n, length)).astype("int32")
@@ -222,7 +230,7 @@ class HeadBattery:
         model = self._head_model(self.make(case))
         model.compile(optimizer=keras.optimizers.Adam(0.05))
         before = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
-        model.fit(x, y, batch_size=8, epochs=self.fit_epochs, verbose=0)
+        self._fit_passes(model, x, y)
         after = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
         assert after < 0.7 * before, (before, after)
         if self.sequential_fit and type(self.make(case)).exact_training_objective:
@@ -240,7 +248,7 @@ class HeadBattery:
                 metrics=["sparse_categorical_accuracy"],
             )
             first = seq.evaluate(x, y, verbose=0)[0]
-            seq.fit(x, y, batch_size=8, epochs=self.fit_epochs, verbose=0)
+            self._fit_passes(seq, x, y)
             last = seq.evaluate(x, y, verbose=0)[0]
             assert last < 0.7 * first, (first, last)
         # As the README shows: a Sequential trained with HeadLoss (heads with
@@ -258,7 +266,7 @@ class HeadBattery:
                                        or self.torch_compile_by_default)
         seq.compile(keras.optimizers.Adam(0.05), loss=ksh.HeadLoss(head), jit_compile=jit)
         first = seq.evaluate(x, y, verbose=0)
-        seq.fit(x, y, batch_size=8, epochs=self.fit_epochs, verbose=0)
+        self._fit_passes(seq, x, y)
         last = seq.evaluate(x, y, verbose=0)
         assert last < 0.7 * first, (first, last)
 

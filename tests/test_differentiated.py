@@ -208,7 +208,7 @@ def test_bad_targets():
 
 @pytest.mark.parametrize("use_bias", [True, False])
 @pytest.mark.parametrize("chunk_size", [1, 3, 64])
-@pytest.mark.parametrize("mode", ["eager", "xla"])
+@pytest.mark.parametrize("mode", ["xla", "eager"])
 def test_chunked_matches_dense(use_bias, chunk_size, mode):
     """Loss and every gradient (h, band kernels, bias) equal the dense path."""
     rng = np.random.default_rng(3)
