@@ -5,10 +5,14 @@ The choices that read it: the chunked losses' tile width
 (`chunked.platform.chunk_size_for`), PLIF's slope histogram
 (`functional.dispatch.histogram_method`) and the fused loss's Pallas kernel
 (`fused.pallas_cross_entropy.uses_kernel`). Tests and studies force a
-platform with `forced_platform`. Design notes: `docs/backends.md`.
+platform with `forced_platform`. Those GPU kernels are written for Pallas'
+Triton backend; `has_pallas_triton` says whether the installed JAX has it
+(JAX 0.11 deprecated it), and without it the GPU takes the XLA paths.
+Design notes: `docs/backends.md`.
 """
 
 import contextlib
+import functools
 
 import keras
 
@@ -71,3 +75,35 @@ def current_platform(tensor=None):
             return "gpu" if torch.cuda.is_available() else "cpu"
         return "gpu" if device.type in ("cuda", "xpu", "mps") else "cpu"
     return "cpu"
+
+
+@functools.cache
+def has_pallas_triton():
+    """Whether the installed JAX has Pallas' Triton backend
+    (`jax.experimental.pallas.triton` with `CompilerParams` and
+    `atomic_add`), in which the library's GPU kernels are written.
+
+    JAX 0.11 deprecated that backend for removal in a later version. Where
+    it is missing, the JAX GPU defaults take the XLA paths (PLIF's
+    `"scatter"` histogram, the fused loss's tiled `keras.ops` loop) and
+    asking for a kernel by name raises `require_pallas_triton`'s error.
+    """
+    try:
+        from jax.experimental.pallas import triton
+    except ImportError:
+        return False
+    return all(hasattr(triton, name) for name in ("CompilerParams", "atomic_add"))
+
+
+def require_pallas_triton(name, value, instead):
+    """Raises a `ValueError` where `has_pallas_triton()` is false: the
+    option `name=value` asked for a Pallas kernel; `instead` names the
+    choices that need none."""
+    if not has_pallas_triton():
+        import jax
+
+        raise ValueError(
+            f"`{name}={value!r}` needs Pallas' Triton backend "
+            f"(`jax.experimental.pallas.triton`), which JAX {jax.__version__} "
+            f"does not have; {instead} need no kernel. Received: {name}={value!r}"
+        )

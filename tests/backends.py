@@ -11,6 +11,7 @@ public function for are dispatched here, once, on `keras.backend.backend()`:
 * `jit(fn)`: `fn` compiled with XLA (`tf.function(jit_compile=True)`,
   `jax.jit`) or, on PyTorch, `fn` itself (PyTorch has no XLA here);
 * `to_numpy(x)`;
+* `PALLAS`: whether the Pallas kernels run (JAX with Pallas' Triton backend);
 * `sparse_gradient_rows(fn, x, variable)` (TensorFlow only): the rows of
   `variable`'s gradient, asserting it is a `tf.IndexedSlices`.
 """
@@ -19,6 +20,18 @@ import keras
 import numpy as np
 
 BACKEND = keras.backend.backend()
+
+
+def _pallas():
+    from keras_softmax_heads.platforms import has_pallas_triton
+
+    return BACKEND == "jax" and has_pallas_triton()
+
+
+#: The library's Pallas kernels run here: JAX with Pallas' Triton backend
+#: (deprecated in JAX 0.11; where it is gone the tests of the kernels skip
+#: and `test_accelerator_lowering` checks the XLA fallback).
+PALLAS = _pallas()
 
 
 def to_numpy(x):

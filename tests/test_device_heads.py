@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from backends import BACKEND
+from backends import PALLAS
 
 pytestmark = [
     pytest.mark.multibackend,
@@ -64,6 +65,7 @@ def test_device_heads_script_end_to_end(tmp_path):
     assert all("error" not in r for r in rows), rows
 
 
+@pytest.mark.skipif(not PALLAS, reason="counts the Pallas (Triton) kernels")
 def test_every_head_step_lowers_for_a_gpu(monkeypatch):
     """The device call's steps as a GPU runs them, at its shape (N = 8,192,
     d = 512, V = 33,278), lowered for CUDA on the CPU (nothing compiled or

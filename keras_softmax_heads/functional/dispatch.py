@@ -28,6 +28,7 @@ import contextlib
 import keras
 from keras import ops
 
+from keras_softmax_heads import platforms
 from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.validation import check_choice
 
@@ -154,7 +155,9 @@ def histogram_method():
     * CPU (every backend), and GPU on TensorFlow / PyTorch: `"scatter"`
       (`DenseBincount` on TensorFlow, `ops.segment_sum` elsewhere);
     * GPU on JAX: `"pallas"` (`plif_pallas.pallas_knot_histogram`, a
-      privatised kernel without contended atomics);
+      privatised kernel without contended atomics), `"scatter"` where the
+      installed JAX lacks Pallas' Triton backend
+      (`platforms.has_pallas_triton`);
     * TPU: `"sorted"` (`sorted_knot_histogram`, no scatter at all).
 
     Why (and what is measured): `docs/plif.md`.
@@ -164,7 +167,8 @@ def histogram_method():
     platform = current_platform()
     if platform == "tpu":
         return "sorted"
-    if platform == "gpu" and keras.backend.backend() == "jax":
+    if (platform == "gpu" and keras.backend.backend() == "jax"
+            and platforms.has_pallas_triton()):
         return "pallas"
     return "scatter"
 
@@ -225,6 +229,7 @@ def knot_histogram(idx, weights, num_knots, method=None):
                 f"`method={method!r}` needs the JAX backend. "
                 f"Received: backend={keras.backend.backend()}"
             )
+        platforms.require_pallas_triton("method", method, "'scatter' and 'sorted'")
         from keras_softmax_heads.functional.plif_pallas import pallas_knot_histogram
 
         sums = pallas_knot_histogram(idx, weights, num_knots)
@@ -258,6 +263,8 @@ def fused_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound
     rows' targets, cotangents `upstream` and `lse` `[n]`, and the `[K]`
     tables (`plif_pallas.pallas_ll_gradient`; the `keras.ops` tile of
     `plif_kernels` is its reference)."""
+    platforms.require_pallas_triton("HISTOGRAM_METHOD", "pallas_fused",
+                                    "'scatter' and 'sorted'")
     from keras_softmax_heads.functional.plif_pallas import pallas_ll_gradient
 
     return pallas_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound)

@@ -39,6 +39,7 @@ import functools
 import keras
 from keras import ops
 
+from keras_softmax_heads import platforms
 from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_int
@@ -74,10 +75,12 @@ def check_filter_eps(filter_eps):
 def uses_kernel(hidden, kernel, implementation, platform=None):
     """Whether `pointwise_stats` runs this kernel.
 
-    `implementation="pallas"` always (it raises off the JAX backend or for
-    float64 inputs; interpret mode off a GPU); `"auto"` on the JAX backend
-    on a GPU platform (`platform`, default `platforms.current_platform()`) for float16,
-    bfloat16 and float32 inputs; never for `"ops"`.
+    `implementation="pallas"` always (it raises off the JAX backend, for
+    float64 inputs, or where JAX lacks Pallas' Triton backend; interpret
+    mode off a GPU); `"auto"` on the JAX backend on a GPU platform
+    (`platform`, default `platforms.current_platform()`) for float16,
+    bfloat16 and float32 inputs where `platforms.has_pallas_triton()`;
+    never for `"ops"`.
     """
     dtypes = {keras.backend.standardize_dtype(x.dtype) for x in (hidden, kernel)}
     if implementation == "pallas":
@@ -87,11 +90,12 @@ def uses_kernel(hidden, kernel, implementation, platform=None):
                 "bfloat16 or float32 inputs. Received: backend="
                 f"{keras.backend.backend()!r}, dtypes={sorted(dtypes)}"
             )
+        platforms.require_pallas_triton("implementation", implementation, "'ops' and 'auto'")
         return True
     if implementation != "auto" or dtypes - set(KERNEL_DTYPES):
         return False
     platform = current_platform() if platform is None else platform
-    return keras.backend.backend() == "jax" and platform == "gpu"
+    return keras.backend.backend() == "jax" and platform == "gpu" and platforms.has_pallas_triton()
 
 
 def block_sizes(rows, vocab, dim, blocks=None):
