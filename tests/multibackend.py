@@ -30,7 +30,8 @@ RTOL64 = 1e-10 if BACKEND == "tensorflow" else 1e-5
 #: `slow` off TensorFlow: in TensorFlow's default run, and on JAX and
 #: PyTorch under `-m slow` (a test whose other backends' runs are long and
 #: whose logic is backend-neutral; keeps the three backends in the time budget).
-slow_off_tensorflow = pytest.mark.slow if BACKEND != "tensorflow" else pytest.mark.usefixtures()
+slow_off_tensorflow = (pytest.mark.slow if BACKEND != "tensorflow"
+                       else pytest.mark.skipif(False, reason="runs on TensorFlow"))
 # `assert_directional_gradients` keywords for float64 objectives.
 FD64 = (
     dict(eps=1e-6, rtol=1e-6, atol=1e-7)
