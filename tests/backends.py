@@ -12,6 +12,8 @@ public function for are dispatched here, once, on `keras.backend.backend()`:
   `jax.jit`) or, on PyTorch, `fn` itself (PyTorch has no XLA here);
 * `to_numpy(x)`;
 * `PALLAS`: whether the Pallas kernels run (JAX with Pallas' Triton backend);
+* `lower_for(jitted, args, platform)`: a jitted JAX function lowered for another
+  platform (`"cuda"`, `"tpu"`) without that device;
 * `sparse_gradient_rows(fn, x, variable)` (TensorFlow only): the rows of
   `variable`'s gradient, asserting it is a `tf.IndexedSlices`.
 """
@@ -127,3 +129,21 @@ def is_target_error(exc):
 
         return isinstance(exc, tf.errors.InvalidArgumentError)
     return False
+
+
+def lower_for(jitted, args, platform):
+    """`jitted.trace(*args).lower(lowering_platforms=(platform,))` (JAX) on
+    a machine without that device. For `"cuda"` traced and lowered inside an
+    abstract mesh whose device is an H100: from JAX 0.11 Pallas' Triton
+    lowering asks for the GPU's kind (a real GPU, or the trace's abstract
+    device) to pick its target."""
+    if platform != "cuda":
+        return jitted.trace(*args).lower(lowering_platforms=(platform,))
+    import jax
+
+    device = jax.sharding.AbstractDevice(
+        device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
+    mesh = jax.sharding.AbstractMesh((1,), ("gpu",), (jax.sharding.AxisType.Auto,),
+                                     abstract_device=device)  # no sharding in types
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jitted.trace(*args).lower(lowering_platforms=("cuda",))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from backends import BACKEND
 from backends import PALLAS
+from backends import lower_for
 
 from keras_softmax_heads.heads.registry import HEADS
 from keras_softmax_heads.heads.registry import make_head
@@ -97,8 +98,7 @@ def lowered_kernels(platform, monkeypatch, names=HEADS):
             head = make_head(name, vocab, counts=counts)
             head.build((None, d))
             weights = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in head.trainable_variables]
-            text = train_step(head).trace(weights, h, y).lower(
-                lowering_platforms=(target,)).as_text()
+            text = lower_for(train_step(head), (weights, h, y), target).as_text()
             assert "tensor<?" not in text, f"{name}: a dynamic shape on the {platform}"
             if "xla.gpu.triton" in text:
                 kernels.add(name)

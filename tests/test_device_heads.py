@@ -10,6 +10,7 @@ import sys
 import pytest
 from backends import BACKEND
 from backends import PALLAS
+from backends import lower_for
 
 pytestmark = [
     pytest.mark.multibackend,
@@ -88,7 +89,7 @@ def test_every_head_step_lowers_for_a_gpu(monkeypatch):
         head.build((None, d))
         step = bench_device_heads.step_of(name, head)
         weights = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in head.trainable_variables]
-        text = step.trace(weights, h, y).lower(lowering_platforms=("cuda",)).as_text()
+        text = lower_for(step, (weights, h, y), "cuda").as_text()
         kernels[name] = text.count("xla.gpu.triton")
         fused[name] = "plif_ll_gradient" in text
     # PLIF's slope histogram (and MonotonicSoftmax's grid's) is the kernel.

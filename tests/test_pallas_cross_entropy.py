@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 from backends import PALLAS
+from backends import lower_for
 
 pytestmark = [
     pytest.mark.multibackend,
@@ -187,7 +188,7 @@ def test_kernels_lower_to_triton():
 
         grad = jax.grad(objective, argnums=(0, 1, 2) if bias else (0, 1))
         try:
-            lowered = jax.jit(grad).trace(h, w, b, t).lower(lowering_platforms=("cuda",))
+            lowered = lower_for(jax.jit(grad), (h, w, b, t), "cuda")
         except (ImportError, NotImplementedError) as err:  # a jaxlib without Triton
             pytest.skip(f"no Pallas Triton lowering here: {err}")
         assert lowered.as_text().count("xla.gpu.triton") == 2  # forward, backward
@@ -217,7 +218,7 @@ def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
             t = jax.ShapeDtypeStruct((n,), "int32")
             for row, fn in bench.jax_losses(bench.ROWS, "auto", 2.0**-12, 4096).items():
                 step = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))
-                text = step.trace(h, w, t).lower(lowering_platforms=("cuda",)).as_text()
+                text = lower_for(step, (h, w, t), "cuda").as_text()
                 assert text.count("xla.gpu.triton") == expected[row], (blocks, n, dtype, row)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from backends import BACKEND
 from backends import PALLAS
+from backends import lower_for
 from backends import jit
 from backends import value_and_grad
 from keras import ops
@@ -119,9 +120,11 @@ def test_no_tile_loop_on_an_accelerator(monkeypatch):
     def loss(z, raw, t):
         return functional.plif_log_likelihood(z, raw, 2.0, t).sum()
 
-    def lowered(**kwargs):
+    def lowered(platform=None):
         step = jax.jit(jax.grad(loss, argnums=(0, 1)))
-        return step.trace(z, raw, t).lower(**kwargs).as_text()
+        if platform is None:
+            return step.trace(z, raw, t).lower().as_text()
+        return lower_for(step, (z, raw, t), platform).as_text()
 
     assert lowered().count("stablehlo.while") == 2  # the forward and backward loops
     with forced_platform("tpu"):  # (the sorted histogram's binary search is a loop too)
@@ -130,7 +133,7 @@ def test_no_tile_loop_on_an_accelerator(monkeypatch):
         assert lowered().count("stablehlo.while") == untiled + 2
         monkeypatch.undo()
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    text = lowered(lowering_platforms=("cuda",))
+    text = lowered("cuda")
     assert text.count("stablehlo.while") == 0 and "xla.gpu.triton" in text
 
 
@@ -248,9 +251,9 @@ def test_fused_ll_gradient_matches_numpy():
             np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-6)
     S = jax.ShapeDtypeStruct
     fn = jax.jit(lambda *x: pallas_ll_gradient(*x, 20.0, interpret=False))
-    text = fn.trace(S((4096, 33278), "float32"), S((4096,), "int32"), S((4096,), "float32"),
-                    S((4096,), "float32"), S((100000,), "float32"),
-                    S((100000,), "float32")).lower(lowering_platforms=("cuda",)).as_text()
+    args = (S((4096, 33278), "float32"), S((4096,), "int32"), S((4096,), "float32"),
+            S((4096,), "float32"), S((100000,), "float32"), S((100000,), "float32"))
+    text = lower_for(fn, args, "cuda").as_text()
     assert text.count("xla.gpu.triton") == 1
     with pytest.raises(ValueError, match="too many scores for one call"):
         fn.trace(S((65536, 32768), "float32"), *(S((65536,), d) for d in
@@ -290,7 +293,7 @@ def test_pallas_kernel_lowers_to_triton():
     fn = jax.jit(lambda i, a, b: pallas_knot_histogram(i, (a, b), 100000, interpret=False))
     idx = jax.ShapeDtypeStruct((2**12,), jnp.int32)
     w = jax.ShapeDtypeStruct((2**12,), jnp.float32)
-    text = fn.trace(idx, w, w).lower(lowering_platforms=("cuda",)).as_text()
+    text = lower_for(fn, (idx, w, w), "cuda").as_text()
     assert "triton" in text
 
 
