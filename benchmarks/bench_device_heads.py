@@ -263,7 +263,11 @@ def run(args, save=None):
         if save:
             save(dict(result, complete=False))
         if args.torch:  # the peers of the PLIF target: run even past the deadline
-            for row in torch_rows(args.tokens, args.dim, vocab, args.rounds):
+            try:
+                peers = torch_rows(args.tokens, args.dim, vocab, args.rounds)
+            except Exception as err:  # noqa: BLE001 (no PyTorch: a row, not a crash)
+                peers = [{"head": "torch", "error": measure.error_text(err)}]
+            for row in peers:
                 result["rows"].append(dict(row, vocab=vocab, tokens=args.tokens, dim=args.dim))
             if save:
                 save(dict(result, complete=False))

@@ -140,8 +140,8 @@ def loss_grad_call(label, num_knots, z, targets, raw):
 
 def run(args, save=None):
     """Measures every row; returns the JSON result (`save(partial)`, when
-    given, after each row's methods: a run stopped from outside keeps
-    them)."""
+    given, after each method's first call, in `first_calls`, and after each
+    row's methods: a run stopped from outside keeps them)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -184,6 +184,9 @@ def run(args, save=None):
                 # The slopes: B (histogram) or dL/draw (loss_grad).
                 check[method] = np.asarray(jax.tree.leaves(value)[-1]).astype("float64")
                 calls[method] = call
+                if save:  # each first call (compile + run) as it lands
+                    save(dict(header(), rows=rows, complete=False, first_calls=dict(
+                        row=row, knots=num_knots, first_s=dict(first))))
             wall, cpu = measure.interleaved(calls, args.rounds)
             reference = check[methods[0]]
             scale = max(1.0, float(np.abs(reference).max()))

@@ -994,6 +994,12 @@ def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
                 continue
             out.append(cells + [fmt(r["median_ms"], 1), fmt(r.get("ratio_to_first_method")),
                                 _sci(r.get("max_abs_diff_to_first_method_rel"))])
+        first = d.get("first_calls") if not d.get("complete", True) else None
+        if first:  # a run stopped from outside while this row's methods ran
+            for method, seconds in first["first_s"].items():
+                out.append([f"{args.get('n'):,} × {args.get('v'):,}", first["row"],
+                            f"{first['knots']:,}", method,
+                            f"stopped: first call only, {fmt(seconds, 1)} s", "–", "–"])
     return "\n\n".join([
         "JAX (`jax.jit`), float32: `histogram` is the two slope histograms of the N × V "
         "scores into K bins, `loss_grad` `plif_log_likelihood`'s loss and gradients; each "
