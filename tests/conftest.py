@@ -7,9 +7,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # The suite's programs are tiny: XLA's CPU compiler spends its time in LLVM's
 # optimisation passes, not in running them. At -O0 the JAX run takes about a
-# quarter less time (TensorFlow's, mostly graph mode, is unchanged); HLO
-# passes, buffer assignment (so `memory_analysis`) and float semantics stay
-# the same. An `--xla_backend_optimization_level` already in XLA_FLAGS wins.
+# quarter less time (TensorFlow's, mostly graph mode, is unchanged). It is
+# LLVM's level only: HLO passes and buffer assignment (so `memory_analysis`)
+# stay the same. An `--xla_backend_optimization_level` already in XLA_FLAGS wins.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
