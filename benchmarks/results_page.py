@@ -986,9 +986,9 @@ def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
     out = []
     for _, d in loaded:
         args = d.get("args", {})
+        shape = f"{args.get('n'):,} × {args.get('v'):,}"
         for r in d["rows"]:
-            cells = [f"{args.get('n'):,} × {args.get('v'):,}", r["row"], f"{r['knots']:,}",
-                     r["method"]]
+            cells = [shape, r["row"], f"{r['knots']:,}", r["method"]]
             if "median_ms" not in r:
                 out.append(cells + [_error_cell(r), "–", "–"])
                 continue
@@ -997,8 +997,7 @@ def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
         first = d.get("first_calls") if not d.get("complete", True) else None
         if first:  # a run stopped from outside while this row's methods ran
             for method, seconds in first["first_s"].items():
-                out.append([f"{args.get('n'):,} × {args.get('v'):,}", first["row"],
-                            f"{first['knots']:,}", method,
+                out.append([shape, first["row"], f"{first['knots']:,}", method,
                             f"stopped: first call only, {fmt(seconds, 1)} s", "–", "–"])
     return "\n\n".join([
         "JAX (`jax.jit`), float32: `histogram` is the two slope histograms of the N × V "

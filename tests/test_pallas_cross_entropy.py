@@ -292,18 +292,15 @@ def test_kernel_matches_tiled_pass_every_option(dtype, transposed, bias, backwar
             close(gk, gx, tol, tol * float(np.max(np.abs(np.asarray(gx, "float32")))))
 
 
-def test_gpu_benchmark_smoke(tmp_path):
+def test_gpu_benchmark_smoke(tmp_path, monkeypatch):
     """`benchmarks/bench_gpu_cross_entropy.py` at a tiny shape on the CPU:
     the JAX rows (the kernel in interpret mode) run and agree, the PyTorch
     rows are skipped without CUDA."""
     import json
-    import sys
 
-    sys.path.insert(0, BENCH)
-    try:
-        import bench_gpu_cross_entropy as bench
-    finally:
-        sys.path.remove(BENCH)
+    monkeypatch.syspath_prepend(BENCH)
+    import bench_gpu_cross_entropy as bench
+
     out = tmp_path / "gce.json"
     bench.main(["--shapes=40x16x100:bfloat16", "--implementation=pallas", "--repeats=1",
                 "--rows=torch_dense,xla_dense,ours", f"--out={out}"])

@@ -22,7 +22,7 @@ from keras_softmax_heads.functional import dispatch
 pytestmark = pytest.mark.multibackend
 
 METHODS = ("scatter", "sorted") + (("pallas",) if PALLAS else ())
-jax_only = pytest.mark.skipif(not PALLAS, reason="Pallas' Triton kernels run on JAX")
+pallas_only = pytest.mark.skipif(not PALLAS, reason="Pallas' Triton kernels run on JAX")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -105,7 +105,7 @@ def test_tile_elements_by_platform():
             assert dispatch.tile_elements(7) == tile
 
 
-@jax_only
+@pallas_only
 def test_no_tile_loop_on_an_accelerator(monkeypatch):
     """`plif_log_likelihood` and its gradients at 4,096 x 1,000 scores (8
     CPU tiles), lowered (not run): a `scan_tiles` loop on the CPU, none on a
@@ -217,7 +217,7 @@ def test_plif_gradients_on_each_path(monkeypatch):
             np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * max(1.0, np.abs(b).max()))
 
 
-@jax_only
+@pallas_only
 def test_fused_ll_gradient_matches_numpy():
     """`plif_pallas.pallas_ll_gradient` (interpreted): the score gradient
     and both slope histograms of a backward tile against NumPy, with
@@ -261,7 +261,7 @@ def test_fused_ll_gradient_matches_numpy():
                  S((1000,), "float32"), S((1000,), "float32"))
 
 
-@jax_only
+@pallas_only
 def test_pallas_kernel_shapes():
     """The Pallas kernel (interpreted) at vector widths and program counts
     that leave padding, programs sharing a private histogram, more lanes
@@ -281,7 +281,7 @@ def test_pallas_kernel_shapes():
                                    atol=1e-6)
 
 
-@jax_only
+@pallas_only
 def test_pallas_kernel_lowers_to_triton():
     """The kernel passes Pallas' Triton lowering for a GPU (no GPU needed:
     lowering only), at the benchmark's `K`."""
@@ -297,7 +297,7 @@ def test_pallas_kernel_lowers_to_triton():
     assert "triton" in text
 
 
-@jax_only
+@pallas_only
 @pytest.mark.slow
 def test_benchmark_smoke(tmp_path):
     """`benchmarks/bench_plif_histogram.py` at a tiny shape, one round
@@ -321,7 +321,7 @@ def test_benchmark_smoke(tmp_path):
     assert max(r["max_abs_diff_to_first_method_rel"] for r in rows) < 1e-5
 
 
-@jax_only
+@pallas_only
 def test_tile_memory_benchmark_smoke(monkeypatch, tmp_path):
     """`benchmarks/bench_plif_tile_memory.py` at a tiny shape: a row per
     path and tile, the temporaries growing with the tile on the TPU path,
