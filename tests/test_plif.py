@@ -270,6 +270,60 @@ def test_graph_mode_gradients(monkeypatch, tile_elements):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-12)
 
 
+def _xla_calls(fn, *args):
+    """`(forward, backward)` counts of the calls compiled with XLA
+    (`_XlaMustCompile`) in the graph of `fn`'s value and gradient under a
+    `tf.function` without `jit_compile` (a backward pass's function is
+    named so: `functional.dispatch.xla_in_graph` names each call after the
+    function it compiles); the values and gradients too."""
+    import tensorflow as tf
+
+    def values_and_grads(*args):
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            loss = tf.reduce_sum(fn(*args) ** 2)
+        return loss, tape.gradient(loss, args)
+
+    function = tf.function(values_and_grads, autograph=False)
+    graph = function.get_concrete_function(*args).graph
+    compiled = [op.get_attr("f").name for op in graph.get_operations()
+                if op.type in ("PartitionedCall", "StatefulPartitionedCall")
+                and op.get_attr("_XlaMustCompile")]
+    backward = [name for name in compiled if "backward" in name]
+    return (len(compiled) - len(backward), len(backward)), function(*args), values_and_grads(*args)
+
+
+@tf_only
+@pytest.mark.parametrize("kernel", ["plif", "plif_log_likelihood", "interpolate_table",
+                                    "monotonic_mlp"])
+def test_graph_mode_kernels_compile_with_xla(kernel):
+    """In a TensorFlow graph without XLA (a Keras step under `jit_compile="auto"`
+    on a CPU) each `[N, V]` kernel of PLIF and the monotonic MLP runs as one
+    call compiled with XLA (`dispatch.xla_in_graph`), and so does its
+    gradient; the values and gradients are the eager ones."""
+    import tensorflow as tf
+
+    from keras_softmax_heads.heads.monotonic_softmax import monotonic_mlp
+
+    rng = np.random.default_rng(3)
+    z = tf.constant(rng.normal(size=(6, 9)) * 2, tf.float64)
+    params = tf.constant(rng.normal(size=(24,)), tf.float64)
+    targets = tf.constant(rng.integers(0, 9, 6), tf.int32)
+    fn, args = {
+        "plif": (lambda z, raw: functional.plif(z, raw, 1.5), (z, params)),
+        "plif_log_likelihood": (
+            lambda z, raw: functional.plif_log_likelihood(z, raw, 1.5, targets), (z, params)),
+        "interpolate_table": (
+            lambda z, table: functional.interpolate_table(z, table, -3.0, 6.0), (z, params)),
+        "monotonic_mlp": (
+            lambda z, u: monotonic_mlp(z, u, u * 0.5, -u), (z, params)),
+    }[kernel]
+    counts, graph, eager = _xla_calls(fn, *args)
+    assert counts == (1, 1), counts
+    for a, b in zip(tf.nest.flatten(graph), tf.nest.flatten(eager)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
 @tf_only
 def test_fused_log_likelihood_unknown_rows():
     """Rows unknown at tracing time (graph mode): the untiled path."""

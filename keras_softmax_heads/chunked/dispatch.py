@@ -25,6 +25,7 @@ reference the TensorFlow path is tested against).
 import keras
 from keras import ops
 
+from keras_softmax_heads.functional.dispatch import xla_in_graph
 from keras_softmax_heads.platforms import current_platform
 
 
@@ -107,16 +108,13 @@ def run_pass(fn, implementation="auto"):
     pass is a nested `tf.function(jit_compile=True)`: XLA updates the
     loop-carried kernel gradient in place, where TensorFlow's graph
     executor copies it at each tile's write; under an enclosing
-    `jit_compile=True` it is simply part of that program. Eagerly, and on
-    the other backends, `fn()` as is.
+    `jit_compile=True` it is simply part of that program
+    (`functional.dispatch.xla_in_graph`). Eagerly, and on the other
+    backends, `fn()` as is.
     """
     if not _fast_tensorflow(implementation):
         return fn()
-    import tensorflow as tf
-
-    if tf.executing_eagerly():
-        return fn()
-    return tf.function(fn, jit_compile=True, autograph=False)()
+    return xla_in_graph(fn)
 
 
 def zeros_like(x, dtype, implementation="auto"):

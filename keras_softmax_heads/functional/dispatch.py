@@ -20,7 +20,10 @@ dispatch function tested against its `keras.ops` path.
   TensorFlow, `ops.take` elsewhere);
 * `upstream_gradient`: the upstream gradient inside an
   `ops.custom_gradient` gradient function (positional on TensorFlow and
-  JAX, keyword on PyTorch).
+  JAX, keyword on PyTorch);
+* `xla_in_graph`: a kernel compiled with XLA in a TensorFlow graph that
+  TensorFlow would otherwise run op by op (a Keras step without
+  `jit_compile`, Keras' choice on a CPU).
 """
 
 import contextlib
@@ -378,3 +381,45 @@ def upstream_gradient(args, upstream):
     `grad(*args, upstream=None)` (positional on TensorFlow / JAX, keyword on
     PyTorch)."""
     return args[-1] if upstream is None else upstream
+
+
+def xla_in_graph(fn, *args):
+    """`fn(*args)`, compiled with XLA where TensorFlow would run it op by op.
+
+    On TensorFlow inside a graph (a `tf.function`: Keras' train, test and
+    predict steps, which Keras' `jit_compile="auto"` runs without XLA on a
+    CPU), `fn(*args)` runs as a nested `tf.function(jit_compile=True)`.
+    XLA then fuses the elementwise passes over the `[N, V]` scores of PLIF
+    and of the monotonic MLP (interval index, lookups, recomputation, the
+    histograms' weights), which TensorFlow's executor runs one kernel and
+    one `[N, V]` buffer each (what that costs and saves: `docs/plif.md`,
+    "Without XLA"). Under an enclosing `jit_compile=True` the call is
+    simply part of that program. Eagerly, and on the other backends (JAX
+    compiles under `jit` anyway, PyTorch has no XLA), `fn(*args)` as is.
+
+    Call it inside a custom gradient, once for the forward pass and once
+    for the backward pass: TensorFlow would differentiate a compiled call
+    by making the intermediates its gradient reads extra outputs of the
+    call, `[N, V]` buffers held until the backward pass.
+
+    `fn` must compile with XLA on static or dynamic shapes (no
+    data-dependent shapes); its Python arguments (ints, floats, None) are
+    constants of the compiled program. It may return nested tuples, lists
+    and None.
+
+    >>> from keras import ops
+    >>> float(xla_in_graph(lambda x, y: ops.sum(x * y), ops.ones(3), 2.0))
+    6.0
+    """
+    if keras.backend.backend() != "tensorflow":
+        return fn(*args)
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return fn(*args)
+
+    def call():
+        return fn(*args)
+
+    call.__name__ = getattr(fn, "__name__", "call")  # the compiled function's name
+    return tf.function(call, jit_compile=True, autograph=False)()

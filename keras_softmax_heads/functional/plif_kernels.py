@@ -31,6 +31,7 @@ from keras_softmax_heads.functional.dispatch import scan_tiles
 from keras_softmax_heads.functional.dispatch import tile_elements
 from keras_softmax_heads.functional.dispatch import upstream_gradient
 from keras_softmax_heads.functional.dispatch import uses_fused_ll_gradient
+from keras_softmax_heads.functional.dispatch import xla_in_graph
 from keras_softmax_heads.validation import check_positive
 
 TILE_ELEMENTS = 2**19
@@ -303,7 +304,9 @@ def plif(z, raw_slopes, knot_bound):
     reverse cumulative sum. Extra memory does not grow with `K` beyond the
     `[K]` tables. Inputs of static size larger than the platform's tile
     (`dispatch.tile_elements`: `TILE_ELEMENTS` scores on the CPU) are
-    processed in tiles (`scan_tiles`).
+    processed in tiles (`scan_tiles`). In a TensorFlow graph run without XLA
+    (Keras' `jit_compile="auto"` on a CPU) it is compiled with XLA all the
+    same (`dispatch.xla_in_graph`).
 
     Args:
         z: float tensor of any shape (float16 / bfloat16 are computed in
@@ -351,12 +354,16 @@ def _plif_untiled(z, raw, knot_bound):
     @ops.custom_gradient
     def untiled(z, raw):
         tables = _tables(raw, knot_bound)
-        idx, out = _plif_tile(tables, z)
+        idx, out = xla_in_graph(_plif_tile, tables, z)
 
         def grad(*args, upstream=None):
             upstream = ops.cast(upstream_gradient(args, upstream), z.dtype)
-            d_z, sums = _plif_tile_grad(tables, z, idx, upstream)
-            return d_z, _slope_gradient(*sums, raw, knot_bound)
+
+            def backward():
+                d_z, sums = _plif_tile_grad(tables, z, idx, upstream)
+                return d_z, _slope_gradient(*sums, raw, knot_bound)
+
+            return xla_in_graph(backward)
 
         return out, grad
 
@@ -394,24 +401,33 @@ def _tiled_custom_gradient(tile_fn, tile_grad_fn, dtype, ys_dtypes, tiles, knot_
     @ops.custom_gradient
     def tiled(z, raw, *extra):
         tables = _tables(ops.stop_gradient(raw), knot_bound)
-        idx, *saved, out = tiles.map(
-            partial(tile_fn, tables), _split_inputs(tiles, z, extra), ys_dtypes
-        )
+
+        def forward():
+            idx, *saved, out = tiles.map(
+                partial(tile_fn, tables), _split_inputs(tiles, z, extra), ys_dtypes
+            )
+            return idx, saved, tiles.join(*out)
+
+        idx, saved, out = xla_in_graph(forward)
 
         def grad(*args, upstream=None):
             upstream = ops.cast(upstream_gradient(args, upstream), dtype)
-            zeros = ops.zeros([tables.num_knots], dtype)
-            z_tiles, *extra_tiles = _split_inputs(tiles, z, extra)
-            sums, d_z = tiles.accumulate(
-                partial(tile_grad_fn, tables),
-                (zeros, zeros),
-                (z_tiles, idx, *extra_tiles, tiles.split(upstream), *saved),
-                dtype,
-            )
-            d_z = tiles.join(*d_z, row_shape=row_shape)
-            return (d_z, _slope_gradient(*sums, raw, knot_bound)) + (None,) * len(extra)
 
-        return tiles.join(*out), grad
+            def backward():
+                zeros = ops.zeros([tables.num_knots], dtype)
+                z_tiles, *extra_tiles = _split_inputs(tiles, z, extra)
+                sums, d_z = tiles.accumulate(
+                    partial(tile_grad_fn, tables),
+                    (zeros, zeros),
+                    (z_tiles, idx, *extra_tiles, tiles.split(upstream), *saved),
+                    dtype,
+                )
+                d_z = tiles.join(*d_z, row_shape=row_shape)
+                return d_z, _slope_gradient(*sums, raw, knot_bound)
+
+            return xla_in_graph(backward) + (None,) * len(extra)
+
+        return out, grad
 
     return tiled
 
@@ -454,7 +470,9 @@ def plif_log_likelihood(z, raw_slopes, knot_bound, targets):
     (two weighted histograms, see `docs/plif.md`). Rows are processed in
     tiles of about `dispatch.tile_elements` scores (`TILE_ELEMENTS` on the
     CPU, far more on a GPU / TPU) in `scan_tiles` when their number is
-    static (always under XLA, JAX and PyTorch), in one piece otherwise.
+    static (always under XLA, JAX and PyTorch), in one piece otherwise. In
+    a TensorFlow graph run without XLA it is compiled with XLA all the same
+    (`dispatch.xla_in_graph`).
 
     Args:
         z: float tensor `[..., V]`, the linear scores (float16 / bfloat16 are

@@ -10,6 +10,7 @@ from keras import ops
 from keras_softmax_heads.functional.dispatch import knot_histogram
 from keras_softmax_heads.functional.dispatch import lookup
 from keras_softmax_heads.functional.dispatch import upstream_gradient
+from keras_softmax_heads.functional.dispatch import xla_in_graph
 
 
 def interpolate_table(z, table, lo, width):
@@ -23,7 +24,9 @@ def interpolate_table(z, table, lo, width):
     and `d out / d table` two weighted histograms (`knot_histogram`: the
     weights `1 - frac` and `frac` of each score's left and right grid
     points), so nothing of size `[z.size, G]` is formed. `lo` and `width`
-    are constants of the grid: they get no gradient.
+    are constants of the grid: they get no gradient. In a TensorFlow graph
+    run without XLA both passes are compiled with XLA all the same
+    (`dispatch.xla_in_graph`).
 
     Args:
         z: float tensor of any shape.
@@ -49,26 +52,33 @@ def interpolate_table(z, table, lo, width):
     num = table.shape[0]
     if num is None or num < 2:
         raise ValueError(f"`table` needs a static length G >= 2. Received: {table.shape}")
-    z_ = ops.stop_gradient(z)
     step = ops.stop_gradient(ops.cast(width, z.dtype)) / (num - 1)
-    pos = (z_ - ops.stop_gradient(ops.cast(lo, z.dtype))) / step
-    idx = ops.cast(ops.clip(ops.floor(pos), 0, num - 2), "int32")
-    frac = pos - ops.cast(idx, z.dtype)
+    lo = ops.stop_gradient(ops.cast(lo, z.dtype))
+
+    def forward(z, table):
+        pos = (z - lo) / step
+        idx = ops.cast(ops.clip(ops.floor(pos), 0, num - 2), "int32")
+        frac = pos - ops.cast(idx, z.dtype)
+        left = lookup(table, idx)
+        rise = lookup(table, idx + 1) - left
+        return idx, frac, rise, left + rise * frac
 
     @ops.custom_gradient
     def interpolate(z, table):
-        left = lookup(table, idx)
-        rise = lookup(table, idx + 1) - left
-        out = left + rise * frac
+        idx, frac, rise, out = xla_in_graph(forward, ops.stop_gradient(z), table)
 
         def grad(*args, upstream=None):
             upstream = ops.cast(upstream_gradient(args, upstream), z.dtype)
-            d_z = upstream * rise / step
-            w_right = upstream * frac
-            at_left, at_right = knot_histogram(idx, (upstream - w_right, w_right), num - 1)
-            zero = ops.zeros((1,), z.dtype)
-            d_table = ops.concatenate([at_left, zero]) + ops.concatenate([zero, at_right])
-            return d_z, d_table
+
+            def backward():
+                d_z = upstream * rise / step
+                w_right = upstream * frac
+                at_left, at_right = knot_histogram(idx, (upstream - w_right, w_right), num - 1)
+                zero = ops.zeros((1,), z.dtype)
+                d_table = ops.concatenate([at_left, zero]) + ops.concatenate([zero, at_right])
+                return d_z, d_table
+
+            return xla_in_graph(backward)
 
         return out, grad
 

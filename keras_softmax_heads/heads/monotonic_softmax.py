@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.functional.dispatch import upstream_gradient
+from keras_softmax_heads.functional.dispatch import xla_in_graph
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_positive
@@ -26,7 +27,9 @@ def monotonic_mlp(z, raw_input_weights, hidden_biases, raw_output_weights):
     units are summed one at a time in a `functional.scan_tiles` loop and
     the backward pass recomputes each unit's sigmoid, so memory is
     `O(z.size)` whatever `K` (the broadcast `monotonic_mlp_dense` holds
-    `[..., K]`; `docs/plif.md`, "MonotonicSoftmax").
+    `[..., K]`; `docs/plif.md`, "MonotonicSoftmax"). In a TensorFlow graph
+    run without XLA both passes are compiled with XLA all the same
+    (`functional.dispatch.xla_in_graph`).
 
     Args:
         z: float tensor of any shape.
@@ -62,7 +65,12 @@ def monotonic_mlp(z, raw_input_weights, hidden_biases, raw_output_weights):
             return (carry[0] + v_k * ops.sigmoid(u_k * z_ + b_k),), ()
 
         units = tuple(ops.stop_gradient(x) for x in (u, b, v))
-        (out,), _ = functional.scan_tiles(forward, (ops.zeros_like(z_),), units, ())
+
+        def run_forward():
+            (out,), _ = functional.scan_tiles(forward, (ops.zeros_like(z_),), units, ())
+            return out
+
+        out = xla_in_graph(run_forward)
 
         def grad(*args, upstream=None):
             upstream = ops.cast(upstream_gradient(args, upstream), z.dtype)
@@ -76,9 +84,12 @@ def monotonic_mlp(z, raw_input_weights, hidden_biases, raw_output_weights):
                 d_v = ops.sum(upstream * s)
                 return (carry[0] + u_k * t,), (d_u, d_b, d_v)
 
-            (d_z,), (d_u, d_b, d_v) = functional.scan_tiles(
-                backward, (ops.zeros_like(z_),), units, (dtype, dtype, dtype)
-            )
+            def run_backward():
+                return functional.scan_tiles(
+                    backward, (ops.zeros_like(z_),), units, (dtype, dtype, dtype)
+                )
+
+            (d_z,), (d_u, d_b, d_v) = xla_in_graph(run_backward)
             return (
                 d_z,
                 d_u * ops.sigmoid(raw_u),
