@@ -32,7 +32,7 @@ def resolve_chunk_size(chunk_size, h, kernel, kernel_transposed, components=1):
         return chunk_size
     _, vocab = kernel_geometry(h, kernel, kernel_transposed)
     lead = tuple(h.shape[:-1])
-    rows = math.prod(lead) if all(x is not None for x in lead) else None
+    rows = math.prod(lead) if all(isinstance(x, int) for x in lead) else None
     return chunk_size_for(vocab, rows=rows, components=components,
                           platform=current_platform(h))
 

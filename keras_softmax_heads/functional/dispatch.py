@@ -23,10 +23,13 @@ dispatch function tested against its `keras.ops` path.
   JAX, keyword on PyTorch);
 * `xla_in_graph`: a kernel compiled with XLA in a TensorFlow graph that
   TensorFlow would otherwise run op by op (a Keras step without
-  `jit_compile`, Keras' choice on a CPU).
+  `jit_compile`, Keras' choice on a CPU); `exportable_graph`, the context
+  in which it does not (the heads' inference call, which `model.export`
+  traces).
 """
 
 import contextlib
+import threading
 
 import keras
 from keras import ops
@@ -383,6 +386,34 @@ def upstream_gradient(args, upstream):
     return args[-1] if upstream is None else upstream
 
 
+_EXPORTABLE = threading.local()
+
+
+@contextlib.contextmanager
+def exportable_graph():
+    """A context in which `xla_in_graph` adds no nested XLA function.
+
+    Inside it, `xla_in_graph(fn, *args)` is `fn(*args)` on every backend, so
+    a TensorFlow graph traced there holds plain ops only. Tools that convert
+    a graph op by op cannot inline a function marked for XLA compilation:
+    `model.export(format="onnx")` (tf2onnx) left it as an invalid
+    `PartitionedCall` node. The heads trace their inference call
+    (`training` falsy: `predict`, `evaluate`, `model.export`) in this
+    context; their training losses keep the compiled kernels.
+
+    >>> from keras import ops
+    >>> with exportable_graph():
+    ...     float(xla_in_graph(lambda x: ops.sum(x), ops.ones(3)))
+    3.0
+    """
+    depth = getattr(_EXPORTABLE, "depth", 0)
+    _EXPORTABLE.depth = depth + 1
+    try:
+        yield
+    finally:
+        _EXPORTABLE.depth = depth
+
+
 def xla_in_graph(fn, *args):
     """`fn(*args)`, compiled with XLA where TensorFlow would run it op by op.
 
@@ -405,13 +436,13 @@ def xla_in_graph(fn, *args):
     `fn` must compile with XLA on static or dynamic shapes (no
     data-dependent shapes); its Python arguments (ints, floats, None) are
     constants of the compiled program. It may return nested tuples, lists
-    and None.
+    and None. Inside `exportable_graph()`, `fn(*args)` as is.
 
     >>> from keras import ops
     >>> float(xla_in_graph(lambda x, y: ops.sum(x * y), ops.ones(3), 2.0))
     6.0
     """
-    if keras.backend.backend() != "tensorflow":
+    if keras.backend.backend() != "tensorflow" or getattr(_EXPORTABLE, "depth", 0):
         return fn(*args)
     import tensorflow as tf
 

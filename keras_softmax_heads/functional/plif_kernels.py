@@ -341,7 +341,8 @@ def plif(z, raw_slopes, knot_bound):
     out_dtype = z.dtype
     z = ops.cast(z, _compute_dtype(z))
     shape = tuple(z.shape)
-    size = math.prod(shape) if all(d is not None for d in shape) else None
+    # Unknown (None) or symbolic (a JAX export's batch) dimensions: untiled.
+    size = math.prod(shape) if all(isinstance(d, int) for d in shape) else None
     if size is not None and size > tile_elements(TILE_ELEMENTS):
         out = _plif_tiled(ops.reshape(z, [size]), raw, knot_bound)
         return ops.cast(ops.reshape(out, shape), out_dtype)

@@ -55,7 +55,7 @@ def interpolate_table(z, table, lo, width):
     step = ops.stop_gradient(ops.cast(width, z.dtype)) / (num - 1)
     lo = ops.stop_gradient(ops.cast(lo, z.dtype))
 
-    def forward(z, table):
+    def forward(z, table, lo, step):
         pos = (z - lo) / step
         idx = ops.cast(ops.clip(ops.floor(pos), 0, num - 2), "int32")
         frac = pos - ops.cast(idx, z.dtype)
@@ -63,9 +63,12 @@ def interpolate_table(z, table, lo, width):
         rise = lookup(table, idx + 1) - left
         return idx, frac, rise, left + rise * frac
 
+    # `lo` and `step` are arguments, not closed over: a custom gradient that
+    # closes over a tensor of the enclosing computation cannot be exported
+    # (jax2tf, `model.export` on JAX).
     @ops.custom_gradient
-    def interpolate(z, table):
-        idx, frac, rise, out = xla_in_graph(forward, ops.stop_gradient(z), table)
+    def interpolate(z, table, lo, step):
+        idx, frac, rise, out = xla_in_graph(forward, ops.stop_gradient(z), table, lo, step)
 
         def grad(*args, upstream=None):
             upstream = ops.cast(upstream_gradient(args, upstream), z.dtype)
@@ -76,10 +79,10 @@ def interpolate_table(z, table, lo, width):
                 at_left, at_right = knot_histogram(idx, (upstream - w_right, w_right), num - 1)
                 zero = ops.zeros((1,), z.dtype)
                 d_table = ops.concatenate([at_left, zero]) + ops.concatenate([zero, at_right])
-                return d_z, d_table
+                return d_z, d_table, ops.zeros_like(lo), ops.zeros_like(step)
 
             return xla_in_graph(backward)
 
         return out, grad
 
-    return interpolate(z, table)
+    return interpolate(z, table, lo, step)

@@ -16,6 +16,7 @@ import numpy as np
 import keras
 from keras import ops
 
+from keras_softmax_heads.functional.dispatch import exportable_graph
 from keras_softmax_heads.heads.head_utils import build_context_checks
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.heads.head_utils import gather_targets
@@ -311,7 +312,13 @@ class SoftmaxHead(keras.layers.Layer):
             if contexts is not None:
                 return contexts
         self.last_output = "log_probs"
-        log_p = self.call_log_probs(inputs, training)
+        if training:
+            log_p = self.call_log_probs(inputs, training)
+        else:
+            # Plain ops in an inference graph, which `model.export` converts
+            # (ONNX cannot inline a nested XLA function, `docs/export.md`).
+            with exportable_graph():
+                log_p = self.call_log_probs(inputs, training)
         if self.return_probabilities:
             return ops.exp(log_p)
         return log_p

@@ -1,0 +1,110 @@
+"""Every head survives `model.export`, the way a model is deployed.
+
+`model.export(path)` writes a TensorFlow SavedModel on TensorFlow and on JAX
+(through jax2tf, with a symbolic batch dimension and the heads' custom
+gradients saved), `format="torch"` a `torch.export` program on PyTorch, and
+`format="onnx"` an ONNX file (tf2onnx on TensorFlow). Each exported artifact
+is loaded without Keras or this library and must give the model's
+log-probabilities. `docs/export.md` says which formats hold for which head.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+from backends import BACKEND
+
+from keras_softmax_heads.heads.registry import HEADS
+from keras_softmax_heads.heads.registry import make_head
+
+pytestmark = pytest.mark.multibackend
+
+V, D, T = 50, 8, 5
+COUNTS = np.arange(V, 0, -1).astype("float64")
+
+
+def _model(name):
+    head = make_head(name, V, counts=COUNTS)
+    model = keras.Sequential(
+        [keras.Input((T,), dtype="int32"), keras.layers.Embedding(V, D),
+         keras.layers.Dense(D, activation="tanh"), head]
+    )
+    return model
+
+
+def _tokens(batch):
+    return np.random.default_rng(batch).integers(0, V, size=(batch, T)).astype("int32")
+
+
+def _check(out, model, x, name):
+    ref = keras.ops.convert_to_numpy(model(x))
+    # The exported graph may round differently (XLA, fused kernels).
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="PyTorch exports with format='torch'")
+def test_every_head_exports_a_saved_model(tmp_path):
+    """The SavedModel's `serve` at another batch size than the one traced
+    (JAX: a symbolic batch, which PLIF's tiling must not compare)."""
+    import tensorflow as tf
+
+    for name in HEADS:
+        model = _model(name)
+        model(_tokens(2))
+        path = str(tmp_path / name)
+        model.export(path, verbose=False)
+        x = _tokens(3)
+        loaded = tf.saved_model.load(path)
+        _check(loaded.serve(tf.constant(x)).numpy(), model, x, name)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="format='torch' is PyTorch's")
+def test_every_head_exports_a_torch_program(tmp_path):
+    import torch
+
+    x = _tokens(1)  # Keras' torch export specialises the batch it traces
+    for name in HEADS:
+        model = _model(name)
+        model(x)
+        path = str(tmp_path / f"{name}.pt2")
+        model.export(path, format="torch", verbose=False)
+        out = torch.export.load(path).module()(torch.as_tensor(x))
+        _check(out.detach().numpy(), model, x, name)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the TensorFlow graph's property")
+def test_inference_graph_holds_no_xla_function():
+    """The inference call (`training=False`, what `model.export` traces)
+    adds no nested XLA-compiled function, which converters that inline a
+    graph op by op cannot handle (tf2onnx wrote an invalid ONNX file);
+    the training loss keeps it (`test_plif`)."""
+    import tensorflow as tf
+
+    def compiled_functions(fn, spec):
+        graph = tf.function(fn).get_concrete_function(spec).graph
+        library = graph.as_graph_def().library.function
+        return [f.signature.name for f in library if f.attr["_XlaMustCompile"].b]
+
+    for name in ("plif", "monotonic"):
+        model = _model(name)
+        head = model.layers[-1]
+        tokens = tf.TensorSpec([None, T], tf.int32)
+        assert not compiled_functions(lambda x: model(x, training=False), tokens), name
+        # The same head's log-probabilities outside `call` keep the kernel.
+        contexts = tf.TensorSpec([None, T, D], tf.float32)
+        assert compiled_functions(head.log_probs, contexts), name
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf2onnx converts TensorFlow graphs")
+def test_every_head_exports_onnx(tmp_path):
+    pytest.importorskip("tf2onnx")
+    ort = pytest.importorskip("onnxruntime")
+    for name in HEADS:
+        model = _model(name)
+        model(_tokens(2))
+        path = os.path.join(tmp_path, f"{name}.onnx")
+        model.export(path, format="onnx", verbose=False)
+        session = ort.InferenceSession(path)
+        x = _tokens(3)
+        _check(session.run(None, {session.get_inputs()[0].name: x})[0], model, x, name)
