@@ -1073,6 +1073,45 @@ def section_gpu_causal_lm(name="gpu_cross_entropy/bench_gpu_causal_lm.json"):
         provenance(name, _machine_text(data))])
 
 
+def _eps_label(eps):
+    """`2^-12` for a power of two, else the number."""
+    if eps is None:
+        return "exact"
+    exponent = math.log2(eps)
+    return f"2^{int(exponent)}" if exponent == int(exponent) else f"{eps:g}"
+
+
+def section_filter_eps(name="filter_eps/ptb.json"):
+    """Gradient filtering's effect on training (`bench_filter_eps.py`, issue 29)."""
+    data = load(name)
+    if data is None:
+        return missing(name)
+    exact = {r["seed"]: r["valid_perplexity"] for r in data["runs"] if r["eps"] is None}
+    steps = [str(s) for s in data["config"]["probe_steps"]]
+    rows = []
+    for r in sorted(data["runs"], key=lambda r: (r["seed"], r["eps"] or 0)):
+        probes = r.get("probes", {})
+        skipped = " / ".join(f"{100 * probes[s]['skipped_fraction']:.0f}%" if s in probes else "–"
+                             for s in steps)
+        change = " / ".join(f"{100 * probes[s]['dw_relative_change']:.1f}%" if s in probes
+                            else "–" for s in steps)
+        ratio = r["valid_perplexity"] / exact[r["seed"]] if r["seed"] in exact else None
+        rows.append([_eps_label(r["eps"]), r["seed"], fmt(r["valid_perplexity"], 1),
+                     fmt(ratio) + "×" if ratio else "–",
+                     skipped if r["eps"] is not None else "–",
+                     change if r["eps"] is not None else "–"])
+    c = data["config"]
+    return "\n\n".join([
+        f"PTB, a 2-layer LSTM ({c['units']} units), batches of {c['batch']} × {c['length']} "
+        f"tokens, Adam, {c['steps']:,} steps; exact validation perplexity on the first "
+        f"{c['valid_tokens']:,} validation tokens. Skipped blocks and the relative change of "
+        f"the output matrix's gradient on one fixed training batch at steps "
+        f"{' / '.join(steps)}.",
+        table(["filter_eps", "seed", "valid ppl", "vs exact", "blocks skipped",
+               "dW changed by"], rows),
+        provenance(name, _with_command(data))])
+
+
 def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.json"):
     """The fused cross-entropy on a GPU against its peers (issue 29)."""
     data = load(name)
@@ -1235,6 +1274,7 @@ def build(make_figures=True):
             "distillation/bench_distillation_n2048_v32768_tensorflow.json"),
         "gpu_cross_entropy": section_gpu_cross_entropy(),
         "gpu_causal_lm": section_gpu_causal_lm(),
+        "filter_eps": section_filter_eps(),
     }
     with open(TEMPLATE) as f:
         template = f.read()

@@ -358,3 +358,20 @@ def test_fused_causal_lm_benchmark_smoke(tmp_path):
     assert evals["fused"]["loss"] == pytest.approx(evals["stock"]["loss"], rel=1e-4)
     assert result["ratios"]["eval_time_fused_over_stock"] > 0
     assert [c["max_seq_len_under_cap"] for c in result["memory_cap"]] == [8, 8]
+
+
+def test_filter_eps_study_smoke(tmp_path):
+    """`bench_filter_eps.py` on the synthetic corpus, two steps: the exact row
+    and a threshold that skips blocks (eps = 0.5), their probes and the
+    resumed run (a second call trains nothing)."""
+    out = tmp_path / "filter_eps.json"
+    args = ["--dataset=synthetic", "--steps=2", "--probe_steps=0,2", "--eps=none,0.5",
+            "--batch=4", "--length=16", "--units=8", "--valid_tokens=256", f"--out={out}"]
+    _run("bench_filter_eps.py", *args, timeout=300)
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["eps"] for r in runs] == [None, 0.5]
+    assert all(r["valid_perplexity"] > 1 for r in runs)
+    probe = runs[1]["probes"]["0"]
+    assert 0 < probe["skipped_fraction"] < 1 and probe["dh_relative_change"] > 0
+    assert "Wrote" in _run("bench_filter_eps.py", *args, timeout=300)
+    assert len(json.loads(out.read_text())["runs"]) == 2

@@ -330,3 +330,44 @@ def test_gpu_benchmark_smoke(tmp_path, monkeypatch):
     settings["max_seconds"] = 1e-9
     skipped = bench.run(settings)["rows"]
     assert [r["skipped"] for r in skipped] == ["time budget (--max_seconds) spent"] * 2
+
+
+def test_filter_study_applies_the_kernels_rule(monkeypatch):
+    """`benchmarks/bench_filter_eps.py` trains with the kernel's filtering
+    rule applied to the dense gradient: its gradients equal the kernel's
+    (interpreted) at the GPU blocks, where blocks are skipped."""
+    import jax
+    import jax.numpy as jnp
+
+    monkeypatch.syspath_prepend(BENCH)
+    import bench_filter_eps
+
+    bn, bv, _ = pallas_cross_entropy.GPU_BLOCKS
+    n, d, v, eps = 2 * bn, 16, 2 * bv, 2e-3
+    rng = np.random.default_rng(3)
+    h = jnp.asarray(rng.normal(size=(n, d)) * 2.0, "float32")
+    w = jnp.asarray(rng.normal(size=(d, v)), "float32")
+    # The second word block is improbable (its bias 60 lower); the first row
+    # block has no target there (skipped), the second row block has one (kept).
+    b = jnp.asarray(rng.normal(size=v) - 60.0 * (np.arange(v) >= bv), "float32")
+    y = rng.integers(0, bv, size=n).astype("int32")
+    y[-1] = v - 1
+    nll = bench_filter_eps.filtered_nll(eps, bn, bv)
+    onehot = jax.nn.one_hot(y, v)
+    study = jax.grad(lambda *a: jnp.sum(nll(*a, onehot)), argnums=(0, 1, 2))(h, w, b)
+    kernel = jax.grad(
+        lambda *a: linear_cross_entropy(*a[:2], y, a[2], reduction="sum",
+                                        implementation="pallas", filter_eps=eps),
+        argnums=(0, 1, 2))(h, w, b)
+    exact = jax.grad(
+        lambda *a: linear_cross_entropy(*a[:2], y, a[2], reduction="sum"),
+        argnums=(0, 1, 2))(h, w, b)
+    for s, k, e in zip(study, kernel, exact):
+        np.testing.assert_allclose(np.asarray(s), np.asarray(k), rtol=1e-4, atol=1e-5)
+    # Only the skipped block's terms are missing: the second word block's
+    # gradient is the second row block's alone.
+    second_rows = jax.grad(lambda w: jnp.sum(nll(h[bn:], w, b, onehot[bn:])))(w)
+    np.testing.assert_allclose(np.asarray(study[1][:, bv:]), np.asarray(second_rows[:, bv:]),
+                               rtol=1e-5, atol=1e-30)
+    assert not np.allclose(np.asarray(study[1][:, bv:]), np.asarray(exact[1][:, bv:]),
+                           rtol=1e-3, atol=0)

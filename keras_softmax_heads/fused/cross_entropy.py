@@ -141,7 +141,9 @@ def linear_cross_entropy(
             that hold none of their tokens' targets, dropping those
             `softmax` terms of the gradient (each below `filter_eps` times
             the token's cotangent); no effect with label smoothing's
-            tokens, nor on the tiled pass (exact there).
+            tokens, nor on the tiled pass (exact there). For fine-tuning:
+            from scratch, Cut Cross-Entropy's bfloat16 default `2**-12`
+            cost 1.2-1.5x in PTB perplexity (`docs/chunked.md`).
         vocab_parallel: `"auto"` (default), True or False. On JAX, under a
             `keras.distribution` whose layout shards the `kernel` variable
             on its vocabulary axis (keras-hub's Gemma / Llama layout maps),
