@@ -164,9 +164,8 @@ def probe(model, features, x, y, eps, bn, bv, padded_vocab):
     prob /= prob.sum(axis=1, keepdims=True)
     onehot = np.eye(padded_vocab)[y.reshape(-1)]
     g = (prob - onehot) / len(prob)
-    n, v = prob.shape
-    peak = prob.reshape(n // bn, bn, v // bv, bv).max(axis=(1, 3))
-    hit = onehot.reshape(n // bn, bn, v // bv, bv).max(axis=(1, 3))
+    # The training step's rule (`block_keep`), on the float64 probabilities.
+    peak, hit = (ops.convert_to_numpy(a) for a in block_keep(prob, onehot, bn, bv))
     keep = (peak >= eps) | (hit > 0)
     gf = g * np.repeat(np.repeat(keep, bn, 0), bv, 1)
     rel = lambda a, r: float(np.linalg.norm(a - r) / np.linalg.norm(r))  # noqa: E731

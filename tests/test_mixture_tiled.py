@@ -122,18 +122,46 @@ def test_forced_platform_picks_the_path():
         to_numpy(chunked_pointwise_nll(h, w, None, t, chunk_size=DEFAULT_CHUNK_SIZE)))
 
 
-@pytest.mark.parametrize("cls", [MixtureOfSoftmaxes, MixtureOfContexts])
-def test_unigram_bias_like_full_softmax(cls):
-    """A fresh mixture with `counts` starts from the log unigram bias that
-    a FullSoftmax given the same start has; without counts, zeros."""
-    counts = np.array([5, 0, 3, 100, 1, 1, 7, 0, 2, 9, 40])
-    log_unigram = np.log((counts + 1.0) / (counts + 1.0).sum())
-    full = FullSoftmax(V, bias_initializer=keras.initializers.Constant(log_unigram))
-    full.build((None, 4))
-    head = cls(V, num_components=2, counts=counts)
-    head.build((None, 4))
-    np.testing.assert_allclose(to_numpy(head.bias), to_numpy(full.bias), rtol=1e-6)
-    np.testing.assert_allclose(to_numpy(head.bias), log_unigram, rtol=1e-6)
-    bare = cls(V, num_components=2)
+MIXTURES = {  # MoSS first: the case run on JAX and PyTorch by default
+    "moss": (MixtureOfSoftmaxes, {"component": "sigsoftmax"}),
+    "mos": (MixtureOfSoftmaxes, {}),
+    "mos_plif": (MixtureOfSoftmaxes, {"num_knots": 20}),
+    "moss_plif": (MixtureOfSoftmaxes, {"component": "sigsoftmax", "num_knots": 20}),
+    "moc": (MixtureOfContexts, {}),
+}
+COUNTS = np.array([5, 0, 3, 100, 1, 1, 7, 0, 2, 9, 40])
+UNIGRAM = (COUNTS + 1.0) / (COUNTS + 1.0).sum()
+
+
+@pytest.mark.parametrize("variant", list(MIXTURES))
+def test_unigram_bias_starts_every_mixture_at_the_unigram(variant):
+    """With `counts`, the default bias makes the untrained mixture the
+    smoothed unigram wherever the latent vectors are zero (h = 0): every
+    component's distribution, softmax or sigsoftmax, is the unigram.
+    Without counts, the bias is zeros."""
+    cls, options = MIXTURES[variant]
+    head = cls(V, num_components=2, counts=COUNTS, **options)
+    h = np.zeros((3, 4), "float32")
+    np.testing.assert_allclose(np.exp(to_numpy(head(h))), np.broadcast_to(UNIGRAM, (3, V)),
+                               rtol=1e-5)
+    if variant == "mos" or variant == "moc":
+        # ... which for softmax components is the log unigram, as a
+        # FullSoftmax given the same start has it.
+        full = FullSoftmax(V, bias_initializer=keras.initializers.Constant(np.log(UNIGRAM)))
+        full.build((None, 4))
+        np.testing.assert_allclose(to_numpy(head.bias), to_numpy(full.bias), rtol=1e-6)
+    bare = cls(V, num_components=2, **options)
     bare.build((None, 4))
     np.testing.assert_array_equal(to_numpy(bare.bias), np.zeros(V))
+
+
+def test_moss_log_unigram_bias_is_the_sharper_start():
+    """Negative control: the log unigram as a sigsoftmax bias (MoSS's start
+    from f60c2c2 to the fix, which stalled on PTB) is the unigram squared,
+    renormalised, far from the unigram; the test above catches it."""
+    head = MixtureOfSoftmaxes(V, num_components=2, component="sigsoftmax",
+                              bias_initializer=keras.initializers.Constant(np.log(UNIGRAM)))
+    p = np.exp(to_numpy(head(np.zeros((1, 4), "float32"))))[0]
+    sharp = UNIGRAM * UNIGRAM / (1.0 + UNIGRAM)
+    np.testing.assert_allclose(p, sharp / sharp.sum(), rtol=1e-5)
+    assert np.abs(p - UNIGRAM).max() > 0.1

@@ -2,6 +2,7 @@
 
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_softmax_heads import functional
@@ -56,8 +57,9 @@ class MixtureOfSoftmaxes(MixtureHead):
         use_bias: bool, add a per-word output bias (default `True`).
         kernel_initializer: initializer of the output projection.
         bias_initializer: initializer of the output bias; the default
-            `"unigram"` starts it at the log unigram of `counts` (zeros
-            without them).
+            `"unigram"` starts every component at the smoothed unigram of
+            `counts` (the bias `log u` for softmax components, its
+            sigsoftmax counterpart for MoSS; zeros without `counts`).
         prior_initializer: initializer of the prior kernel `[d, K]`.
         latent_initializer: initializer of the latent kernel
             `[d, K * latent_dim]`; the default `"identity"` is
@@ -120,6 +122,24 @@ class MixtureOfSoftmaxes(MixtureHead):
         self.component = check_choice("component", component, COMPONENTS)
         self.num_knots = check_int("num_knots", num_knots, minimum=1, allow_none=True)
         self.knot_bound = check_positive("knot_bound", knot_bound)
+
+    def named_bias_values(self, name):
+        """`"unigram"`: the bias whose component distribution is the
+        smoothed unigram `u = (counts + 1) / sum(counts + 1)`.
+
+        For softmax components that is `log u`. A sigsoftmax component
+        scores `exp(b) sigmoid(b) = x**2 / (1 + x)` with `x = exp(b)`, so
+        its bias is `log x` for the positive root of `x**2 = u (1 + x)`,
+        `x = (u + sqrt(u**2 + 4 u)) / 2`; `log u` would start it at about
+        `u**2` (renormalised), far sharper than the data, and MoSS then
+        stalls on PTB (`docs/recipes.md`, "Mixtures"). Zeros without
+        `counts`.
+        """
+        log_u = super().named_bias_values(name)
+        if self.component != "sigsoftmax" or self._counts is None:
+            return log_u
+        u = np.exp(log_u)
+        return np.log((u + np.sqrt(u * (u + 4.0))) / 2.0)
 
     def build_head(self, input_shape):
         self.raw_slopes = None
