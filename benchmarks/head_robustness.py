@@ -12,6 +12,8 @@ A finished run is not trained again: rerunning resumes the check.
     python benchmarks/head_robustness.py --rows=bottleneck_ptb/mos --seeds=0 ...
 """
 
+import os
+
 from absl import app
 from absl import flags
 
@@ -24,6 +26,21 @@ _DATASET = flags.DEFINE_string("dataset", "ptb", "The corpus ('synthetic' for sm
 _STEPS = flags.DEFINE_integer(
     "steps", None, "Steps of every run, validated halfway and at the end (smoke runs; "
     "default: 1000 for the LSTM rows, 3000 for the n-gram rows).")
+
+
+def code_provenance():
+    """`{"commit": ..., "dirty": bool}` of this checkout (empty without git)."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"),
+                "dirty": bool(git("status", "--porcelain", "--", "keras_softmax_heads"))}
+    except (OSError, subprocess.CalledProcessError):
+        return {}
 
 
 def main(argv):
@@ -40,7 +57,8 @@ def main(argv):
                  for study in robustness.DEFAULT_STEPS}
     summary = robustness.run_check(_DATA_DIR.value, _OUT.value, rows=rows,
                                    seeds=[int(s) for s in _SEEDS.value], steps=steps,
-                                   eval_windows=_EVAL_WINDOWS.value, dataset=_DATASET.value)
+                                   eval_windows=_EVAL_WINDOWS.value, dataset=_DATASET.value,
+                                   provenance=code_provenance())
     for key, verdict in sorted(summary["verdicts"].items()):
         run = summary["runs"][key]
         print(f"{key:>32}: valid ppl {run['valid_perplexity']:8.1f}, "

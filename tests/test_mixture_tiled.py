@@ -135,12 +135,12 @@ UNIGRAM = (COUNTS + 1.0) / (COUNTS + 1.0).sum()
 
 @pytest.mark.parametrize("variant", list(MIXTURES))
 def test_unigram_bias_starts_every_mixture_at_the_unigram(variant):
-    """With `counts`, the default bias makes the untrained mixture the
+    """With `counts`, the `"unigram"` bias makes the untrained mixture the
     smoothed unigram wherever the latent vectors are zero (h = 0): every
     component's distribution, softmax or sigsoftmax, is the unigram.
     Without counts, the bias is zeros."""
     cls, options = MIXTURES[variant]
-    head = cls(V, num_components=2, counts=COUNTS, **options)
+    head = cls(V, num_components=2, counts=COUNTS, bias_initializer="unigram", **options)
     h = np.zeros((3, 4), "float32")
     np.testing.assert_allclose(np.exp(to_numpy(head(h))), np.broadcast_to(UNIGRAM, (3, V)),
                                rtol=1e-5)
@@ -153,6 +153,22 @@ def test_unigram_bias_starts_every_mixture_at_the_unigram(variant):
     bare = cls(V, num_components=2, **options)
     bare.build((None, 4))
     np.testing.assert_array_equal(to_numpy(bare.bias), np.zeros(V))
+
+
+@pytest.mark.parametrize("variant", list(MIXTURES))
+def test_default_bias(variant):
+    """The default start: the unigram for softmax components, zeros for
+    sigsoftmax ones (MoSS trains faster from zeros on PTB, recipes.md);
+    the config keeps it."""
+    cls, options = MIXTURES[variant]
+    head = cls(V, num_components=2, counts=COUNTS, **options)
+    head.build((None, 4))
+    sig = options.get("component") == "sigsoftmax"
+    expected = np.zeros(V) if sig else np.log(UNIGRAM)
+    np.testing.assert_allclose(to_numpy(head.bias), expected, rtol=1e-6, atol=0)
+    again = cls.from_config(head.get_config())
+    again.build((None, 4))
+    np.testing.assert_array_equal(to_numpy(again.bias), to_numpy(head.bias))
 
 
 def test_moss_log_unigram_bias_is_the_sharper_start():

@@ -56,10 +56,12 @@ class MixtureOfSoftmaxes(MixtureHead):
             to tie the output projection to.
         use_bias: bool, add a per-word output bias (default `True`).
         kernel_initializer: initializer of the output projection.
-        bias_initializer: initializer of the output bias; the default
-            `"unigram"` starts every component at the smoothed unigram of
-            `counts` (the bias `log u` for softmax components, its
-            sigsoftmax counterpart for MoSS; zeros without `counts`).
+        bias_initializer: initializer of the output bias, or `"unigram"`:
+            every component starts at the smoothed unigram of `counts` (the
+            bias `log u` for softmax components, its sigsoftmax counterpart
+            for MoSS; zeros without `counts`). `None` (default): `"unigram"`
+            for softmax components, `"zeros"` for sigsoftmax ones (MoSS
+            trains faster from zeros on PTB; `docs/mixtures.md`).
         prior_initializer: initializer of the prior kernel `[d, K]`.
         latent_initializer: initializer of the latent kernel
             `[d, K * latent_dim]`; the default `"identity"` is
@@ -117,22 +119,26 @@ class MixtureOfSoftmaxes(MixtureHead):
     """
 
     def __init__(self, *args, component="softmax", num_knots=None, knot_bound=10.0,
-                 **kwargs):
-        super().__init__(*args, **kwargs)
-        self.component = check_choice("component", component, COMPONENTS)
+                 bias_initializer=None, **kwargs):
+        component = check_choice("component", component, COMPONENTS)
+        if bias_initializer is None:
+            bias_initializer = "zeros" if component == "sigsoftmax" else "unigram"
+        super().__init__(*args, bias_initializer=bias_initializer, **kwargs)
+        self.component = component
         self.num_knots = check_int("num_knots", num_knots, minimum=1, allow_none=True)
         self.knot_bound = check_positive("knot_bound", knot_bound)
 
     def named_bias_values(self, name):
         """`"unigram"`: the bias whose component distribution is the
-        smoothed unigram `u = (counts + 1) / sum(counts + 1)`.
+        smoothed unigram `u = (counts + 1) / sum(counts + 1)` (MoSS's
+        default is zeros: see `__init__`).
 
         For softmax components that is `log u`. A sigsoftmax component
         scores `exp(b) sigmoid(b) = x**2 / (1 + x)` with `x = exp(b)`, so
         its bias is `log x` for the positive root of `x**2 = u (1 + x)`,
         `x = (u + sqrt(u**2 + 4 u)) / 2`; `log u` would start it at about
-        `u**2` (renormalised), far sharper than the data, and MoSS then
-        stalls on PTB (`docs/recipes.md`, "Mixtures"). Zeros without
+        `u**2` (renormalised), far sharper than the data (MoSS stalled on
+        PTB from it: `docs/recipes.md`, "Mixtures"). Zeros without
         `counts`.
         """
         log_u = super().named_bias_values(name)

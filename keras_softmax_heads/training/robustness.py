@@ -108,7 +108,7 @@ def unigram_perplexity(corpus):
 
 
 def run_check(data_dir, out, rows=DEFAULT_ROWS, seeds=(0, 1, 2), steps=None,
-              eval_windows=40, dataset="ptb", **overrides):
+              eval_windows=40, dataset="ptb", provenance=None, **overrides):
     """Trains every (row, seed) not yet in `out` and rewrites `out` after each.
 
     Args:
@@ -118,6 +118,9 @@ def run_check(data_dir, out, rows=DEFAULT_ROWS, seeds=(0, 1, 2), steps=None,
         seeds: the seeds of every row.
         steps: `{study: (steps, eval_every)}` (default `DEFAULT_STEPS`).
         eval_windows: validation windows scored at each validation.
+        provenance: optional dict stored in every run trained by this call
+            (`"provenance"`), e.g. the code's commit: runs accumulate
+            across sessions and code versions.
         **overrides: `TrainConfig` fields for every run (smoke tests).
 
     Returns:
@@ -139,8 +142,11 @@ def run_check(data_dir, out, rows=DEFAULT_ROWS, seeds=(0, 1, 2), steps=None,
             if corpus is None:
                 corpus = load_dataset(dataset, data_dir)
             n, every = steps[study]
-            summary["runs"][key] = train_run(study, row, seed, data_dir, n, every,
-                                             eval_windows, dataset, corpus, **overrides)
+            record = train_run(study, row, seed, data_dir, n, every, eval_windows, dataset,
+                               corpus, **overrides)
+            if provenance:
+                record["provenance"] = dict(provenance)
+            summary["runs"][key] = record
             summary["verdicts"] = verdicts(summary["runs"])
             studies.write_summary(out, summary)
     summary["verdicts"] = verdicts(summary["runs"])
