@@ -145,7 +145,8 @@ def make_head(
         init_scale: optional float `s`: `U(-s, s)` kernel and bias
             initialisers, for heads that accept them (Zaremba et al.); a
             head with a named bias start (`named_bias_initializers`: NCE,
-            `SelfNormalizedSoftmax`) keeps its bias start.
+            `SelfNormalizedSoftmax`, the mixtures) keeps its default bias
+            start.
         **options: further constructor arguments of the head (e.g.
             `num_knots=1000`, `num_components=3`).
 
