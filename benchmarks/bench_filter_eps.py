@@ -53,19 +53,25 @@ def parse_eps(text):
     return float(text)
 
 
-def block_keep(prob, onehot, bn, bv):
+def block_keep(prob, onehot, eps, bn, bv):
     """The kernel's rule: a `[bn, bv]` block of `prob` `[N, V]` is kept when
-    one of its values is `>= eps` or it holds a target (`onehot`); returns
-    the kept-block mask `[N / bn, V / bv]` before the threshold (the block's
-    max probability) and the target indicator, for `N`, `V` padded to the
-    blocks."""
+    one of its values is `>= eps` or it holds a target (`onehot`). Returns
+    the boolean mask `[N / bn, V / bv]` of kept blocks, for `N`, `V` padded
+    to the blocks."""
     from keras import ops
 
     n, v = prob.shape
     blocks = (n // bn, bn, v // bv, bv)
     peak = ops.max(ops.reshape(prob, blocks), axis=(1, 3))
     hit = ops.max(ops.reshape(onehot, blocks), axis=(1, 3))
-    return peak, hit
+    return ops.logical_or(peak >= eps, hit > 0)
+
+
+def element_mask(keep, bn, bv):
+    """A block mask `[N / bn, V / bv]` spread over the elements, `[N, V]`."""
+    from keras import ops
+
+    return ops.repeat(ops.repeat(keep, bn, axis=0), bv, axis=1)
 
 
 def filtered_nll(eps, bn, bv):
@@ -84,10 +90,8 @@ def filtered_nll(eps, bn, bv):
             prob = ops.exp(z - lse)
             g = (prob - onehot) * upstream[:, None]
             if eps is not None:
-                peak, hit = block_keep(prob, onehot, bn, bv)
-                keep = ops.cast(ops.logical_or(peak >= eps, hit > 0), g.dtype)
-                keep = ops.repeat(ops.repeat(keep, bn, axis=0), bv, axis=1)
-                g = g * keep
+                keep = element_mask(block_keep(prob, onehot, eps, bn, bv), bn, bv)
+                g = g * ops.cast(keep, g.dtype)
             return (ops.matmul(g, ops.transpose(kernel)), ops.matmul(ops.transpose(h), g),
                     ops.sum(g, axis=0), ops.zeros_like(onehot))
 
@@ -165,9 +169,8 @@ def probe(model, features, x, y, eps, bn, bv, padded_vocab):
     onehot = np.eye(padded_vocab)[y.reshape(-1)]
     g = (prob - onehot) / len(prob)
     # The training step's rule (`block_keep`), on the float64 probabilities.
-    peak, hit = (ops.convert_to_numpy(a) for a in block_keep(prob, onehot, bn, bv))
-    keep = (peak >= eps) | (hit > 0)
-    gf = g * np.repeat(np.repeat(keep, bn, 0), bv, 1)
+    keep = ops.convert_to_numpy(block_keep(prob, onehot, eps, bn, bv))
+    gf = g * ops.convert_to_numpy(element_mask(keep, bn, bv))
     rel = lambda a, r: float(np.linalg.norm(a - r) / np.linalg.norm(r))  # noqa: E731
     real_blocks = keep[:, : -(-vocab // bv)]
     return {
