@@ -155,17 +155,43 @@ def test_unigram_bias_starts_every_mixture_at_the_unigram(variant):
     np.testing.assert_array_equal(to_numpy(bare.bias), np.zeros(V))
 
 
+def test_sigsoftmax_unigram_bias_has_the_zero_starts_level():
+    """A sigsoftmax component is not shift-invariant: of the biases that
+    give the unigram, `"unigram"` takes the one whose scores
+    `exp(b) sigmoid(b)` sum to `V / 2`, as the zero bias's do; uniform
+    counts give the zero bias itself, and a word of average frequency
+    `b = 0`."""
+    head = MixtureOfSoftmaxes(V, component="sigsoftmax", counts=COUNTS,
+                              bias_initializer="unigram")
+    head.build((None, 4))
+    b = to_numpy(head.bias).astype("float64")
+    scores = np.exp(b) / (1.0 + np.exp(-b))
+    np.testing.assert_allclose(scores / scores.sum(), UNIGRAM, rtol=1e-5)
+    np.testing.assert_allclose(scores.sum(), V / 2.0, rtol=1e-5)
+    # Below-average words negative, above-average positive.
+    np.testing.assert_array_equal(np.sign(b), np.sign(UNIGRAM - 1.0 / V))
+    uniform = MixtureOfSoftmaxes(V, component="sigsoftmax", counts=np.full(V, 3),
+                                 bias_initializer="unigram")
+    uniform.build((None, 4))
+    np.testing.assert_allclose(to_numpy(uniform.bias), np.zeros(V), atol=1e-6)
+
+
 @pytest.mark.parametrize("variant", list(MIXTURES))
 def test_default_bias(variant):
-    """The default start: the unigram for softmax components, zeros for
-    sigsoftmax ones (MoSS trains faster from zeros on PTB, recipes.md);
+    """The default start is `"unigram"` for every mixture (`None` too);
     the config keeps it."""
     cls, options = MIXTURES[variant]
     head = cls(V, num_components=2, counts=COUNTS, **options)
     head.build((None, 4))
-    sig = options.get("component") == "sigsoftmax"
-    expected = np.zeros(V) if sig else np.log(UNIGRAM)
-    np.testing.assert_allclose(to_numpy(head.bias), expected, rtol=1e-6, atol=0)
+    explicit = cls(V, num_components=2, counts=COUNTS, bias_initializer="unigram", **options)
+    explicit.build((None, 4))
+    np.testing.assert_array_equal(to_numpy(head.bias), to_numpy(explicit.bias))
+    if cls is MixtureOfSoftmaxes:
+        none = cls(V, num_components=2, counts=COUNTS, bias_initializer=None, **options)
+        none.build((None, 4))
+        np.testing.assert_array_equal(to_numpy(none.bias), to_numpy(head.bias))
+    if options.get("component") != "sigsoftmax":
+        np.testing.assert_allclose(to_numpy(head.bias), np.log(UNIGRAM), rtol=1e-6, atol=0)
     again = cls.from_config(head.get_config())
     again.build((None, 4))
     np.testing.assert_array_equal(to_numpy(again.bias), to_numpy(head.bias))

@@ -56,13 +56,20 @@ def _grads(head, scale=0.05):
     ("mixture_of_softmaxes", {"component": "sigsoftmax"}),
     ("mixture_of_contexts", {}),
 ])
-def test_mixture_heads_pass_the_softmax_gradient_to_the_backbone(name, options):
-    softmax, _ = _grads(_head("full_softmax"))
+def test_mixture_heads_pass_their_components_gradient_to_the_backbone(name, options):
+    # The reference is the mixture's own component as a head of its own: a
+    # sigsoftmax passes about 1.5x a softmax's gradient at this start, so
+    # against the softmax MoSS's old start sat at 0.45-0.53x, on the bound
+    # or over it depending on the backend's draw. Against its component
+    # every old start measures 0.29-0.36x, every fixed one 0.94-1.07x (six
+    # draws, TensorFlow and PyTorch).
+    component = "sigsoftmax" if options.get("component") == "sigsoftmax" else "full_softmax"
+    single, _ = _grads(_head(component))
     fixed, _ = _grads(_head(name, **options))
     old, _ = _grads(_head(name, latent_initializer="glorot_uniform",
                           bias_initializer="zeros", **options))
-    assert fixed > 0.6 * softmax, (fixed, softmax)
-    assert old < 0.5 * softmax, (old, softmax)  # the old start: caught
+    assert fixed > 0.6 * single, (fixed, single)
+    assert old < 0.5 * single, (old, single)  # the old start: caught
 
 
 def test_monotonic_function_does_not_take_the_gradient_norm():

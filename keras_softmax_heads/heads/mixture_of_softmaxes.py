@@ -56,12 +56,11 @@ class MixtureOfSoftmaxes(MixtureHead):
             to tie the output projection to.
         use_bias: bool, add a per-word output bias (default `True`).
         kernel_initializer: initializer of the output projection.
-        bias_initializer: initializer of the output bias, or `"unigram"`:
-            every component starts at the smoothed unigram of `counts` (the
-            bias `log u` for softmax components, its sigsoftmax counterpart
-            for MoSS; zeros without `counts`). `None` (default): `"unigram"`
-            for softmax components, `"zeros"` for sigsoftmax ones (MoSS
-            trains faster from zeros on PTB; `docs/mixtures.md`).
+        bias_initializer: initializer of the output bias, or `"unigram"`
+            (default; `None` means the same): every component starts at the
+            smoothed unigram of `counts` (the bias `log u` for softmax
+            components, its sigsoftmax counterpart for MoSS:
+            `named_bias_values`; zeros without `counts`).
         prior_initializer: initializer of the prior kernel `[d, K]`.
         latent_initializer: initializer of the latent kernel
             `[d, K * latent_dim]`; the default `"identity"` is
@@ -119,10 +118,10 @@ class MixtureOfSoftmaxes(MixtureHead):
     """
 
     def __init__(self, *args, component="softmax", num_knots=None, knot_bound=10.0,
-                 bias_initializer=None, **kwargs):
+                 bias_initializer="unigram", **kwargs):
         component = check_choice("component", component, COMPONENTS)
-        if bias_initializer is None:
-            bias_initializer = "zeros" if component == "sigsoftmax" else "unigram"
+        if bias_initializer is None:  # the default before MoSS had its unigram start
+            bias_initializer = "unigram"
         super().__init__(*args, bias_initializer=bias_initializer, **kwargs)
         self.component = component
         self.num_knots = check_int("num_knots", num_knots, minimum=1, allow_none=True)
@@ -130,22 +129,25 @@ class MixtureOfSoftmaxes(MixtureHead):
 
     def named_bias_values(self, name):
         """`"unigram"`: the bias whose component distribution is the
-        smoothed unigram `u = (counts + 1) / sum(counts + 1)` (MoSS's
-        default is zeros: see `__init__`).
+        smoothed unigram `u = (counts + 1) / sum(counts + 1)`.
 
         For softmax components that is `log u`. A sigsoftmax component
-        scores `exp(b) sigmoid(b) = x**2 / (1 + x)` with `x = exp(b)`, so
-        its bias is `log x` for the positive root of `x**2 = u (1 + x)`,
-        `x = (u + sqrt(u**2 + 4 u)) / 2`; `log u` would start it at about
-        `u**2` (renormalised), far sharper than the data (MoSS stalled on
-        PTB from it: `docs/recipes.md`, "Mixtures"). Zeros without
-        `counts`.
+        scores `exp(b) sigmoid(b) = x**2 / (1 + x)` with `x = exp(b)`, which
+        a softmax does not: the level of the bias matters, not only its
+        differences. Its unigram bias is `log x` for the positive root of
+        `x**2 = lam u (1 + x)`, `x = (lam u + sqrt(lam u (lam u + 4))) / 2`,
+        with `lam = V / 2`: the scores then sum to `V / 2`, as from zeros,
+        and a word of average frequency (`u = 1 / V`) gets `b = 0` (uniform
+        counts give the zero bias). With `lam = 1` every word sat where
+        `sigmoid(b) ~ 0` and the component scored `~exp(2 z)`; a one-component
+        MoSS from there diverged on PTB, and `log u` (the scores `~u**2`)
+        stalled (`docs/mixtures.md`). Zeros without `counts`.
         """
         log_u = super().named_bias_values(name)
         if self.component != "sigsoftmax" or self._counts is None:
             return log_u
-        u = np.exp(log_u)
-        return np.log((u + np.sqrt(u * (u + 4.0))) / 2.0)
+        scaled = np.exp(log_u) * (self.vocab_size / 2.0)
+        return np.log((scaled + np.sqrt(scaled * (scaled + 4.0))) / 2.0)
 
     def build_head(self, input_shape):
         self.raw_slopes = None
