@@ -139,9 +139,10 @@ class MixtureOfSoftmaxes(MixtureHead):
         with `lam = V / 2`: the scores then sum to `V / 2`, as from zeros,
         and a word of average frequency (`u = 1 / V`) gets `b = 0` (uniform
         counts give the zero bias). With `lam = 1` every word sat where
-        `sigmoid(b) ~ 0` and the component scored `~exp(2 z)`; a one-component
-        MoSS from there diverged on PTB, and `log u` (the scores `~u**2`)
-        stalled (`docs/mixtures.md`). Zeros without `counts`.
+        `sigmoid(b) ~ 0` and the component scored `~exp(2 z)`; MoSS trained
+        slower from there than from zeros on PTB, and from `log u` (the
+        scores `~u**2`) it stalled (`docs/recipes.md`, "Mixtures"). Zeros
+        without `counts`.
         """
         log_u = super().named_bias_values(name)
         if self.component != "sigsoftmax" or self._counts is None:
