@@ -69,10 +69,11 @@ for i, (x, y) in enumerate(ds):
         stat = {"step": i, "loss": float(loss), "gnorm_total": float(np.sqrt(sum(n*n for n in norms.values()))), "gnorms": norms}
         if hasattr(head_l, "latent_kernel"):
             hh = tf.reshape(tf.cast(h, tf.float32), (-1, head_l.input_dim))
-            lat = tf.tanh(hh @ head_l.latent_kernel + head_l.latent_bias)
+            latent_bias = 0.0 if head_l.latent_bias is None else head_l.latent_bias
+            lat = tf.tanh(hh @ head_l.latent_kernel + latent_bias)
             stat["sat_frac"] = float(tf.reduce_mean(tf.cast(tf.abs(lat) > 0.99, tf.float32)))
             stat["latent_token_std"] = float(tf.reduce_mean(tf.math.reduce_std(lat, axis=0)))
-            stat["latent_bias_absmean"] = float(tf.reduce_mean(tf.abs(head_l.latent_bias)))
+            stat["latent_bias_absmean"] = float(tf.reduce_mean(tf.abs(latent_bias)))
             stat["pre_absmean"] = float(tf.reduce_mean(tf.abs(hh @ head_l.latent_kernel)))
             pri = tf.nn.softmax(hh @ head_l.prior_kernel + head_l.prior_bias)
             stat["prior_mean"] = [float(a) for a in tf.reduce_mean(pri, 0)]

@@ -43,7 +43,7 @@ def np_mixture_log_probs(head, h):
     prior_logits = h @ w["prior_kernel"] + w["prior_bias"]
     sig = getattr(head, "component", "softmax") == "sigsoftmax"
     pi = np_sigsoftmax(prior_logits) if sig else np_softmax(prior_logits)
-    latent = np.tanh(h @ w["latent_kernel"] + w["latent_bias"])
+    latent = np.tanh(h @ w["latent_kernel"] + w.get("latent_bias", 0.0))
     latent = latent.reshape(h.shape[:-1] + (k, latent_dim))
     kernel = w["kernel"] if head.token_embedding is None else w["embeddings"].T
     bias = w.get("bias", 0.0)
@@ -138,6 +138,7 @@ class TestMixtureVariantsBattery(TestMixtureBattery):
             num_knots=16,
             knot_bound=4.0,
             chunk_size=5,
+            use_latent_bias=True,  # the optional latent bias, every test
             **kw,
         ),
     }
@@ -189,6 +190,7 @@ def test_jit_compiled_gradients(kwargs):
     [
         (MixtureOfSoftmaxes, {}),
         (MixtureOfSoftmaxes, {"component": "sigsoftmax", "use_bias": False}),
+        (MixtureOfSoftmaxes, {"use_latent_bias": True}),
         (MixtureOfSoftmaxes, {"num_knots": 8, "knot_bound": 2.0, "tied": True}),
         (MixtureOfContexts, {"tied": True}),
     ],
@@ -234,6 +236,7 @@ REFERENCE_CASES = {
         num_components=2, component="sigsoftmax", num_knots=5, knot_bound=1.5
     ),
     "mos_no_bias": dict(num_components=2, use_bias=False),
+    "mos_latent_bias": dict(num_components=3, use_latent_bias=True),
 }
 
 
@@ -250,7 +253,9 @@ def test_numpy_reference_mos(name):
         assert (z < -head.knot_bound).any() and (z > -head.knot_bound + 1).any()
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"latent_dim": 3, "use_bias": False}])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"latent_dim": 3, "use_bias": False}, {"use_latent_bias": True}]
+)
 def test_numpy_reference_moc(kwargs):
     h = np.random.default_rng(0).normal(size=(2, 3, 5)).astype("float32")
     head = MixtureOfContexts(11, num_components=3, **kwargs)
@@ -278,16 +283,22 @@ def test_numpy_reference_tied_embedding():
 # --------------------------------------------------------- property tests
 
 
-def test_single_component_is_full_softmax_on_the_latent():
-    """MoS and MoC with K = 1 are Linear-Softmax on tanh(h W_1 + b_1)."""
+@pytest.mark.parametrize("use_latent_bias", [False, True])
+def test_single_component_is_full_softmax_on_the_latent(use_latent_bias):
+    """MoS and MoC with K = 1 are Linear-Softmax on tanh(h W_1 [+ b_1])."""
     h = np.random.default_rng(0).normal(size=(6, 5)).astype("float32")
     full = ksh.FullSoftmax(11)
     full(np.zeros((1, 5), "float32"))
     for cls in (MixtureOfSoftmaxes, MixtureOfContexts):
-        head = cls(11, num_components=1)
+        head = cls(11, num_components=1, use_latent_bias=use_latent_bias)
         head(h)
         randomise(head)
-        latent = np.tanh(h @ head.latent_kernel.numpy() + head.latent_bias.numpy())
+        pre = h @ head.latent_kernel.numpy()
+        if use_latent_bias:
+            pre = pre + head.latent_bias.numpy()
+        else:
+            assert head.latent_bias is None
+        latent = np.tanh(pre)
         full.kernel.assign(head.kernel.numpy())
         full.bias.assign(head.bias.numpy())
         np.testing.assert_allclose(
@@ -393,12 +404,14 @@ BAD_ARGUMENTS = [
     ("num_knots", 3.5),
     ("knot_bound", 0.0),
     ("knot_bound", -2.0),
+    ("use_latent_bias", "yes"),
+    ("use_latent_bias", 1),
 ]
 
 
 def test_bad_arguments():
     """Every bad constructor argument raises ValueError echoing the value."""
-    shared = ("num_components", "latent_dim", "latent_dropout")
+    shared = ("num_components", "latent_dim", "latent_dropout", "use_latent_bias")
     for name, value in BAD_ARGUMENTS:
         classes = [MixtureOfSoftmaxes]
         if name in shared:
@@ -417,3 +430,24 @@ def test_tied_embedding_latent_dim_mismatch(cls):
     head = cls(token_embedding=emb)
     with pytest.raises(ValueError, match="output_dim=6.*latent_dim=6"):
         head(np.zeros((2, 5), "float32"))
+
+
+@pytest.mark.parametrize("cls", [MixtureOfSoftmaxes, MixtureOfContexts])
+def test_latent_bias_is_off_by_default_and_on_for_old_configs(cls):
+    """The default latent is the papers' `tanh(h W_k)`: no `latent_bias`
+    variable, and the config says so. A config without the key (written by
+    0.3.0 and before, when every mixture had a latent bias) builds a head
+    with one, so old files load their trained bias."""
+    h = np.zeros((2, 5), "float32")
+    head = cls(11, num_components=2)
+    head(h)
+    assert head.latent_bias is None
+    assert "latent_bias" not in [w.path.split("/")[-1] for w in head.weights]
+    config = head.get_config()
+    assert config["use_latent_bias"] is False
+    assert cls.from_config(config).use_latent_bias is False
+    del config["use_latent_bias"]
+    old = cls.from_config(config)
+    old(h)
+    assert old.use_latent_bias is True
+    assert tuple(old.latent_bias.shape) == (2 * 5,)

@@ -2,8 +2,9 @@
 
 `MixtureOfSoftmaxes` and `MixtureOfContexts` compute, from the context vector
 `h`, `K` priors `pi = softmax(h W_pi + b_pi)` and `K` latent context vectors
-`c_k = tanh(h W_k + b_k)` scored against one output projection; they differ
-in where they mix (probabilities or contexts). The parameterisation, the
+`c_k = tanh(h W_k)` (`tanh(h W_k + b_k)` with `use_latent_bias=True`) scored
+against one output projection; they differ in where they mix (probabilities
+or contexts). The parameterisation, the
 initialisation and the memory of each path: `docs/mixtures.md`.
 """
 
@@ -70,6 +71,7 @@ class MixtureHead(SoftmaxHead):
         bias_initializer="unigram",
         prior_initializer="glorot_uniform",
         latent_initializer="identity",
+        use_latent_bias=False,
         seed=None,
         chunk_size=None,
         counts=None,
@@ -106,6 +108,12 @@ class MixtureHead(SoftmaxHead):
             if latent_initializer == "identity"
             else keras.initializers.get(latent_initializer)
         )
+        if not isinstance(use_latent_bias, bool):
+            raise ValueError(
+                "`use_latent_bias` must be a bool. "
+                f"Received: use_latent_bias={use_latent_bias!r}"
+            )
+        self.use_latent_bias = use_latent_bias
         self.seed = seed
         self.seed_generator = None
         if self.latent_dropout > 0.0:
@@ -165,9 +173,11 @@ class MixtureHead(SoftmaxHead):
                 else self.latent_initializer
             ),
         )
-        self.latent_bias = self.add_weight(
-            name="latent_bias", shape=(k * latent_dim,), initializer="zeros"
-        )
+        self.latent_bias = None
+        if self.use_latent_bias:
+            self.latent_bias = self.add_weight(
+                name="latent_bias", shape=(k * latent_dim,), initializer="zeros"
+            )
         self.build_head(input_shape)
 
     # ---------------------------------------------------------------- helpers
@@ -188,10 +198,10 @@ class MixtureHead(SoftmaxHead):
             ops.matmul(x, ops.cast(self.prior_kernel, self.compute_dtype)), acc
         ) + ops.cast(self.prior_bias, acc)
         log_priors = self._prior_log_normaliser(prior_logits)
-        latent = ops.tanh(
-            ops.matmul(x, ops.cast(self.latent_kernel, self.compute_dtype))
-            + ops.cast(self.latent_bias, self.compute_dtype)
-        )
+        latent = ops.matmul(x, ops.cast(self.latent_kernel, self.compute_dtype))
+        if self.latent_bias is not None:
+            latent = latent + ops.cast(self.latent_bias, self.compute_dtype)
+        latent = ops.tanh(latent)
         latent = ops.reshape(latent, (-1, self.num_components, self.latent_units))
         if training and self.seed_generator is not None:
             latent = keras.random.dropout(
@@ -233,9 +243,18 @@ class MixtureHead(SoftmaxHead):
                     if self.latent_initializer == "identity"
                     else keras.initializers.serialize(self.latent_initializer)
                 ),
+                "use_latent_bias": self.use_latent_bias,
                 "seed": self.seed,
                 "chunk_size": self.chunk_size,
                 "counts": samplers.counts_to_config(self._counts),
             }
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        # Configs written by 0.3.0 and before have no `use_latent_bias`:
+        # their heads had a latent bias (a trained variable in the file).
+        config = dict(config)
+        config.setdefault("use_latent_bias", True)
+        return super().from_config(config)

@@ -26,8 +26,8 @@ class MixtureOfSoftmaxes(MixtureHead):
     vectors (Yang et al., 2018) scored against one output projection `W`
     (the `kernel` `[latent_dim, V]` or a tied `token_embedding`):
 
-    `pi = softmax(h W_pi + b_pi)`, `c_k = tanh(h W_k + b_k)`,
-    `z_k = c_k W + b`,
+    `pi = softmax(h W_pi + b_pi)`, `c_k = tanh(h W_k)` (the papers' latent,
+    without a bias unless `use_latent_bias=True`), `z_k = c_k W + b`,
     `log p(w | h) = logsumexp_k(log pi_k + log_softmax(g(z_k))_w)`,
 
     in float32 and in log space. `g` is the identity for MoS; with
@@ -66,6 +66,12 @@ class MixtureOfSoftmaxes(MixtureHead):
             `[d, K * latent_dim]`; the default `"identity"` is
             `near_identity_initializer` (the untrained head is close to a
             Linear-Softmax on `tanh(h)`).
+        use_latent_bias: bool, add a bias inside the latents' tanh,
+            `c_k = tanh(h W_k + b_k)` (default `False`: the papers'
+            `tanh(h W_k)`; under Zaremba's clipped SGD the latent bias took
+            a large share of the clipping norm and slowed training, see
+            `docs/recipes.md`, "Mixtures"). Files written by 0.3.0 and
+            before load with the latent bias they were trained with.
         counts: optional `[V]` training word counts, for the `"unigram"`
             bias (`keras_softmax_heads.training` passes them). Why these
             defaults: `docs/mixtures.md`.
