@@ -4,8 +4,8 @@
 `h`, `K` priors `pi = softmax(h W_pi + b_pi)` and `K` latent context vectors
 `c_k = tanh(h W_k)` (`tanh(h W_k + b_k)` with `use_latent_bias=True`) scored
 against one output projection; they differ in where they mix (probabilities
-or contexts). The parameterisation, the
-initialisation and the memory of each path: `docs/mixtures.md`.
+or contexts). The parameterisation, the initialisation and the memory of
+each path: `docs/mixtures.md`.
 """
 
 import keras
