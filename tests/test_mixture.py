@@ -190,7 +190,6 @@ def test_jit_compiled_gradients(kwargs):
     [
         (MixtureOfSoftmaxes, {}),
         (MixtureOfSoftmaxes, {"component": "sigsoftmax", "use_bias": False}),
-        (MixtureOfSoftmaxes, {"use_latent_bias": True}),
         (MixtureOfSoftmaxes, {"num_knots": 8, "knot_bound": 2.0, "tied": True}),
         (MixtureOfContexts, {"tied": True}),
     ],
