@@ -16,6 +16,7 @@ from keras_softmax_heads import samplers
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.heads.head_utils import set_context_dim
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_rate
 
@@ -108,12 +109,7 @@ class MixtureHead(SoftmaxHead):
             if latent_initializer == "identity"
             else keras.initializers.get(latent_initializer)
         )
-        if not isinstance(use_latent_bias, bool):
-            raise ValueError(
-                "`use_latent_bias` must be a bool. "
-                f"Received: use_latent_bias={use_latent_bias!r}"
-            )
-        self.use_latent_bias = use_latent_bias
+        self.use_latent_bias = check_bool("use_latent_bias", use_latent_bias)
         self.seed = seed
         self.seed_generator = None
         if self.latent_dropout > 0.0:
