@@ -51,8 +51,7 @@ from keras_softmax_heads.losses import HeadLoss
 from keras_softmax_heads.metrics import Perplexity
 from keras_softmax_heads.models.lstm_lm import LSTMLanguageModel
 from keras_softmax_heads.models.ngram_lm import NgramLanguageModel
-
-__version__ = "0.3.0"
+from keras_softmax_heads.version import VERSION as __version__
 
 __all__ = [
     "clustering",

@@ -22,6 +22,7 @@ PACKAGE = "keras_softmax_heads"
 NUMERICS = {"validation", "platforms", "functional", "chunked", "samplers", "clustering"}
 ALLOWED = {
     "validation": set(),
+    "version": set(),
     "platforms": {"validation"},
     "functional": {"validation", "platforms"},
     "chunked": {"validation", "platforms", "functional"},
@@ -38,7 +39,7 @@ ALLOWED = {
     "experiments": NUMERICS | {"heads", "head_model", "fused", "losses", "metrics", "diagnostics",
                                "models", "data"},
     "training": NUMERICS | {"heads", "head_model", "fused", "losses", "metrics", "diagnostics",
-                            "models", "data"},
+                            "models", "data", "version"},
 }
 
 

@@ -79,6 +79,16 @@ def test_arrays_loop_trains_evaluates_and_resumes(tmp_path):
             training.train_and_evaluate_arrays(config.replace(**bad), str(tmp_path / "x"))
 
 
+def test_arrays_loop_refuses_a_0_3_mixture_run_naming_the_option(tmp_path):
+    """A workdir whose `state.json` was saved without a version (0.3.0 and
+    before) by a mixture run, whose latent bias was then the default: today's
+    default options are refused, naming the option that resumes it."""
+    config = training.get_config(**TINY, head="mos", head_options={"num_components": 2})
+    (tmp_path / "state.json").write_text(json.dumps({"config": config.to_dict(), "history": []}))
+    with pytest.raises(ValueError, match=r"other settings.*add use_latent_bias=true"):
+        training.train_and_evaluate_arrays(config, str(tmp_path))
+
+
 def test_arrays_loop_is_the_tf_data_run(tmp_path):
     """Same batches, weights and evaluation: the same numbers as `train_and_evaluate`."""
     if keras.backend.backend() != "tensorflow":

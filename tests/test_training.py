@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -194,6 +195,57 @@ def test_finished_run_is_not_retrained_and_other_config_is_refused(tmp_path, cap
     other = training.train_and_evaluate(config.replace(hidden_size=9), str(tmp_path),
                                         overwrite=True)
     assert other["config"]["hidden_size"] == 9 and len(other["history"]) == 1
+
+
+def test_run_saved_by_0_3_resumes_with_its_head_options(tmp_path):
+    """A mixture run killed under 0.3.0, whose default head had a latent bias
+    (`tests/data/make_v0_3_run_fixture.sh`): today's default options are
+    refused before anything is written, naming the option that resumes it;
+    with that option it resumes and ends where the uninterrupted 0.3.0 run
+    ended."""
+    fixture = REPO / "tests" / "data" / "v0_3_mos_run"
+    expected = json.loads((fixture / "expected.json").read_text())["uninterrupted"]
+    workdir = tmp_path / "run"
+    shutil.copytree(fixture / "checkpoints", workdir / "checkpoints")
+    shutil.copy(fixture / "config.json", workdir / "config.json")
+    config = _tiny_config(head="mos", head_options={"num_components": 2}, checkpoint_every=3)
+    with pytest.raises(ValueError, match=r"0\.3\.0 or before.*add use_latent_bias=true"):
+        training.train_and_evaluate(config, str(workdir))
+    assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json"]
+    resumed = training.train_and_evaluate(
+        config.replace(head_options={"num_components": 2, "use_latent_bias": True}),
+        str(workdir))
+    assert resumed["version"] == ksh.__version__
+    assert resumed["valid"]["nll"] == pytest.approx(expected["valid_nll"], rel=1e-5)
+    assert resumed["test"]["nll"] == pytest.approx(expected["test_nll"], rel=1e-5)
+    assert [h["train_loss"] for h in resumed["history"]] == pytest.approx(
+        expected["train_loss"], rel=1e-5)
+    # The run now carries its version: rerunning it is "already finished".
+    again = training.train_and_evaluate(
+        config.replace(head_options={"num_components": 2, "use_latent_bias": True}),
+        str(workdir))
+    assert again["already_finished"] is True
+
+
+def test_read_saved_settings_fills_only_old_unnamed_defaults():
+    old = {"head": "moc", "head_options": {"num_components": 3}}
+    settings, filled = training.read_saved_settings(old, None)
+    assert filled == {"use_latent_bias": True}
+    assert settings["head_options"] == {"num_components": 3, "use_latent_bias": True}
+    assert old == {"head": "moc", "head_options": {"num_components": 3}}  # not modified
+    # Saved with a version (0.4 on), named explicitly, or another head: as saved.
+    assert training.read_saved_settings(old, "0.4.0") == (old, {})
+    named = {"head": "mixture_of_softmaxes", "head_options": {"use_latent_bias": False}}
+    assert training.read_saved_settings(named, None) == (named, {})
+    plif = {"head": "plif", "head_options": {}}
+    assert training.read_saved_settings(plif, None) == (plif, {})
+    assert training.read_saved_settings({"head": "no_such_head"}, None)[1] == {}
+    # The hint names the option only where the head options differ.
+    from keras_softmax_heads.training.config import old_defaults_hint
+
+    assert "add use_latent_bias=true" in old_defaults_hint(filled, settings, old)
+    assert old_defaults_hint(filled, settings, settings) == ""
+    assert old_defaults_hint({}, settings, old) == ""
 
 
 def test_ptb_smoke(shared_data_dir, tmp_path):

@@ -13,7 +13,9 @@ Modules, one job each:
 
 * `config`: `TrainConfig` (every field with its help and choices),
   `PRESETS`, `get_config`, `validate_config`, `RESUMABLE_FIELDS`,
-  `OPTIMIZERS`, `parse_options`.
+  `OPTIMIZERS`, `parse_options`, `read_saved_settings` (a saved run's
+  settings as this version reads them: 0.3.0's head defaults where they
+  changed).
 * `flags`: absl flags generated from `TrainConfig` (`define_flags`,
   `config_from_flags`).
 * `distribute`: `DISTRIBUTION_STRATEGIES`, `make_strategy`, `worker_info`,
@@ -55,6 +57,7 @@ from keras_softmax_heads.training.config import RESUMABLE_FIELDS
 from keras_softmax_heads.training.config import TrainConfig
 from keras_softmax_heads.training.config import get_config
 from keras_softmax_heads.training.config import parse_options
+from keras_softmax_heads.training.config import read_saved_settings
 from keras_softmax_heads.training.config import validate_config
 from keras_softmax_heads.training.distribute import DISTRIBUTION_STRATEGIES
 from keras_softmax_heads.training.distribute import distribute_dataset
@@ -123,6 +126,7 @@ __all__ = [
     "make_strategy",
     "optimizer_learning_rate",
     "parse_options",
+    "read_saved_settings",
     "train_and_evaluate",
     "train_and_evaluate_arrays",
     "train_dataset",

@@ -31,7 +31,9 @@ from keras_softmax_heads.training.builder import build_model
 from keras_softmax_heads.training.builder import epoch_learning_rate
 from keras_softmax_heads.training.builder import optimizer_learning_rate
 from keras_softmax_heads.training.config import RESUMABLE_FIELDS
+from keras_softmax_heads.training.config import old_defaults_hint
 from keras_softmax_heads.training.config import parse_options
+from keras_softmax_heads.training.config import read_saved_settings
 from keras_softmax_heads.training.config import validate_config
 from keras_softmax_heads.training.evaluation import Evaluator
 from keras_softmax_heads.training.evaluation import compute_diagnostics
@@ -39,6 +41,7 @@ from keras_softmax_heads.training.inputs import train_steps_per_epoch
 from keras_softmax_heads.training.records import jsonable
 from keras_softmax_heads.training.records import read_json as _read_json
 from keras_softmax_heads.training.records import write_json as _write_json
+from keras_softmax_heads.version import VERSION
 
 
 def train_and_evaluate_arrays(config, workdir):
@@ -73,8 +76,12 @@ def train_and_evaluate_arrays(config, workdir):
     settings = config.to_dict()
     for path in (results_path, state_path):
         previous = _read_json(path)
-        if previous is not None and _run_settings(previous["config"]) != _run_settings(settings):
-            raise ValueError(f"{path} holds a run of other settings; use another workdir.")
+        if previous is None:
+            continue
+        saved, filled = read_saved_settings(previous["config"], previous.get("version"))
+        if _run_settings(saved) != _run_settings(settings):
+            raise ValueError(f"{path} holds a run of other settings; use another workdir."
+                             + old_defaults_hint(filled, saved, settings))
     finished = _read_json(results_path)
     if finished is not None and len(finished["history"]) >= config.epochs:
         return dict(finished, already_finished=True)
@@ -89,7 +96,7 @@ def train_and_evaluate_arrays(config, workdir):
     evaluator = Evaluator(config, corpus, model, None)
 
     state = _read_json(state_path) or {"config": settings, "history": []}
-    state["config"] = settings
+    state["config"], state["version"] = settings, VERSION
     history = state["history"]
     if history:
         model.load_weights(weights_path)
@@ -120,7 +127,7 @@ def train_and_evaluate_arrays(config, workdir):
                                      previous=corpus.valid)
     test = evaluator.summarise(test_result)
     results = {
-        "config": settings, "workdir": workdir, "loop": "arrays",
+        "config": settings, "version": VERSION, "workdir": workdir, "loop": "arrays",
         "corpus": {"name": corpus.name, "vocab_size": corpus.vocab_size,
                    "train_tokens": int(len(corpus.train)), "valid_tokens": int(len(corpus.valid)),
                    "test_tokens": int(len(corpus.test))},

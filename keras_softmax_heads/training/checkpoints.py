@@ -20,7 +20,8 @@ Format of `ckpt-<global step, 10 digits>.npz` (one `np.savez` archive):
 (the `i`-th carried LSTM state variable, all local replicas concatenated
 along the batch axis), `metric_<i>` (running-metric variables; mid-epoch
 checkpoints only) and `meta` (JSON: epoch, step_in_epoch, global_step,
-steps_per_epoch, history, config, variable counts, time).
+steps_per_epoch, history, config, variable counts, time, the package
+`version`; 0.3.0 and before wrote none).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_softmax_heads.training.config import RESUMABLE_FIELDS
+from keras_softmax_heads.training.config import old_defaults_hint
+from keras_softmax_heads.training.config import read_saved_settings
+from keras_softmax_heads.version import VERSION
 
 
 class CheckpointManager:
@@ -112,6 +116,7 @@ class CheckpointManager:
             "num_model_variables": len(model.variables),
             "num_optimizer_variables": len(model.optimizer.variables),
             "time": time.time(),
+            "version": VERSION,
         }
         arrays["meta"] = np.array(json.dumps(meta))
         tf.io.gfile.makedirs(self._directory)
@@ -154,7 +159,7 @@ class CheckpointManager:
                       file=sys.stderr, flush=True)
                 damaged.append(path)
                 continue
-            self.check_resume_config(meta["config"], path)
+            self.check_resume_config(meta["config"], path, meta.get("version"))
             self._check_compatible(meta, path)
             self._assign(arrays)
             for bad in damaged:
@@ -204,10 +209,14 @@ class CheckpointManager:
                 f"{len(variables)} / {len(opt_variables)} here."
             )
 
-    def check_resume_config(self, saved, path):
+    def check_resume_config(self, saved, path, version):
         """Raises `ValueError` naming every field of `saved` (a checkpoint's
-        config dict, from `path`) that differs from this run's config,
-        except `RESUMABLE_FIELDS`."""
+        config dict, from `path`, saved by package `version`: `None` for
+        0.3.0 and before) that differs from this run's config, except
+        `RESUMABLE_FIELDS`. Old settings are read with the head defaults
+        of their time (`config.read_saved_settings`); the error then says
+        which options resume them."""
+        saved, filled = read_saved_settings(saved, version)
         current = self._config.to_dict()
         differing = sorted(
             k for k in current
@@ -219,6 +228,7 @@ class CheckpointManager:
             raise ValueError(
                 f"The workdir holds a checkpoint ({path}) of a different run "
                 f"({details}). Use another workdir or the same settings."
+                + old_defaults_hint(filled, saved, current)
             )
 
     # ------------------------------------------------ running metrics

@@ -208,6 +208,59 @@ class TrainConfig:
 RESUMABLE_FIELDS = frozenset(
     f.name for f in dataclasses.fields(TrainConfig) if f.metadata["resumable"])
 
+#: Head options whose default changed after 0.3.0, by head: the value that
+#: every run saved by 0.3.0 or before had without naming it. Settings saved
+#: then carry no `version` (`read_saved_settings` fills these in).
+DEFAULTS_BEFORE_0_4 = {
+    "mixture_of_softmaxes": {"use_latent_bias": True},
+    "mixture_of_contexts": {"use_latent_bias": True},
+}
+
+
+def read_saved_settings(settings, version):
+    """A run's saved settings as this version of the package reads them.
+
+    `settings` is the config dict of a checkpoint, `results.json` or
+    `state.json`, `version` the package version saved beside it (`None`:
+    saved by 0.3.0 or before, which wrote none). Such old settings get the
+    head options that were defaults then and are not now
+    (`DEFAULTS_BEFORE_0_4`, e.g. a mixture's latent bias) unless they name
+    them, so that a run is resumed only with the options it was trained
+    with.
+
+    Returns:
+        `(settings, filled)`: a copy of the settings, and the options it
+        filled in (`{}` when none).
+    """
+    settings = dict(settings)
+    if version is not None:
+        return settings, {}
+    try:
+        head = head_registry.canonical_head_name(settings.get("head"))
+    except ValueError:
+        return settings, {}
+    options = parse_options(settings.get("head_options"))
+    filled = {k: v for k, v in DEFAULTS_BEFORE_0_4.get(head, {}).items() if k not in options}
+    if filled:
+        settings["head_options"] = {**options, **filled}
+    return settings, filled
+
+
+def old_defaults_hint(filled, saved, current):
+    """The sentence that tells how to resume a run saved by 0.3.0 or before
+    whose head options `read_saved_settings` filled in (`filled`), given
+    the saved settings as read (`saved`) and this run's (`current`): `""`
+    when none were filled or the head options agree."""
+    if not filled or parse_options(saved.get("head_options")) == parse_options(
+            current.get("head_options")):
+        return ""
+    options = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                       for k, v in filled.items())
+    return (f" It was saved by keras-softmax-heads 0.3.0 or before, whose head had "
+            f"{options} by default: to resume it, add {options} to the head options "
+            f"(--head_options).")
+
+
 #: Zaremba et al. (2014), section 4.1: the paper's hyper-parameters. The
 #: original does not tie weights; `init_scale` applies to every weight; the
 #: forget-gate bias starts at 0; the loss is summed over the unrolled steps.

@@ -32,6 +32,7 @@ from keras_softmax_heads.training.callbacks import TrainingInterrupted
 from keras_softmax_heads.training.checkpoints import CheckpointManager
 from keras_softmax_heads.training.config import TrainConfig
 from keras_softmax_heads.training.config import parse_options
+from keras_softmax_heads.training.config import read_saved_settings
 from keras_softmax_heads.training.config import validate_config
 from keras_softmax_heads.training.distribute import distribute_dataset
 from keras_softmax_heads.training.distribute import data_parallel_devices
@@ -42,6 +43,7 @@ from keras_softmax_heads.training.evaluation import compute_diagnostics
 from keras_softmax_heads.training.inputs import train_dataset
 from keras_softmax_heads.training.inputs import train_steps_per_epoch
 from keras_softmax_heads.training.records import jsonable as _jsonable
+from keras_softmax_heads.version import VERSION
 
 
 #: What `train_and_evaluate(..., overwrite=True)` removes from a workdir:
@@ -154,7 +156,8 @@ def finished_results(config, workdir):
     if results is None:
         return None
     try:
-        saved = TrainConfig.from_dict(results["config"]).to_dict()
+        saved, _ = read_saved_settings(results["config"], results.get("version"))
+        saved = TrainConfig.from_dict(saved).to_dict()
     except (ValueError, KeyError, TypeError):
         return None  # from another version: resume / refuse as usual
     current = config.to_dict()
@@ -224,7 +227,7 @@ def _run(config, workdir, strategy):
     diagnostics = compute_diagnostics(config, corpus, evaluator.head, test_result, test)
     _log_synthetic(config, diagnostics, test)
 
-    results = {"config": config.to_dict(), "workdir": workdir}
+    results = {"config": config.to_dict(), "version": VERSION, "workdir": workdir}
     results["corpus"] = {
         "name": corpus.name, "vocab_size": corpus.vocab_size,
         "train_tokens": int(len(corpus.train)), "valid_tokens": int(len(corpus.valid)),
@@ -278,7 +281,7 @@ def _check_previous_results(workdir, checkpoints):
     results = read_results(workdir)
     if results is not None and isinstance(results.get("config"), dict):
         checkpoints.check_resume_config(
-            results["config"], os.path.join(workdir, "results.json"))
+            results["config"], os.path.join(workdir, "results.json"), results.get("version"))
 
 
 def _trained_seconds(history):
