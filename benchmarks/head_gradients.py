@@ -75,7 +75,8 @@ for i, (x, y) in enumerate(ds):
             stat["latent_token_std"] = float(tf.reduce_mean(tf.math.reduce_std(lat, axis=0)))
             stat["latent_bias_absmean"] = float(tf.reduce_mean(tf.abs(latent_bias)))
             stat["pre_absmean"] = float(tf.reduce_mean(tf.abs(hh @ head_l.latent_kernel)))
-            pri = tf.nn.softmax(hh @ head_l.prior_kernel + head_l.prior_bias)
+            prior_bias = 0.0 if head_l.prior_bias is None else head_l.prior_bias
+            pri = tf.nn.softmax(hh @ head_l.prior_kernel + prior_bias)
             stat["prior_mean"] = [float(a) for a in tf.reduce_mean(pri, 0)]
         hh = tf.cast(h, tf.float32)
         stat["h_token_std"] = float(tf.reduce_mean(tf.math.reduce_std(tf.reshape(hh, (-1, hh.shape[-1])), axis=0)))

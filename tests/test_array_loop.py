@@ -85,7 +85,8 @@ def test_arrays_loop_refuses_a_0_3_mixture_run_naming_the_option(tmp_path):
     default options are refused, naming the option that resumes it."""
     config = training.get_config(**TINY, head="mos", head_options={"num_components": 2})
     (tmp_path / "state.json").write_text(json.dumps({"config": config.to_dict(), "history": []}))
-    with pytest.raises(ValueError, match=r"other settings.*add use_latent_bias=true"):
+    with pytest.raises(ValueError,
+                       match=r"other settings.*add use_latent_bias=true,use_prior_bias=true"):
         training.train_and_evaluate_arrays(config, str(tmp_path))
 
 

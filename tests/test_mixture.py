@@ -40,7 +40,7 @@ def np_mixture_log_probs(head, h):
     w = {v.path.split("/")[-1]: v.numpy().astype("float64") for v in head.weights}
     h = h.astype("float64")
     k, latent_dim = head.num_components, head.latent_units
-    prior_logits = h @ w["prior_kernel"] + w["prior_bias"]
+    prior_logits = h @ w["prior_kernel"] + w.get("prior_bias", 0.0)
     sig = getattr(head, "component", "softmax") == "sigsoftmax"
     pi = np_sigsoftmax(prior_logits) if sig else np_softmax(prior_logits)
     latent = np.tanh(h @ w["latent_kernel"] + w.get("latent_bias", 0.0))
@@ -90,10 +90,12 @@ class TestMixtureBattery(HeadBattery):
         s = target / np.abs(z).max()
         head.kernel.assign(head.kernel.numpy() * s)
         head.bias.assign(head.bias.numpy() * s)
-        prior = h @ head.prior_kernel.numpy() + head.prior_bias.numpy()
+        prior_bias = 0.0 if head.prior_bias is None else head.prior_bias.numpy()
+        prior = h @ head.prior_kernel.numpy() + prior_bias
         s = target / np.abs(prior).max()
         head.prior_kernel.assign(head.prior_kernel.numpy() * s)
-        head.prior_bias.assign(head.prior_bias.numpy() * s)
+        if head.prior_bias is not None:
+            head.prior_bias.assign(prior_bias * s)
         assert np.abs(to_numpy(head.logits(h))).max() > 0.5 * target
         log_p = to_numpy(head(h))
         assert np.all(np.isfinite(log_p)), "non-finite log-probs at |score|~1e4"
@@ -138,7 +140,8 @@ class TestMixtureVariantsBattery(TestMixtureBattery):
             num_knots=16,
             knot_bound=4.0,
             chunk_size=5,
-            use_latent_bias=True,  # the optional latent bias, every test
+            use_latent_bias=True,  # the optional biases, every test
+            use_prior_bias=True,
             **kw,
         ),
     }
@@ -236,6 +239,7 @@ REFERENCE_CASES = {
     ),
     "mos_no_bias": dict(num_components=2, use_bias=False),
     "mos_latent_bias": dict(num_components=3, use_latent_bias=True),
+    "moss_prior_bias": dict(num_components=3, component="sigsoftmax", use_prior_bias=True),
 }
 
 
@@ -253,7 +257,9 @@ def test_numpy_reference_mos(name):
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{}, {"latent_dim": 3, "use_bias": False}, {"use_latent_bias": True}]
+    "kwargs",
+    [{}, {"latent_dim": 3, "use_bias": False},
+     {"use_latent_bias": True, "use_prior_bias": True}],
 )
 def test_numpy_reference_moc(kwargs):
     h = np.random.default_rng(0).normal(size=(2, 3, 5)).astype("float32")
@@ -405,12 +411,15 @@ BAD_ARGUMENTS = [
     ("knot_bound", -2.0),
     ("use_latent_bias", "yes"),
     ("use_latent_bias", 1),
+    ("use_prior_bias", "no"),
+    ("use_prior_bias", 0),
 ]
 
 
 def test_bad_arguments():
     """Every bad constructor argument raises ValueError echoing the value."""
-    shared = ("num_components", "latent_dim", "latent_dropout", "use_latent_bias")
+    shared = ("num_components", "latent_dim", "latent_dropout", "use_latent_bias",
+              "use_prior_bias")
     for name, value in BAD_ARGUMENTS:
         classes = [MixtureOfSoftmaxes]
         if name in shared:
@@ -450,3 +459,21 @@ def test_latent_bias_is_off_by_default_and_on_for_old_configs(cls):
     old(h)
     assert old.use_latent_bias is True
     assert tuple(old.latent_bias.shape) == (2 * 5,)
+
+
+@pytest.mark.parametrize("cls", [MixtureOfSoftmaxes, MixtureOfContexts])
+def test_prior_bias_is_off_by_default_and_on_for_old_configs(cls):
+    """The default priors are the papers' `softmax(h W_pi)`: no `prior_bias`
+    variable. A config without `use_prior_bias` (written before the option
+    existed, when every mixture had a prior bias) builds a head with one."""
+    h = np.zeros((2, 5), "float32")
+    head = cls(11, num_components=2)
+    head(h)
+    assert head.prior_bias is None
+    assert "prior_bias" not in [w.path.split("/")[-1] for w in head.weights]
+    config = head.get_config()
+    assert config["use_prior_bias"] is False
+    del config["use_prior_bias"]
+    old = cls.from_config(config)
+    old(h)
+    assert old.use_prior_bias is True and tuple(old.prior_bias.shape) == (2,)

@@ -197,6 +197,10 @@ def test_finished_run_is_not_retrained_and_other_config_is_refused(tmp_path, cap
     assert other["config"]["hidden_size"] == 9 and len(other["history"]) == 1
 
 
+#: The head options that resume the 0.3.0 mixture run: its biases.
+OLD_MIXTURE_OPTIONS = {"num_components": 2, "use_latent_bias": True, "use_prior_bias": True}
+
+
 def test_run_saved_by_0_3_resumes_with_its_head_options(tmp_path):
     """A mixture run killed under 0.3.0, whose default head had a latent bias
     (`tests/data/make_v0_3_run_fixture.sh`): today's default options are
@@ -209,11 +213,12 @@ def test_run_saved_by_0_3_resumes_with_its_head_options(tmp_path):
     shutil.copytree(fixture / "checkpoints", workdir / "checkpoints")
     shutil.copy(fixture / "config.json", workdir / "config.json")
     config = _tiny_config(head="mos", head_options={"num_components": 2}, checkpoint_every=3)
-    with pytest.raises(ValueError, match=r"0\.3\.0 or before.*add use_latent_bias=true"):
+    with pytest.raises(ValueError,
+                       match=r"0\.3\.0 or before.*add use_latent_bias=true,use_prior_bias=true"):
         training.train_and_evaluate(config, str(workdir))
     assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json"]
     resumed = training.train_and_evaluate(
-        config.replace(head_options={"num_components": 2, "use_latent_bias": True}),
+        config.replace(head_options=OLD_MIXTURE_OPTIONS),
         str(workdir))
     assert resumed["version"] == ksh.__version__
     assert resumed["valid"]["nll"] == pytest.approx(expected["valid_nll"], rel=1e-5)
@@ -222,7 +227,7 @@ def test_run_saved_by_0_3_resumes_with_its_head_options(tmp_path):
         expected["train_loss"], rel=1e-5)
     # The run now carries its version: rerunning it is "already finished".
     again = training.train_and_evaluate(
-        config.replace(head_options={"num_components": 2, "use_latent_bias": True}),
+        config.replace(head_options=OLD_MIXTURE_OPTIONS),
         str(workdir))
     assert again["already_finished"] is True
 
@@ -230,12 +235,13 @@ def test_run_saved_by_0_3_resumes_with_its_head_options(tmp_path):
 def test_read_saved_settings_fills_only_old_unnamed_defaults():
     old = {"head": "moc", "head_options": {"num_components": 3}}
     settings, filled = training.read_saved_settings(old, None)
-    assert filled == {"use_latent_bias": True}
-    assert settings["head_options"] == {"num_components": 3, "use_latent_bias": True}
+    assert filled == {"use_latent_bias": True, "use_prior_bias": True}
+    assert settings["head_options"] == {"num_components": 3, **filled}
     assert old == {"head": "moc", "head_options": {"num_components": 3}}  # not modified
     # Saved with a version (0.4 on), named explicitly, or another head: as saved.
     assert training.read_saved_settings(old, "0.4.0") == (old, {})
-    named = {"head": "mixture_of_softmaxes", "head_options": {"use_latent_bias": False}}
+    named = {"head": "mixture_of_softmaxes",
+             "head_options": {"use_latent_bias": False, "use_prior_bias": True}}
     assert training.read_saved_settings(named, None) == (named, {})
     plif = {"head": "plif", "head_options": {}}
     assert training.read_saved_settings(plif, None) == (plif, {})

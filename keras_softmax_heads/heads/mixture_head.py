@@ -1,8 +1,9 @@
 """`MixtureHead`: what the mixture heads share (priors, latents, dropout).
 
 `MixtureOfSoftmaxes` and `MixtureOfContexts` compute, from the context vector
-`h`, `K` priors `pi = softmax(h W_pi + b_pi)` and `K` latent context vectors
-`c_k = tanh(h W_k)` (`tanh(h W_k + b_k)` with `use_latent_bias=True`) scored
+`h`, `K` priors `pi = softmax(h W_pi)` (`softmax(h W_pi + b_pi)` with
+`use_prior_bias=True`) and `K` latent context vectors `c_k = tanh(h W_k)`
+(`tanh(h W_k + b_k)` with `use_latent_bias=True`) scored
 against one output projection; they differ in where they mix (probabilities
 or contexts). The parameterisation, the initialisation and the memory of
 each path: `docs/mixtures.md`.
@@ -73,6 +74,7 @@ class MixtureHead(SoftmaxHead):
         prior_initializer="glorot_uniform",
         latent_initializer="identity",
         use_latent_bias=False,
+        use_prior_bias=False,
         seed=None,
         chunk_size=None,
         counts=None,
@@ -110,6 +112,7 @@ class MixtureHead(SoftmaxHead):
             else keras.initializers.get(latent_initializer)
         )
         self.use_latent_bias = check_bool("use_latent_bias", use_latent_bias)
+        self.use_prior_bias = check_bool("use_prior_bias", use_prior_bias)
         self.seed = seed
         self.seed_generator = None
         if self.latent_dropout > 0.0:
@@ -157,9 +160,11 @@ class MixtureHead(SoftmaxHead):
             shape=(self.input_dim, k),
             initializer=self.prior_initializer,
         )
-        self.prior_bias = self.add_weight(
-            name="prior_bias", shape=(k,), initializer="zeros"
-        )
+        self.prior_bias = None
+        if self.use_prior_bias:
+            self.prior_bias = self.add_weight(
+                name="prior_bias", shape=(k,), initializer="zeros"
+            )
         self.latent_kernel = self.add_weight(
             name="latent_kernel",
             shape=(self.input_dim, k * latent_dim),
@@ -192,7 +197,9 @@ class MixtureHead(SoftmaxHead):
         acc = self.accumulation_dtype
         prior_logits = ops.cast(
             ops.matmul(x, ops.cast(self.prior_kernel, self.compute_dtype)), acc
-        ) + ops.cast(self.prior_bias, acc)
+        )
+        if self.prior_bias is not None:
+            prior_logits = prior_logits + ops.cast(self.prior_bias, acc)
         log_priors = self._prior_log_normaliser(prior_logits)
         latent = ops.matmul(x, ops.cast(self.latent_kernel, self.compute_dtype))
         if self.latent_bias is not None:
@@ -240,6 +247,7 @@ class MixtureHead(SoftmaxHead):
                     else keras.initializers.serialize(self.latent_initializer)
                 ),
                 "use_latent_bias": self.use_latent_bias,
+                "use_prior_bias": self.use_prior_bias,
                 "seed": self.seed,
                 "chunk_size": self.chunk_size,
                 "counts": samplers.counts_to_config(self._counts),
@@ -249,8 +257,10 @@ class MixtureHead(SoftmaxHead):
 
     @classmethod
     def from_config(cls, config):
-        # Configs written by 0.3.0 and before have no `use_latent_bias`:
-        # their heads had a latent bias (a trained variable in the file).
+        # Configs written before these options existed (`use_latent_bias`:
+        # 0.3.0 and before) do not name them: their heads had these biases
+        # (trained variables in the file).
         config = dict(config)
         config.setdefault("use_latent_bias", True)
+        config.setdefault("use_prior_bias", True)
         return super().from_config(config)

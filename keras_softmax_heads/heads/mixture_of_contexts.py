@@ -28,7 +28,8 @@ class MixtureOfContexts(MixtureHead):
     Args:
         vocab_size, num_components, latent_dim, latent_dropout,
         token_embedding, use_bias, kernel_initializer, bias_initializer,
-        prior_initializer, latent_initializer, use_latent_bias, counts,
+        prior_initializer, latent_initializer, use_latent_bias,
+        use_prior_bias, counts,
         seed, return_probabilities: as in `MixtureOfSoftmaxes`.
         chunk_size: optional int >= 1, the maximum vocabulary tile width of
             the exact tiled NLL of `log_likelihood` and `training_loss`

@@ -26,8 +26,9 @@ class MixtureOfSoftmaxes(MixtureHead):
     vectors (Yang et al., 2018) scored against one output projection `W`
     (the `kernel` `[latent_dim, V]` or a tied `token_embedding`):
 
-    `pi = softmax(h W_pi + b_pi)`, `c_k = tanh(h W_k)` (the papers' latent,
-    without a bias unless `use_latent_bias=True`), `z_k = c_k W + b`,
+    `pi = softmax(h W_pi)`, `c_k = tanh(h W_k)` (the papers' priors and
+    latents, without biases unless `use_prior_bias=True` /
+    `use_latent_bias=True`), `z_k = c_k W + b`,
     `log p(w | h) = logsumexp_k(log pi_k + log_softmax(g(z_k))_w)`,
 
     in float32 and in log space. `g` is the identity for MoS; with
@@ -72,6 +73,11 @@ class MixtureOfSoftmaxes(MixtureHead):
             a large share of the clipping norm and slowed training, see
             `docs/recipes.md`, "Mixtures"). Files written by 0.3.0 and
             before load with the latent bias they were trained with.
+        use_prior_bias: bool, add a bias to the prior logits,
+            `pi = softmax(h W_pi + b_pi)` (default `False`: the papers'
+            priors, which trained as far or further, `docs/recipes.md`,
+            "Mixtures"). Files written before this option existed load with
+            the prior bias they were trained with.
         counts: optional `[V]` training word counts, for the `"unigram"`
             bias (`keras_softmax_heads.training` passes them). Why these
             defaults: `docs/mixtures.md`.

@@ -212,8 +212,8 @@ RESUMABLE_FIELDS = frozenset(
 #: every run saved by 0.3.0 or before had without naming it. Settings saved
 #: then carry no `version` (`read_saved_settings` fills these in).
 DEFAULTS_BEFORE_0_4 = {
-    "mixture_of_softmaxes": {"use_latent_bias": True},
-    "mixture_of_contexts": {"use_latent_bias": True},
+    "mixture_of_softmaxes": {"use_latent_bias": True, "use_prior_bias": True},
+    "mixture_of_contexts": {"use_latent_bias": True, "use_prior_bias": True},
 }
 
 
