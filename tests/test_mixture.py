@@ -441,39 +441,25 @@ def test_tied_embedding_latent_dim_mismatch(cls):
 
 
 @pytest.mark.parametrize("cls", [MixtureOfSoftmaxes, MixtureOfContexts])
-def test_latent_bias_is_off_by_default_and_on_for_old_configs(cls):
-    """The default latent is the papers' `tanh(h W_k)`: no `latent_bias`
-    variable, and the config says so. A config without the key (written by
-    0.3.0 and before, when every mixture had a latent bias) builds a head
-    with one, so old files load their trained bias."""
+@pytest.mark.parametrize("bias, shape", [("latent_bias", (2 * 5,)), ("prior_bias", (2,))])
+def test_biases_are_off_by_default_and_on_for_old_configs(cls, bias, shape):
+    """The default latents and priors are the papers' `tanh(h W_k)` and
+    `softmax(h W_pi)`: no `latent_bias` / `prior_bias` variable, and the
+    config says so. A config without `use_latent_bias` / `use_prior_bias`
+    (written before the option existed, when every mixture had the bias:
+    `use_latent_bias` by 0.3.0 and before) builds a head with it, so old
+    files load their trained bias."""
+    option = "use_" + bias
     h = np.zeros((2, 5), "float32")
     head = cls(11, num_components=2)
     head(h)
-    assert head.latent_bias is None
-    assert "latent_bias" not in [w.path.split("/")[-1] for w in head.weights]
+    assert getattr(head, bias) is None
+    assert bias not in [w.path.split("/")[-1] for w in head.weights]
     config = head.get_config()
-    assert config["use_latent_bias"] is False
-    assert cls.from_config(config).use_latent_bias is False
-    del config["use_latent_bias"]
+    assert config[option] is False
+    assert getattr(cls.from_config(config), option) is False
+    del config[option]
     old = cls.from_config(config)
     old(h)
-    assert old.use_latent_bias is True
-    assert tuple(old.latent_bias.shape) == (2 * 5,)
-
-
-@pytest.mark.parametrize("cls", [MixtureOfSoftmaxes, MixtureOfContexts])
-def test_prior_bias_is_off_by_default_and_on_for_old_configs(cls):
-    """The default priors are the papers' `softmax(h W_pi)`: no `prior_bias`
-    variable. A config without `use_prior_bias` (written before the option
-    existed, when every mixture had a prior bias) builds a head with one."""
-    h = np.zeros((2, 5), "float32")
-    head = cls(11, num_components=2)
-    head(h)
-    assert head.prior_bias is None
-    assert "prior_bias" not in [w.path.split("/")[-1] for w in head.weights]
-    config = head.get_config()
-    assert config["use_prior_bias"] is False
-    del config["use_prior_bias"]
-    old = cls.from_config(config)
-    old(h)
-    assert old.use_prior_bias is True and tuple(old.prior_bias.shape) == (2,)
+    assert getattr(old, option) is True
+    assert tuple(getattr(old, bias).shape) == shape
