@@ -128,9 +128,12 @@ class TestMixtureVariantsBattery(TestMixtureBattery):
         ),
         # Glorot latents: the float32 finite differences of the piecewise
         # linear PLIF straddle a knot with the larger near-identity latents.
+        # With both optional biases: the first case, so JAX and PyTorch's
+        # default runs (first case only) cover them too.
         "mos_plif": lambda v, d, **kw: MixtureOfSoftmaxes(
             v, num_components=3, num_knots=16, knot_bound=4.0,
-            latent_initializer="glorot_uniform", **kw
+            latent_initializer="glorot_uniform", use_latent_bias=True,
+            use_prior_bias=True, **kw
         ),
         # V = 13 in tiles of 5, 5 and 3.
         "moss_plif_chunked": lambda v, d, **kw: MixtureOfSoftmaxes(
