@@ -26,10 +26,11 @@ metrics) under `jax.jit` with the state donated, as `fit` runs it. Per row
   (`measure.interleaved`): `step_s` is the median, `ratio_to_stock` the
   median per-round ratio;
 * the longest sequence that fits: for each of `--probe_seq_lens` in
-  increasing order the step is compiled (not run) for that length and its
-  `peak_bytes` compared with the device's memory (`memory_stats()
-  ["bytes_limit"]`, or `--memory_limit_gb`); the probes stop at the first
-  that does not fit (or fails to compile) or once `--max_seconds` have
+  increasing order, each row that still fits (the fused row first) has
+  its step compiled (not run) for that length and its `peak_bytes`
+  compared with the device's memory (`memory_stats()["bytes_limit"]`, or
+  `--memory_limit_gb`); a row's probes stop at the first length that does
+  not fit (or fails to compile), every row's once `--max_seconds` have
   passed. `max_seq_len` is the last length that fit; the default lengths
   go up in steps of 4x (the target's factor), so that a fused row that
   fits one more step than the stock row fits at least 4x longer
@@ -223,14 +224,25 @@ def run(args, save=None):
     calls.clear()
     saved()
 
-    for row, lm in models.items():
-        probes = result["rows"][row]["probes"] = []
-        step = jax.jit(lm.train_step, donate_argnums=0)
-        state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state_of(lm))
-        for seq_len in args.probe_seq_lens:
+    # The probes go up in length, every row still fitting at each length,
+    # the fused row first: an earlier version probed the stock row to its
+    # limit first, and the fused row's probes found --max_seconds spent.
+    steps, probing = {}, []
+    for row in sorted(models, key=lambda r: r != "fused"):
+        lm = models[row]
+        result["rows"][row]["probes"] = []
+        steps[row] = (jax.jit(lm.train_step, donate_argnums=0),
+                      jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                                   state_of(lm)))
+        probing.append(row)
+    for seq_len in args.probe_seq_lens:
+        for row in list(probing):
+            probes = result["rows"][row]["probes"]
             if time.perf_counter() - start > args.max_seconds:
                 probes.append({"seq_len": seq_len, "skipped": "--max_seconds spent"})
-                break
+                probing.remove(row)
+                continue
+            step, state = steps[row]
             probe = {"seq_len": seq_len}
             try:
                 compiled = step.lower(state, batch(args, seq_len, abstract=True)).compile()
@@ -242,8 +254,9 @@ def run(args, save=None):
             print(row, seq_len, probe.get("peak_bytes"), probe["fits"], flush=True)
             saved()
             if not probe["fits"]:
-                break
-        fitting = [p["seq_len"] for p in probes if p.get("fits")]
+                probing.remove(row)
+    for row in steps:
+        fitting = [p["seq_len"] for p in result["rows"][row]["probes"] if p.get("fits")]
         result["rows"][row]["max_seq_len"] = max(fitting) if fitting else None
     rows = result["rows"]
     if rows.get("stock", {}).get("max_seq_len") and rows.get("fused", {}).get("max_seq_len"):

@@ -3,8 +3,9 @@
 # against the tiled pass for every option at a small shape (Triton lowering
 # + exactness); then the side-by-side table: PyTorch dense, Liger-Kernel
 # 0.8.5 and Cut Cross-Entropy 25.1.1 (PyTorch on CUDA; triton comes with CUDA
-# PyTorch), XLA dense, ours (the Pallas kernel, implementation "auto"), ours
-# with filter_eps and today's tiled pass, at the Gemma 2 2B shape (bfloat16,
+# PyTorch), XLA dense, ours (the Pallas kernel, implementation "pallas"), ours
+# with filter_eps and the tiled pass (the library's default since the first
+# GPU run), at the Gemma 2 2B shape (bfloat16,
 # float32) and N=4096 d=1024 V=131072 (float32); then a keras-hub Gemma
 # training step, stock against fused (time, and the longest sequence that
 # fits, by XLA's compiled memory). Bounded at about 410 s in all (hard
@@ -34,7 +35,7 @@ if [ "${BLOCK_SWEEP:-0}" = 1 ]; then
   # (bfloat16), each against XLA dense in its own process.
   for blocks in 128,128,64 128,256,64 64,256,64; do
     timeout 60 python3 benchmarks/bench_gpu_cross_entropy.py --blocks=$blocks \
-        --shapes=8192x2304x256000:bfloat16 --rows=xla_dense,ours,ours_filtered --repeats=5 \
+        --shapes=8192x2304x256000:bfloat16 --rows=xla_dense,ours,ours_filtered,ours_tiled --repeats=5 \
         --out=$out/bench_gpu_cross_entropy_blocks_${blocks//,/_}.json
     echo "blocks $blocks exit $?"
   done

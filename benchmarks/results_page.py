@@ -66,7 +66,8 @@ SOURCES = {
                 "--out docs/results/plif_histogram/cpu_jax_n64.json"),
     "plif_histogram/gpu_jax.json": dict(
         command="benchmarks/device_heads.sh OUT_DIR (its last run: python "
-                "benchmarks/bench_plif_histogram.py --n 8192 --methods scatter,sorted,pallas), "
+                "benchmarks/bench_plif_histogram.py --n 8192 --methods scatter,pallas,pallas:32,"
+                "pallas_fused,pallas_fused:32,sorted --rows loss_grad,histogram), "
                 "OUT_DIR/plif_histogram_gpu_jax.json copied here"),
 }
 
@@ -1112,6 +1113,13 @@ def section_filter_eps(name="filter_eps/ptb.json"):
         provenance(name, _with_command(data))])
 
 
+def _sci_pair(x):
+    """`_sci` of a number, or of each of a list's numbers joined by " / "."""
+    if isinstance(x, (list, tuple)):
+        return " / ".join(_sci(v) for v in x)
+    return _sci(x)
+
+
 def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.json"):
     """The fused cross-entropy on a GPU against its peers (issue 29)."""
     data = load(name)
@@ -1129,15 +1137,45 @@ def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.js
         out.append(cells + [fmt(1000 * r["step_s"], 2), fmt(r.get("peak_over_inputs_mib"), 0),
                             fmt(ratio.get(f"time_{r['row']}_over_xla_dense")),
                             fmt(ratio.get(f"time_{r['row']}_over_cce")),
-                            _sci(r.get("grad_rel_err_vs_xla_dense"))])
+                            _sci_pair(r.get("grad_rel_err_vs_xla_dense"))])
     return "\n\n".join([
         "Forward + backward of the mean cross-entropy of `h Wᵀ` with respect to h and W "
-        "(every 17th target ignored); median of the interleaved rounds. Memory: PyTorch "
+        "(every 17th target ignored); median of the interleaved rounds. Gradient error: the "
+        "largest relative error of dh / dW against XLA's dense step. Memory: PyTorch "
         "rows the CUDA allocator's peak over one step, JAX rows XLA's compiled `temp` + "
         "`output` (the gradients included on both).",
         table(["N × d × V", "dtype", "row", "ms / step", "MiB over the inputs",
                "/ xla_dense time", "/ cce time", "gradient error vs xla_dense"], out),
         provenance(name, _machine_text(data))])
+
+
+def section_gpu_cross_entropy_blocks(folder="gpu_cross_entropy"):
+    """The kernel's block sweep (`BLOCK_SWEEP=1`, issue 29): one table of the
+    `bench_gpu_cross_entropy_blocks_*.json` files, each row's ratio to XLA's
+    dense step of its own process."""
+    names = sorted(f for f in os.listdir(os.path.join(RESULTS, folder))
+                   if f.startswith("bench_gpu_cross_entropy_blocks_") and f.endswith(".json"))
+    if not names:
+        return ("*Not measured yet: no `bench_gpu_cross_entropy_blocks_*.json`.* Command: "
+                "`BLOCK_SWEEP=1 benchmarks/device_cross_entropy.sh OUT_DIR`.")
+    out, sources = [], []
+    for file in names:
+        data = load(f"{folder}/{file}")
+        blocks = data["settings"].get("blocks")
+        ratios = {(e["n"], e["d"], e["v"], e["dtype"]): e for e in data.get("ratios", [])}
+        for r in data["rows"]:
+            ratio = ratios.get((r["n"], r["d"], r["v"], r["dtype"]), {})
+            cells = [" × ".join(str(b) for b in blocks) if blocks else "default",
+                     f"{r['n']:,} × {r['d']:,} × {r['v']:,}", r["dtype"], r["row"]]
+            if "step_s" not in r:
+                out.append(cells + [_error_cell(r), "–", "–"])
+                continue
+            out.append(cells + [fmt(1000 * r["step_s"], 2), fmt(r.get("peak_over_inputs_mib"), 0),
+                                fmt(ratio.get(f"time_{r['row']}_over_xla_dense"))])
+        sources.append(provenance(f"{folder}/{file}", _machine_text(data)))
+    return "\n\n".join([
+        table(["blocks (n × v × d)", "N × d × V", "dtype", "row", "ms / step",
+               "MiB over the inputs", "/ xla_dense time"], out), "\n".join(sources)])
 
 
 # ----------------------------------------------------------- README lines
@@ -1273,6 +1311,7 @@ def build(make_figures=True):
         "distillation_n2048_tensorflow": section_distillation(
             "distillation/bench_distillation_n2048_v32768_tensorflow.json"),
         "gpu_cross_entropy": section_gpu_cross_entropy(),
+        "gpu_cross_entropy_blocks": section_gpu_cross_entropy_blocks(),
         "gpu_causal_lm": section_gpu_causal_lm(),
         "filter_eps": section_filter_eps(),
     }

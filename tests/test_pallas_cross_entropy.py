@@ -198,9 +198,9 @@ def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
     """The device call's JAX rows (`bench_gpu_cross_entropy.jax_losses`) at
     its shapes (the Gemma 2 2B shape in bfloat16 and float32, N = 4,096,
     d = 1,024, V = 131,072), with the default blocks and those of its block sweep,
-    lowered for CUDA on the CPU (nothing compiled or run): with JAX
-    reporting a GPU backend, "auto" takes the kernel, lowered through
-    Triton (forward and backward), and the tiled and dense rows take none."""
+    lowered for CUDA on the CPU (nothing compiled or run): the kernel rows
+    lower through Triton (forward and backward), the tiled and dense rows
+    take none."""
     import jax
 
     monkeypatch.syspath_prepend(BENCH)
@@ -216,7 +216,7 @@ def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
             h = jax.ShapeDtypeStruct((n, d), dtype)
             w = jax.ShapeDtypeStruct((v, d), dtype)
             t = jax.ShapeDtypeStruct((n,), "int32")
-            for row, fn in bench.jax_losses(bench.ROWS, "auto", 2.0**-12, 4096).items():
+            for row, fn in bench.jax_losses(bench.ROWS, "pallas", 2.0**-12, 4096).items():
                 step = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))
                 text = lower_for(step, (h, w, t), "cuda").as_text()
                 assert text.count("xla.gpu.triton") == expected[row], (blocks, n, dtype, row)
@@ -227,18 +227,27 @@ def test_dispatch():
 
     h = jnp.zeros((2, 4), "float32")
     assert not pallas_cross_entropy.uses_kernel(h, h, "auto")  # the CPU
-    assert pallas_cross_entropy.uses_kernel(h, h, "auto", platform="gpu")
+    # A GPU measured the tiled pass faster: "auto" takes it there too.
+    assert pallas_cross_entropy.AUTO_PLATFORMS == ()
+    assert not pallas_cross_entropy.uses_kernel(h, h, "auto", platform="gpu")
     assert not pallas_cross_entropy.uses_kernel(h, h, "ops", platform="gpu")
     assert pallas_cross_entropy.uses_kernel(h, h, "pallas")
     h64 = np.zeros((2, 4), "float64")
-    assert not pallas_cross_entropy.uses_kernel(h64, h64, "auto", platform="gpu")
+    with pytest.MonkeyPatch.context() as patch:  # a platform where "auto" would take it
+        patch.setattr(pallas_cross_entropy, "AUTO_PLATFORMS", ("gpu",))
+        assert pallas_cross_entropy.uses_kernel(h, h, "auto", platform="gpu")
+        assert not pallas_cross_entropy.uses_kernel(h, h, "auto", platform="tpu")
+        assert not pallas_cross_entropy.uses_kernel(h64, h64, "auto", platform="gpu")
     with pytest.raises(ValueError, match="pallas"):
         pallas_cross_entropy.uses_kernel(h64, h64, "pallas")
     with pytest.raises(ValueError, match="implementation"):
         linear_cross_entropy(h, h.T, [0, 1], implementation="triton")
 
 
-def test_auto_on_a_forced_gpu_platform_runs_the_kernel(monkeypatch):
+def test_auto_dispatch_on_a_forced_gpu_platform(monkeypatch):
+    """On a (forced) GPU, `"auto"` takes the tiled pass (`AUTO_PLATFORMS` is
+    empty: a GPU measured it faster); a platform listed there runs the
+    kernel through the same public function, `filter_eps` passed on."""
     import jax
 
     calls = []
@@ -261,7 +270,11 @@ def test_auto_on_a_forced_gpu_platform_runs_the_kernel(monkeypatch):
     assert calls == []  # "auto" on the CPU: the tiled pass
     with forced_platform("gpu"):
         jax.jit(loss, static_argnums=2).lower(h, w, 1e-6)
-    assert calls == [1e-6]  # the same public function, the kernel
+    assert calls == []  # "auto" on a GPU: the tiled pass too
+    monkeypatch.setattr(pallas_cross_entropy, "AUTO_PLATFORMS", ("gpu",))
+    with forced_platform("gpu"):  # another filter_eps: a new trace
+        jax.jit(loss, static_argnums=2).lower(h, w, 2e-6)
+    assert calls == [2e-6]  # the same public function, the kernel
 
 
 @pytest.mark.slow

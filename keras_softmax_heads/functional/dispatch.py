@@ -127,8 +127,8 @@ def tile_elements(cpu_tile_elements):
 HISTOGRAM_METHODS = ("scatter", "sorted", "pallas", "pallas_fused")
 """The paths of `knot_histogram` (see `histogram_method`). `"pallas_fused"`
 is `"pallas"` for `knot_histogram`; it also makes `plif_log_likelihood`'s
-backward tile one kernel (`fused_ll_gradient`). Not a default anywhere
-until a GPU measures it against `"pallas"` (`docs/plif.md`)."""
+backward tile one kernel (`fused_ll_gradient`). Not a default anywhere:
+on a GPU it was slower than `"pallas"`, with less memory (`docs/plif.md`)."""
 
 HISTOGRAM_METHOD = None
 """A path forced for every `knot_histogram` call (None: by platform)."""

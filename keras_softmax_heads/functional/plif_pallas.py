@@ -30,8 +30,10 @@ dispatch: `docs/plif.md` ("The slope histogram on accelerators").
 
 from keras_softmax_heads.validation import check_int
 
-LANES = 128
-"""Scores per vector (the aggregation's comparison is `LANES x LANES`)."""
+LANES = 32
+"""Scores per vector (the aggregation's comparison is `LANES x LANES`).
+Chosen on a GPU against 128 (`docs/plif.md`, "Measured on a GPU"): a
+wider vector sends fewer atomics, but its aggregation is register-heavy."""
 
 BUFFER_BYTES = 2**27
 """Upper bound on the privatised `[C, W, K']` buffer (it bounds `C`)."""

@@ -72,15 +72,24 @@ def check_filter_eps(filter_eps):
     )
 
 
+#: The platforms where `implementation="auto"` runs this kernel (on JAX,
+#: where Pallas' Triton backend is there): none today. On an H200 the tiled
+#: XLA pass was faster than the kernel in every case measured (bfloat16 and
+#: float32, `docs/chunked.md`, "The Pallas GPU kernel"), so `"auto"` takes
+#: the tiled pass everywhere and the kernel (and with it `filter_eps`) is
+#: `implementation="pallas"`'s.
+AUTO_PLATFORMS = ()
+
+
 def uses_kernel(hidden, kernel, implementation, platform=None):
     """Whether `pointwise_stats` runs this kernel.
 
     `implementation="pallas"` always (it raises off the JAX backend, for
     float64 inputs, or where JAX lacks Pallas' Triton backend; interpret
-    mode off a GPU); `"auto"` on the JAX backend on a GPU platform
-    (`platform`, default `platforms.current_platform()`) for float16,
-    bfloat16 and float32 inputs where `platforms.has_pallas_triton()`;
-    never for `"ops"`.
+    mode off a GPU); `"auto"` on the JAX backend on a platform of
+    `AUTO_PLATFORMS` (`platform`, default
+    `platforms.current_platform()`) for float16, bfloat16 and float32
+    inputs where `platforms.has_pallas_triton()`; never for `"ops"`.
     """
     dtypes = {keras.backend.standardize_dtype(x.dtype) for x in (hidden, kernel)}
     if implementation == "pallas":
@@ -95,7 +104,8 @@ def uses_kernel(hidden, kernel, implementation, platform=None):
     if implementation != "auto" or dtypes - set(KERNEL_DTYPES):
         return False
     platform = current_platform() if platform is None else platform
-    return keras.backend.backend() == "jax" and platform == "gpu" and platforms.has_pallas_triton()
+    return (keras.backend.backend() == "jax" and platform in AUTO_PLATFORMS
+            and platforms.has_pallas_triton())
 
 
 def block_sizes(rows, vocab, dim, blocks=None):
