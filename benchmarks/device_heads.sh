@@ -5,7 +5,7 @@
 # torch.compile of FullSoftmax and of the PLIF formula) and V = 100,000
 # (without the [N, K, V] reference MoS, which asks for 45.8 GiB there); then
 # PLIF's slope histogram on each path (scatter, sorted, the Pallas kernel and
-# the fused backward tile, at the default 32 lanes, and the kernel at 16 and 64). Bounded at
+# the fused backward tile, at the default 32 lanes, and the kernel at 8, 16 and 64). Bounded at
 # about 350 s in all (hard `timeout`s 170 + 90 + 60 s; each table stops
 # starting heads after --max_seconds and saves its JSON as it goes), so
 # that this call and device_cross_entropy.sh's fit one session's 15 minutes of
@@ -30,7 +30,7 @@ timeout 90 $bench --vocab_sizes=100000 --max_seconds=50 \
     --out=$out/device_heads_v100000.json
 echo "v100000 exit $?"
 timeout 60 python3 benchmarks/bench_plif_histogram.py --n 8192 \
-    --methods scatter,pallas,pallas:16,pallas:64,pallas_fused,sorted --rows loss_grad,histogram \
+    --methods scatter,pallas,pallas:8,pallas:16,pallas:64,pallas_fused,sorted --rows loss_grad,histogram \
     --out $out/plif_histogram_gpu_jax.json
 echo "plif histogram exit $?"
 ls -la "$out"

@@ -368,17 +368,18 @@ def test_fused_causal_lm_benchmark_smoke(tmp_path):
 
 
 def test_filter_eps_study_smoke(tmp_path):
-    """`bench_filter_eps.py` on the synthetic corpus, two steps: the exact row
-    and a threshold that skips blocks (eps = 0.5), their probes and the
-    resumed run (a second call trains nothing)."""
+    """`bench_filter_eps.py` on the synthetic corpus, two steps, resuming a
+    results file whose exact row is done: that row is kept as it was and
+    only the threshold that skips blocks (eps = 0.5) trains, with its probes
+    (one process: the resumed run and the training in one call)."""
     out = tmp_path / "filter_eps.json"
+    done = {"eps": None, "seed": 0, "valid_perplexity": 1234.5, "probes": {}}
+    out.write_text(json.dumps({"runs": [done]}))
     args = ["--dataset=synthetic", "--steps=2", "--probe_steps=0,2", "--eps=none,0.5",
             "--batch=4", "--length=16", "--units=8", "--valid_tokens=256", f"--out={out}"]
-    _run("bench_filter_eps.py", *args, timeout=300)
+    assert "Wrote" in _run("bench_filter_eps.py", *args, timeout=300)
     runs = json.loads(out.read_text())["runs"]
     assert [r["eps"] for r in runs] == [None, 0.5]
-    assert all(r["valid_perplexity"] > 1 for r in runs)
+    assert runs[0] == done and runs[1]["valid_perplexity"] > 1
     probe = runs[1]["probes"]["0"]
     assert 0 < probe["skipped_fraction"] < 1 and probe["dh_relative_change"] > 0
-    assert "Wrote" in _run("bench_filter_eps.py", *args, timeout=300)
-    assert len(json.loads(out.read_text())["runs"]) == 2

@@ -207,7 +207,8 @@ def test_bad_targets():
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
-@pytest.mark.parametrize("chunk_size", [1, 3, 64])
+# Tiles of one word under -m slow (test time): 3 leaves ragged tiles, 64 one tile.
+@pytest.mark.parametrize("chunk_size", [3, 64, pytest.param(1, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("mode", ["xla", "eager"])
 def test_chunked_matches_dense(use_bias, chunk_size, mode):
     """Loss and every gradient (h, band kernels, bias) equal the dense path."""

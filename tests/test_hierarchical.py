@@ -462,20 +462,25 @@ def _nll_and_grads(head, h, t, weights, compile=False):
     return to_numpy(head.log_likelihood(h, t)), [grad_h] + grad_vars
 
 
-DYNAMIC_LAYOUTS = pytest.mark.parametrize(
+_LAYOUTS = [
+    dict(counts=np.random.default_rng(1).integers(1, 1000, size=57)),
+    dict(clusters=np.arange(57) % 5, use_bias=False),
+    dict(clustering="random", num_clusters=9, max_cluster_size=11, seed=2),
+    dict(clusters=np.minimum(np.arange(57) // 2, 20)),  # sizes 2 ... 17
+]
+_LAYOUT_IDS = ["frequency", "interleaved_no_bias", "random_padded", "unequal"]
+DYNAMIC_LAYOUTS = pytest.mark.parametrize("kwargs", _LAYOUTS, ids=_LAYOUT_IDS)
+#: The same, the first two under -m slow (7 s each on TensorFlow): the
+#: padded and the unequal layouts cover the tiles' edge cases by default.
+DYNAMIC_LAYOUTS_TWO_SLOW = pytest.mark.parametrize(
     "kwargs",
-    [
-        dict(counts=np.random.default_rng(1).integers(1, 1000, size=57)),
-        dict(clusters=np.arange(57) % 5, use_bias=False),
-        dict(clustering="random", num_clusters=9, max_cluster_size=11, seed=2),
-        dict(clusters=np.minimum(np.arange(57) // 2, 20)),  # sizes 2 ... 17
-    ],
-    ids=["frequency", "interleaved_no_bias", "random_padded", "unequal"],
+    [pytest.param(k, marks=pytest.mark.slow) if i < 2 else k for i, k in enumerate(_LAYOUTS)],
+    ids=_LAYOUT_IDS,
 )
 
 
 @needs_dynamic_shapes
-@DYNAMIC_LAYOUTS
+@DYNAMIC_LAYOUTS_TWO_SLOW
 def test_dynamic_tiles_equal_static_tiles(kwargs):
     """Same log-likelihood and gradients (h, both kernels, both biases) as the
     static path (itself checked against NumPy, and compiled here), eagerly

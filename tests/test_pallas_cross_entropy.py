@@ -197,10 +197,10 @@ def test_kernels_lower_to_triton():
 def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
     """The device call's JAX rows (`bench_gpu_cross_entropy.jax_losses`) at
     its shapes (the Gemma 2 2B shape in bfloat16 and float32, N = 4,096,
-    d = 1,024, V = 131,072), with the default blocks and those of its block sweep,
-    lowered for CUDA on the CPU (nothing compiled or run): the kernel rows
-    lower through Triton (forward and backward), the tiled and dense rows
-    take none."""
+    d = 1,024, V = 131,072), with the default blocks (and those of its
+    block sweep at the bfloat16 shape), lowered for CUDA on the CPU (nothing
+    compiled or run): the kernel rows lower through Triton (forward and
+    backward), the tiled and dense rows take none."""
     import jax
 
     monkeypatch.syspath_prepend(BENCH)
@@ -210,9 +210,11 @@ def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
     expected = {"xla_dense": 0, "ours": 2, "ours_filtered": 2, "ours_atomic": 2,
                 "ours_tiled": 0}
     blocks_swept = [(128, 128, 64), (128, 256, 64), (64, 256, 64)]  # BLOCK_SWEEP=1
+    shapes = bench.parse_shapes(bench.DEFAULT_SHAPES)
     for blocks in [pallas_cross_entropy.GPU_BLOCKS] + blocks_swept:
         monkeypatch.setattr(pallas_cross_entropy, "GPU_BLOCKS", blocks)
-        for n, d, v, dtype in bench.parse_shapes(bench.DEFAULT_SHAPES):
+        # The sweep runs at the bfloat16 Gemma shape only (device_cross_entropy.sh).
+        for n, d, v, dtype in shapes if blocks == pallas_cross_entropy.GPU_BLOCKS else shapes[:1]:
             h = jax.ShapeDtypeStruct((n, d), dtype)
             w = jax.ShapeDtypeStruct((v, d), dtype)
             t = jax.ShapeDtypeStruct((n,), "int32")
