@@ -128,20 +128,22 @@ def linear_cross_entropy(
         return_argmax: also return the per-token argmax word (int32, first
             on ties) and the token accuracy (the weighted mean of
             `argmax == target` over the non-ignored tokens).
-        implementation: `"auto"` (default), `"ops"` or `"pallas"`. On the
-            JAX backend on a GPU, `"auto"` runs the Pallas kernel
-            (`fused.pallas_cross_entropy`: one fused forward and one fused
-            backward kernel, same results); elsewhere the tiled pass as in
-            `chunked.chunked_pointwise_nll` (`"auto"` or `"ops"` there).
-            `"pallas"` forces the kernel (JAX only; Pallas' interpret mode
-            off a GPU). See `docs/chunked.md`, "The Pallas GPU kernel".
+        implementation: `"auto"` (default), `"ops"` or `"pallas"`.
+            `"auto"` and `"ops"` run the tiled pass as in
+            `chunked.chunked_pointwise_nll` on every backend and platform
+            (on a GPU it was measured faster than the kernel);
+            `"pallas"` runs the Pallas kernel
+            (`fused.pallas_cross_entropy`: a fused forward and backward,
+            same results; JAX only, Pallas' interpret mode off a GPU). See
+            `docs/chunked.md`, "The Pallas GPU kernel".
         filter_eps: None (default: exact gradients) or a float in
             `(0, 1)`: the Pallas kernel skips the backward blocks (64
             tokens x 128 words) whose softmax values are all below it and
             that hold none of their tokens' targets, dropping those
             `softmax` terms of the gradient (each below `filter_eps` times
             the token's cotangent); no effect with label smoothing's
-            tokens, nor on the tiled pass (exact there). For fine-tuning:
+            tokens, nor on the tiled pass (exact there): it takes
+            `implementation="pallas"`. For fine-tuning:
             from scratch, Cut Cross-Entropy's bfloat16 default `2**-12`
             cost 1.2-1.5x in PTB perplexity (`docs/chunked.md`).
         vocab_parallel: `"auto"` (default), True or False. On JAX, under a
