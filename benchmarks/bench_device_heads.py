@@ -32,7 +32,9 @@ the tiled default loss), `mos15_dense` (the `[N, K, V]` reference loss),
 `moss15` (mixture of sigsoftmax), `mos4_plif` (MoS + PLIF, 1,000 knots),
 `moc15` (MixtureOfContexts); `plif_fused`, `plif_k1000_fused`: PLIF with
 the backward tile as one Pallas kernel (`HISTOGRAM_METHOD="pallas_fused"`,
-not yet a default: this table decides).
+an option: the first GPU run found it slower than `"pallas"`);
+`plif_scatter`, `plif_k1000_scatter`: PLIF with the scatter-add histogram
+(`HISTOGRAM_METHOD="scatter"`), the head-level check of the GPU default.
 
 Usage:
     python benchmarks/bench_device_heads.py --tokens=64 --dim=16 \
@@ -51,7 +53,8 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 HEADS = ("full", "plif", "plif_k1000", "sigsoftmax", "monotonic", "mos15", "mos4",
-         "mos15_dense", "moss15", "mos4_plif", "moc15", "plif_fused", "plif_k1000_fused")
+         "mos15_dense", "moss15", "mos4_plif", "moc15", "plif_fused", "plif_k1000_fused",
+         "plif_scatter", "plif_k1000_scatter")
 PLIF_BOUND = 20.0
 
 
@@ -76,6 +79,10 @@ def make_head(name, vocab):
         "plif_fused": lambda: ksh.PLIFSoftmax(vocab, num_knots=100_000, knot_bound=PLIF_BOUND),
         "plif_k1000_fused": lambda: ksh.PLIFSoftmax(vocab, num_knots=1000,
                                                     knot_bound=PLIF_BOUND),
+        "plif_scatter": lambda: ksh.PLIFSoftmax(vocab, num_knots=100_000,
+                                                knot_bound=PLIF_BOUND),
+        "plif_k1000_scatter": lambda: ksh.PLIFSoftmax(vocab, num_knots=1000,
+                                                      knot_bound=PLIF_BOUND),
     }
     if name not in heads:
         raise ValueError(f"Unknown head {name!r}. Known: {HEADS}")
@@ -122,8 +129,8 @@ def step_inputs(n, d, vocab, seed=0):
 
 def step_of(name, head):
     """The training step of head `name` (`train_step` with the `_dense`
-    loss or the `_fused` histogram method its name asks for)."""
-    method = "pallas_fused" if name.endswith("_fused") else None
+    loss or the `_fused` / `_scatter` histogram method its name asks for)."""
+    method = {"fused": "pallas_fused", "scatter": "scatter"}.get(name.rsplit("_", 1)[-1])
     return train_step(head, dense=name.endswith("_dense"), histogram_method=method)
 
 

@@ -92,7 +92,8 @@ def test_every_head_step_lowers_for_a_gpu(monkeypatch):
         text = lower_for(step, (weights, h, y), "cuda").as_text()
         kernels[name] = text.count("xla.gpu.triton")
         fused[name] = "plif_ll_gradient" in text
-    # PLIF's slope histogram (and MonotonicSoftmax's grid's) is the kernel.
+    # PLIF's slope histogram (and MonotonicSoftmax's grid's) is the kernel; the
+    # `_scatter` rows take the scatter-add instead.
     assert {k for k, count in kernels.items() if count} == {
         "plif", "plif_k1000", "monotonic", "mos4_plif", "plif_fused", "plif_k1000_fused"}, kernels
     # The fused backward tile replaces the histogram kernel in the `_fused` rows only.
