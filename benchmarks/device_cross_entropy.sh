@@ -13,8 +13,9 @@
 # begins nothing new after its --max_seconds), so that this call and
 # device_heads.sh's fit one session's 15 minutes of device time with the
 # machine's start. Four files in OUT_DIR. BLOCK_SWEEP=1 instead runs only the
-# kernel with three larger block shapes at the Gemma bfloat16 shape (a third
-# call of about 200 s, if the session's time allows).
+# kernel with (128, 128, 64) blocks and the tiled pass with 1,024- and
+# 16,384-word tiles at the Gemma bfloat16 shape (a third call of about 160 s,
+# if the session's time allows).
 # Wheels in .whl/ (git-ignored; benchmarks/device_wheels.sh downloads them
 # here, the device call names ".whl" in `carry`; benchmarks/device_env.sh
 # installs them with --no-deps): Keras, namex, optree, keras-hub,
@@ -31,13 +32,21 @@ python3 -c "import torch, triton; print('torch', torch.__version__, torch.cuda.i
 python3 -c "import liger_kernel, cut_cross_entropy; print('liger + cce import')" \
     || echo "a peer's wheel is missing: its rows are skipped"
 if [ "${BLOCK_SWEEP:-0}" = 1 ]; then
-  # Larger kernel blocks (block_n, block_v, block_d) at the Gemma shape
-  # (bfloat16), each against XLA dense in its own process.
-  for blocks in 128,128,64 128,256,64 64,256,64; do
+  # The kernel with (128, 128, 64) blocks (the best of the first run's
+  # sweep), then the tiled pass (the default) at tiles of 1,024 and 16,384
+  # words (its temporaries: two [N, chunk] float32 arrays), at the Gemma
+  # shape (bfloat16), each against XLA dense in its own process.
+  for blocks in 128,128,64; do
     timeout 60 python3 benchmarks/bench_gpu_cross_entropy.py --blocks=$blocks \
         --shapes=8192x2304x256000:bfloat16 --rows=xla_dense,ours,ours_filtered,ours_tiled --repeats=5 \
         --out=$out/bench_gpu_cross_entropy_blocks_${blocks//,/_}.json
     echo "blocks $blocks exit $?"
+  done
+  for chunk in 1024 16384; do
+    timeout 60 python3 benchmarks/bench_gpu_cross_entropy.py --chunk_size=$chunk \
+        --shapes=8192x2304x256000:bfloat16 --rows=xla_dense,ours_tiled --repeats=5 \
+        --out=$out/bench_gpu_cross_entropy_chunk_${chunk}.json
+    echo "chunk $chunk exit $?"
   done
 else
   # 1. The kernel against the tiled pass, every option (its own process: a

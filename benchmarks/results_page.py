@@ -1150,11 +1150,13 @@ def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.js
 
 
 def section_gpu_cross_entropy_blocks(folder="gpu_cross_entropy"):
-    """The kernel's block sweep (`BLOCK_SWEEP=1`, issue 29): one table of the
-    `bench_gpu_cross_entropy_blocks_*.json` files, each row's ratio to XLA's
-    dense step of its own process."""
+    """The third device call (`BLOCK_SWEEP=1`, issue 29): one table of the
+    `bench_gpu_cross_entropy_blocks_*.json` (the kernel's blocks) and
+    `bench_gpu_cross_entropy_chunk_*.json` (the tiled pass's tile width)
+    files, each row's ratio to XLA's dense step of its own process."""
     names = sorted(f for f in os.listdir(os.path.join(RESULTS, folder))
-                   if f.startswith("bench_gpu_cross_entropy_blocks_") and f.endswith(".json"))
+                   if f.startswith(("bench_gpu_cross_entropy_blocks_",
+                                    "bench_gpu_cross_entropy_chunk_")) and f.endswith(".json"))
     if not names:
         return ("*Not measured yet: no `bench_gpu_cross_entropy_blocks_*.json`.* Command: "
                 "`BLOCK_SWEEP=1 benchmarks/device_cross_entropy.sh OUT_DIR`.")
@@ -1162,10 +1164,12 @@ def section_gpu_cross_entropy_blocks(folder="gpu_cross_entropy"):
     for file in names:
         data = load(f"{folder}/{file}")
         blocks = data["settings"].get("blocks")
+        chunk = data["settings"].get("chunk_size")
         ratios = {(e["n"], e["d"], e["v"], e["dtype"]): e for e in data.get("ratios", [])}
         for r in data["rows"]:
             ratio = ratios.get((r["n"], r["d"], r["v"], r["dtype"]), {})
             cells = [" × ".join(str(b) for b in blocks) if blocks else "default",
+                     f"{chunk:,}" if chunk else "–",
                      f"{r['n']:,} × {r['d']:,} × {r['v']:,}", r["dtype"], r["row"]]
             if "step_s" not in r:
                 out.append(cells + [_error_cell(r), "–", "–"])
@@ -1174,7 +1178,7 @@ def section_gpu_cross_entropy_blocks(folder="gpu_cross_entropy"):
                                 fmt(ratio.get(f"time_{r['row']}_over_xla_dense"))])
         sources.append(provenance(f"{folder}/{file}", _machine_text(data)))
     return "\n\n".join([
-        table(["blocks (n × v × d)", "N × d × V", "dtype", "row", "ms / step",
+        table(["kernel blocks (n × v × d)", "chunk_size", "N × d × V", "dtype", "row", "ms / step",
                "MiB over the inputs", "/ xla_dense time"], out), "\n".join(sources)])
 
 
