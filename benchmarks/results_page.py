@@ -1149,6 +1149,25 @@ def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.js
         provenance(name, _machine_text(data))])
 
 
+def section_tiled_memory(name="gpu_cross_entropy/tiled_memory_cpu.json"):
+    """The tiled pass's compiled memory per tile width (`bench_cross_entropy_memory.py`)."""
+    data = load(name)
+    if data is None:
+        return missing(name)
+    a = data["args"]
+    out = [[f"{r['chunk_size']:,}", fmt(r["temp_mib"], 1), fmt(r["tile_mib"], 1),
+            fmt(r["temp_mib"] - data["dh_float32_accumulator_mib"], 1)] for r in data["rows"]]
+    return "\n\n".join([
+        f"XLA's compiled temporaries of the tiled pass's step (`implementation=\"ops\"`) at "
+        f"N = {a['n']:,}, d = {a['d']:,}, V = {a['v']:,}, {a['dtype']}, compiled on this CPU "
+        f"(nothing run); the float32 `dh` accumulator alone is "
+        f"{data['dh_float32_accumulator_mib']:.0f} MiB, the gradients "
+        f"{data['gradients_mib']:,.0f} MiB:",
+        table(["chunk_size", "temp MiB", "one [N, chunk] float32 tile MiB",
+               "temp beyond the dh accumulator MiB"], out),
+        provenance(name, _with_command(data))])
+
+
 def section_gpu_cross_entropy_blocks(folder="gpu_cross_entropy"):
     """The third device call (`BLOCK_SWEEP=1`, issue 29): one table of the
     `bench_gpu_cross_entropy_blocks_*.json` (the kernel's blocks) and
@@ -1345,6 +1364,7 @@ def build(make_figures=True):
             "distillation/bench_distillation_n2048_v32768_tensorflow.json"),
         "gpu_cross_entropy": section_gpu_cross_entropy(),
         "gpu_cross_entropy_blocks": section_gpu_cross_entropy_blocks(),
+        "tiled_memory": section_tiled_memory(),
         "gpu_causal_lm": section_gpu_causal_lm(),
         "filter_eps": section_filter_eps(),
     }

@@ -398,3 +398,22 @@ def test_keras_loss_reductions_and_errors():
         ksh.LinearCrossEntropy(proj, z_loss=-1)
     with pytest.raises(ValueError, match="does not match"):
         ksh.LinearCrossEntropy(proj, kernel_transposed=False)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's compiled memory of a jax.jit step")
+def test_tiled_memory_benchmark_smoke(monkeypatch, tmp_path):
+    """`benchmarks/bench_cross_entropy_memory.py` at a tiny shape: a row per
+    tile width, the temporaries growing with it."""
+    import json
+    import os
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import bench_cross_entropy_memory as bench
+
+    out = tmp_path / "m.json"
+    bench.main(["--n=64", "--d=32", "--v=3000", "--chunk_sizes=1024,128", f"--out={out}"])
+    result = json.loads(out.read_text())
+    temps = [r["memory"]["temp"] for r in result["rows"]]
+    assert [r["chunk_size"] for r in result["rows"]] == [1024, 128]
+    assert temps[0] > temps[1] > 0
+    assert result["dh_float32_accumulator_mib"] == 64 * 32 * 4 / 2**20
