@@ -1149,6 +1149,24 @@ def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.js
         provenance(name, _machine_text(data))])
 
 
+def section_tail_tile(name="bench_tail_tile.json"):
+    """The balanced tail tile against the old `chunk_size`-wide one."""
+    data = load(name)
+    if data is None:
+        return missing(name)
+    a = data["args"]
+    out = [[f"{r['chunk_size']:,}", f"{r['old_width']:,} ({r['old_masked_columns']:,})",
+            f"{r['new_width']:,} ({r['new_masked_columns']:,})",
+            fmt(1000 * r["old_s"], 0), fmt(1000 * r["new_s"], 0), fmt(r["new_over_old"], 3),
+            _sci(r["loss_relative_difference"])] for r in data["rows"]]
+    return "\n\n".join([
+        f"`linear_cross_entropy` loss and gradients, N = {a['n']:,}, d = {a['d']:,}, "
+        f"V = {a['v']:,}, float32, `jax.jit`, median of {a['rounds']} interleaved rounds:",
+        table(["chunk_size", "old width (masked columns)", "new width (masked columns)",
+               "old ms", "new ms", "new / old time", "loss difference"], out),
+        provenance(name, _with_command(data))])
+
+
 def section_tiled_memory(name="gpu_cross_entropy/tiled_memory_cpu.json"):
     """The tiled pass's compiled memory per tile width (`bench_cross_entropy_memory.py`)."""
     data = load(name)
@@ -1365,6 +1383,7 @@ def build(make_figures=True):
         "gpu_cross_entropy": section_gpu_cross_entropy(),
         "gpu_cross_entropy_blocks": section_gpu_cross_entropy_blocks(),
         "tiled_memory": section_tiled_memory(),
+        "tail_tile": section_tail_tile(),
         "gpu_causal_lm": section_gpu_causal_lm(),
         "filter_eps": section_filter_eps(),
     }

@@ -260,8 +260,9 @@ TRANSFORMS = ["identity", "sigsoftmax", "plif", "mlp"]
 )
 def test_matches_dense(transform, use_bias, chunk_size, dtype):
     """N=13 and V=37: 8 gives 4 full tiles and an overlapping last tile
-    (37 is prime, no divisor in [4, 8]); 5 likewise; 36 one full tile and an
-    overlap of 35; 1 is one word per tile; 64 > V is clamped to one tile."""
+    (37 is prime, no divisor in [4, 8]); 5 likewise; 36 two tiles of 19
+    overlapping by 1; 1 is one word per tile; 64 > V is clamped to one
+    tile."""
     h, kernel, bias, targets, weights = problem()
     fn, params = make_transform(transform, np.random.default_rng(1))
     compare(h, kernel, bias if use_bias else None, targets, weights, transform,
@@ -284,7 +285,10 @@ def test_divisor_tiles(transform, transposed):
 def test_tile_width():
     assert tile_width(100_000, 4096) == 4000
     assert tile_width(793_471, 4096) == 3017  # 7 * 431
-    assert tile_width(50_257, 4096) == 4096  # 29 * 1733: masked last tile
+    # 29 * 1733: no divisor in [2048, 4096]; 13 tiles as with 4096, 1 masked column
+    assert tile_width(50_257, 4096) == 3866
+    assert tile_width(50_257, 8192) == 7180  # 7 tiles, 3 masked columns (not 7,087)
+    assert tile_width(37, 36) == 19
     assert tile_width(100, 4096) == 100
     assert tile_width(13, 5) == 5 and tile_width(7, 2) == 1
 

@@ -130,7 +130,7 @@ def test_matches_dense(case):
         lambda *a: scalar(dense_loss(*split(a), targets, **options)), inputs
     )
     for impl in IMPLEMENTATIONS:
-        for chunk in (10, 16):  # 37 words: 4 tiles of 10, 3 of 16 (overlapping)
+        for chunk in (10, 16):  # 37 words: 4 tiles of 10, 3 of 13 (overlapping)
             got, got_grads, _ = value_and_grad(
                 lambda *a: scalar(linear_cross_entropy(
                     *split(a)[:2], targets, split(a)[2], chunk_size=chunk,
@@ -417,3 +417,26 @@ def test_tiled_memory_benchmark_smoke(monkeypatch, tmp_path):
     assert [r["chunk_size"] for r in result["rows"]] == [1024, 128]
     assert temps[0] > temps[1] > 0
     assert result["dh_float32_accumulator_mib"] == 64 * 32 * 4 / 2**20
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="times jax.jit steps")
+def test_tail_tile_benchmark_smoke(monkeypatch, tmp_path):
+    """`benchmarks/bench_tail_tile.py` at a tiny shape: both widths give the
+    same loss, the balanced one masks fewer columns, and the library's
+    `tile_width` is restored afterwards."""
+    import json
+    import os
+
+    from keras_softmax_heads.chunked import tiling
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import bench_tail_tile as bench
+
+    before = tiling.tile_width
+    out = tmp_path / "t.json"
+    bench.main(["--n=8", "--d=4", "--v=37", "--chunk_sizes=16", "--rounds=1", f"--out={out}"])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["old_width"], row["new_width"]) == (16, 13)
+    assert (row["old_masked_columns"], row["new_masked_columns"]) == (11, 2)
+    assert row["loss_relative_difference"] < 1e-6
+    assert tiling.tile_width is before

@@ -70,18 +70,23 @@ def tile_width(vocab_size, chunk_size):
     `chunk_size` is the maximum: a vocabulary smaller than it is one tile;
     otherwise the largest divisor of `vocab_size` in
     `[chunk_size / 2, chunk_size]` is used when there is one (every tile is
-    full: nothing is masked), else `chunk_size` itself (then one tile, the
-    last `chunk_size` words, overlaps its neighbour and masks the overlap).
+    full: nothing is masked), else the narrowest width that covers the
+    vocabulary in as few tiles as `chunk_size` does,
+    `ceil(V / ceil(V / chunk_size))` (then one tile, the last `width`
+    words, overlaps its neighbour by fewer columns than there are tiles and
+    masks them: tiles of `chunk_size` itself would compute up to a whole
+    tile of masked scores).
 
     >>> tile_width(100_000, 4096), tile_width(793_471, 4096), tile_width(50_257, 4096)
-    (4000, 3017, 4096)
+    (4000, 3017, 3866)
     """
     if vocab_size <= chunk_size:
         return vocab_size
     for width in range(chunk_size, (chunk_size + 1) // 2 - 1, -1):
         if vocab_size % width == 0:
             return width
-    return chunk_size
+    num_tiles = -(-vocab_size // chunk_size)
+    return -(-vocab_size // num_tiles)
 
 
 class Tiling(NamedTuple):
