@@ -58,8 +58,21 @@ HEADS = ("full", "plif", "plif_k1000", "sigsoftmax", "monotonic", "mos15", "mos4
 PLIF_BOUND = 20.0
 
 
+#: The suffixes of a head's variants: the same head, another loss or
+#: histogram path (`step_of`).
+VARIANTS = {"dense": None, "fused": "pallas_fused", "scatter": "scatter"}
+
+
+def split_name(name):
+    """`(head, variant)`: `"plif_k1000_scatter"` -> `("plif_k1000",
+    "scatter")`, `"mos15"` -> `("mos15", None)`."""
+    base, _, suffix = name.rpartition("_")
+    return (base, suffix) if base and suffix in VARIANTS else (name, None)
+
+
 def make_head(name, vocab):
-    """A fresh head `name` (one of `HEADS`) for `vocab` words."""
+    """A fresh head `name` (one of `HEADS`) for `vocab` words; a variant
+    (`VARIANTS`) builds its head's."""
     import keras_softmax_heads as ksh
     from keras_softmax_heads.heads.mixture_of_contexts import MixtureOfContexts
     from keras_softmax_heads.heads.mixture_of_softmaxes import MixtureOfSoftmaxes
@@ -72,21 +85,13 @@ def make_head(name, vocab):
         "monotonic": lambda: ksh.MonotonicSoftmax(vocab, num_units=16),
         "mos15": lambda: MixtureOfSoftmaxes(vocab, num_components=15),
         "mos4": lambda: MixtureOfSoftmaxes(vocab, num_components=4),
-        "mos15_dense": lambda: MixtureOfSoftmaxes(vocab, num_components=15),
         "moss15": lambda: MixtureOfSoftmaxes(vocab, num_components=15, component="sigsoftmax"),
         "mos4_plif": lambda: MixtureOfSoftmaxes(vocab, num_components=4, num_knots=1000),
         "moc15": lambda: MixtureOfContexts(vocab, num_components=15),
-        "plif_fused": lambda: ksh.PLIFSoftmax(vocab, num_knots=100_000, knot_bound=PLIF_BOUND),
-        "plif_k1000_fused": lambda: ksh.PLIFSoftmax(vocab, num_knots=1000,
-                                                    knot_bound=PLIF_BOUND),
-        "plif_scatter": lambda: ksh.PLIFSoftmax(vocab, num_knots=100_000,
-                                                knot_bound=PLIF_BOUND),
-        "plif_k1000_scatter": lambda: ksh.PLIFSoftmax(vocab, num_knots=1000,
-                                                      knot_bound=PLIF_BOUND),
     }
-    if name not in heads:
+    if name not in HEADS:
         raise ValueError(f"Unknown head {name!r}. Known: {HEADS}")
-    return heads[name]()
+    return heads[split_name(name)[0]]()
 
 
 def train_step(head, dense=False, histogram_method=None):
@@ -130,8 +135,8 @@ def step_inputs(n, d, vocab, seed=0):
 def step_of(name, head):
     """The training step of head `name` (`train_step` with the `_dense`
     loss or the `_fused` / `_scatter` histogram method its name asks for)."""
-    method = {"fused": "pallas_fused", "scatter": "scatter"}.get(name.rsplit("_", 1)[-1])
-    return train_step(head, dense=name.endswith("_dense"), histogram_method=method)
+    variant = split_name(name)[1]
+    return train_step(head, dense=variant == "dense", histogram_method=VARIANTS.get(variant))
 
 
 def build(name, vocab, d):
