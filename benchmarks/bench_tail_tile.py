@@ -24,14 +24,21 @@ import select_backend  # benchmarks/select_backend.py
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def old_tile_width(vocab_size, chunk_size):
-    """`chunked.tile_width` before the balanced tail (the fallback `chunk_size`)."""
-    if vocab_size <= chunk_size:
-        return vocab_size
-    for width in range(chunk_size, (chunk_size + 1) // 2 - 1, -1):
-        if vocab_size % width == 0:
-            return width
-    return chunk_size
+def old_rule(tile_width):
+    """`chunked.tile_width` before the balanced tail, from `tile_width` (the
+    library's): the same width where it divides `V` (one tile, or a divisor
+    in `[chunk_size / 2, chunk_size]`), else `chunk_size`. (A balanced width
+    never divides `V`: it would be such a divisor.)"""
+    def old_tile_width(vocab_size, chunk_size):
+        width = tile_width(vocab_size, chunk_size)
+        return width if vocab_size % width == 0 else chunk_size
+
+    return old_tile_width
+
+
+def masked_columns(vocab_size, width):
+    """The tail tile's masked columns at tile width `width`."""
+    return -(-vocab_size // width) * width - vocab_size
 
 
 def parse_args(argv=None):
@@ -59,6 +66,7 @@ def main(argv=None):
     w = jax.numpy.asarray((rng.normal(size=(args.v, args.d)) / np.sqrt(args.d)).astype("float32"))
     t = jax.numpy.asarray(rng.integers(0, args.v, size=args.n).astype("int32"))
     new_tile_width = tiling.tile_width
+    old_tile_width = old_rule(new_tile_width)
     rows = []
     for chunk in [int(x) for x in args.chunk_sizes.split(",")]:
         steps, losses = {}, {}
@@ -77,13 +85,11 @@ def main(argv=None):
                 start = time.perf_counter()
                 jax.block_until_ready(steps[name](h, w, t))
                 times[name].append(time.perf_counter() - start)
+        old_width, new_width = old_tile_width(args.v, chunk), new_tile_width(args.v, chunk)
         rows.append({
-            "chunk_size": chunk, "old_width": old_tile_width(args.v, chunk),
-            "new_width": new_tile_width(args.v, chunk),
-            "old_masked_columns": -(-args.v // old_tile_width(args.v, chunk))
-            * old_tile_width(args.v, chunk) - args.v,
-            "new_masked_columns": -(-args.v // new_tile_width(args.v, chunk))
-            * new_tile_width(args.v, chunk) - args.v,
+            "chunk_size": chunk, "old_width": old_width, "new_width": new_width,
+            "old_masked_columns": masked_columns(args.v, old_width),
+            "new_masked_columns": masked_columns(args.v, new_width),
             "old_s": statistics.median(times["old"]), "new_s": statistics.median(times["new"]),
             "new_over_old": statistics.median(n / o for n, o in zip(times["new"], times["old"])),
             "loss_relative_difference": abs(losses["new"] - losses["old"]) / abs(losses["old"]),
