@@ -9,6 +9,8 @@ tiles do not divide. Runs on TensorFlow, JAX and PyTorch; compiled means
 `tf.function(jit_compile=True)` / `jax.jit`.
 """
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from keras_softmax_heads.chunked import chunked_pointwise_stats
 from keras_softmax_heads.losses import linear_cross_entropy
 
 pytestmark = pytest.mark.multibackend
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 N, D, V = 12, 8, 37
 IGNORE = -100
@@ -405,9 +408,8 @@ def test_tiled_memory_benchmark_smoke(monkeypatch, tmp_path):
     """`benchmarks/bench_cross_entropy_memory.py` at a tiny shape: a row per
     tile width, the temporaries growing with it."""
     import json
-    import os
 
-    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    monkeypatch.syspath_prepend(BENCH)
     import bench_cross_entropy_memory as bench
 
     out = tmp_path / "m.json"
@@ -425,11 +427,10 @@ def test_tail_tile_benchmark_smoke(monkeypatch, tmp_path):
     same loss, the balanced one masks fewer columns, and the library's
     `tile_width` is restored afterwards."""
     import json
-    import os
 
     from keras_softmax_heads.chunked import tiling
 
-    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    monkeypatch.syspath_prepend(BENCH)
     import bench_tail_tile as bench
 
     before = tiling.tile_width
