@@ -1120,24 +1120,32 @@ def _sci_pair(x):
     return _sci(x)
 
 
+def _cross_entropy_rows(data, extra=0):
+    """`(row, cells)` per row of a `bench_gpu_cross_entropy.py` file: the row
+    with its case's `"ratio"` entry added, and its time, memory and ratio to
+    XLA's dense step (an error row: its error and `2 + extra` dashes)."""
+    ratios = {(e["n"], e["d"], e["v"], e["dtype"]): e for e in data.get("ratios", [])}
+    for r in data["rows"]:
+        r = dict(r, ratio=ratios.get((r["n"], r["d"], r["v"], r["dtype"]), {}))
+        if "step_s" not in r:
+            yield r, [_error_cell(r)] + ["–"] * (2 + extra)
+            continue
+        yield r, [fmt(1000 * r["step_s"], 2), fmt(r.get("peak_over_inputs_mib"), 0),
+                  fmt(r["ratio"].get(f"time_{r['row']}_over_xla_dense"))]
+
+
 def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.json"):
     """The fused cross-entropy on a GPU against its peers (issue 29)."""
     data = load(name)
     if data is None:
         return missing_from_device_call(name, "bench_gpu_cross_entropy.py")
-    ratios = {(e["n"], e["d"], e["v"], e["dtype"]): e for e in data.get("ratios", [])}
     out = []
-    for r in data["rows"]:
-        key = (r["n"], r["d"], r["v"], r["dtype"])
-        cells = [f"{r['n']:,} × {r['d']:,} × {r['v']:,}", r["dtype"], r["row"]]
-        if "step_s" not in r:
-            out.append(cells + [_error_cell(r), "–", "–", "–", "–"])
-            continue
-        ratio = ratios.get(key, {})
-        out.append(cells + [fmt(1000 * r["step_s"], 2), fmt(r.get("peak_over_inputs_mib"), 0),
-                            fmt(ratio.get(f"time_{r['row']}_over_xla_dense")),
-                            fmt(ratio.get(f"time_{r['row']}_over_cce")),
-                            _sci_pair(r.get("grad_rel_err_vs_xla_dense"))])
+    for r, measured in _cross_entropy_rows(data, extra=2):
+        cells = [f"{r['n']:,} × {r['d']:,} × {r['v']:,}", r["dtype"], r["row"]] + measured
+        if "step_s" in r:
+            cells += [fmt(r["ratio"].get(f"time_{r['row']}_over_cce")),
+                      _sci_pair(r.get("grad_rel_err_vs_xla_dense"))]
+        out.append(cells)
     return "\n\n".join([
         "Forward + backward of the mean cross-entropy of `h Wᵀ` with respect to h and W "
         "(every 17th target ignored); median of the interleaved rounds. Gradient error: the "
@@ -1202,17 +1210,11 @@ def section_gpu_cross_entropy_blocks(folder="gpu_cross_entropy"):
         data = load(f"{folder}/{file}")
         blocks = data["settings"].get("blocks")
         chunk = data["settings"].get("chunk_size")
-        ratios = {(e["n"], e["d"], e["v"], e["dtype"]): e for e in data.get("ratios", [])}
-        for r in data["rows"]:
-            ratio = ratios.get((r["n"], r["d"], r["v"], r["dtype"]), {})
-            cells = [" × ".join(str(b) for b in blocks) if blocks else "default",
-                     f"{chunk:,}" if chunk else "–",
-                     f"{r['n']:,} × {r['d']:,} × {r['v']:,}", r["dtype"], r["row"]]
-            if "step_s" not in r:
-                out.append(cells + [_error_cell(r), "–", "–"])
-                continue
-            out.append(cells + [fmt(1000 * r["step_s"], 2), fmt(r.get("peak_over_inputs_mib"), 0),
-                                fmt(ratio.get(f"time_{r['row']}_over_xla_dense"))])
+        for r, measured in _cross_entropy_rows(data):
+            out.append([" × ".join(str(b) for b in blocks) if blocks else "default",
+                        f"{chunk:,}" if chunk else "–",
+                        f"{r['n']:,} × {r['d']:,} × {r['v']:,}", r["dtype"], r["row"]]
+                       + measured)
         sources.append(provenance(f"{folder}/{file}", _machine_text(data)))
     return "\n\n".join([
         table(["kernel blocks (n × v × d)", "chunk_size", "N × d × V", "dtype", "row", "ms / step",
