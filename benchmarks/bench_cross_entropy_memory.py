@@ -26,7 +26,7 @@ import select_backend  # benchmarks/select_backend.py
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-MIB = 2.0**20
+MIB = measure.MIB
 
 
 def parse_args(argv=None):
