@@ -23,7 +23,11 @@ dtype (`--shapes`):
   the masked mean of its `nll`): exact, to compare the two backwards;
 * `ours_tiled`: the XLA tiled pass (`implementation="ops"`; the
   library's default on every platform since an H200 measured it faster
-  than the kernel, `pallas_cross_entropy.AUTO_PLATFORMS`).
+  than the kernel, `pallas_cross_entropy.AUTO_PLATFORMS`);
+* `ours_blocked`: the tiled pass over token blocks (`token_chunk_size=
+  --token_chunk_size`, tiles of `--blocked_chunk_size` words): its
+  two-pass backward keeps no float32 `[N, d]` accumulator (issue 29's
+  memory target), for a fifth `N d V` product.
 
 The PyTorch rows run first (then PyTorch's cache is emptied), the JAX rows
 next, in the same process. Per shape and framework: one warm-up call of
@@ -59,7 +63,7 @@ import time
 import measure  # benchmarks/measure.py (the script's own folder)
 
 ROWS = ("torch_dense", "liger", "cce", "xla_dense", "ours", "ours_filtered", "ours_atomic",
-        "ours_tiled")
+        "ours_tiled", "ours_blocked")
 TORCH_ROWS = ("torch_dense", "liger", "cce")
 DEFAULT_SHAPES = "8192x2304x256000:bfloat16,float32;4096x1024x131072:float32"
 IGNORE_INDEX = -100
@@ -187,8 +191,9 @@ def timed(out, calls, repeats):
 
 
 # ---------------------------------------------------------------------- JAX
-def jax_losses(rows, implementation, filter_eps, chunk_size):
-    """`{row: loss_fn(h, w, t)}` of the JAX rows (functions of arrays)."""
+def jax_losses(rows, implementation, filter_eps, chunk_size, blocked=(2048, 2048)):
+    """`{row: loss_fn(h, w, t)}` of the JAX rows (functions of arrays);
+    `blocked` is `ours_blocked`'s `(token_chunk_size, chunk_size)`."""
     import jax
     import jax.numpy as jnp
 
@@ -202,10 +207,11 @@ def jax_losses(rows, implementation, filter_eps, chunk_size):
         picked = jnp.take_along_axis(log_p, jnp.where(keep, t, 0)[:, None], axis=1)[:, 0]
         return -jnp.sum(jnp.where(keep, picked, 0.0)) / jnp.maximum(jnp.sum(keep), 1)
 
-    def ours(implementation, eps=None):
+    def ours(implementation, eps=None, chunk_size=chunk_size, token_chunk_size=None):
         return lambda h, w, t: linear_cross_entropy(
             h, w, t, kernel_transposed=True, ignore_index=IGNORE_INDEX,
-            implementation=implementation, filter_eps=eps, chunk_size=chunk_size)
+            implementation=implementation, filter_eps=eps, chunk_size=chunk_size,
+            token_chunk_size=token_chunk_size)
 
     def atomic(h, w, t):
         keep = t != IGNORE_INDEX
@@ -215,7 +221,8 @@ def jax_losses(rows, implementation, filter_eps, chunk_size):
 
     fns = {"xla_dense": dense, "ours": ours(implementation),
            "ours_filtered": ours(implementation, filter_eps), "ours_atomic": atomic,
-           "ours_tiled": ours("ops")}
+           "ours_tiled": ours("ops"),
+           "ours_blocked": ours("ops", chunk_size=blocked[1], token_chunk_size=blocked[0])}
     return {row: fn for row, fn in fns.items() if row in rows}
 
 
@@ -229,7 +236,8 @@ def relative_error(grads, reference):
     return errors
 
 
-def jax_case(case, host, rows, repeats, implementation, filter_eps, chunk_size):
+def jax_case(case, host, rows, repeats, implementation, filter_eps, chunk_size,
+             blocked=(2048, 2048)):
     """The JAX rows of one `(n, d, v, dtype)` case: `{row: result}`."""
     rows = [r for r in rows if r not in TORCH_ROWS]
     if not rows:
@@ -245,7 +253,7 @@ def jax_case(case, host, rows, repeats, implementation, filter_eps, chunk_size):
     w = jnp.asarray(w_np, dtype)
     t = jnp.asarray(t_np)
     out, calls, grads = {}, {}, {}
-    for row, fn in jax_losses(rows, implementation, filter_eps, chunk_size).items():
+    for row, fn in jax_losses(rows, implementation, filter_eps, chunk_size, blocked).items():
         try:
             # Compiled once (XLA's memory analysis of what runs); `first_s`:
             # the compilation and the first call.
@@ -267,8 +275,9 @@ def jax_case(case, host, rows, repeats, implementation, filter_eps, chunk_size):
                         "grad_mib": (h.size + w.size) * h.dtype.itemsize / MIB,
                         "memory_source": "XLA compiled memory_analysis (temp + output)"}
             if row != "xla_dense":
-                out[row]["pallas_kernel"] = row == "ours_atomic" or bool(uses_kernel(
-                    h, w, "ops" if row == "ours_tiled" else implementation))
+                out[row]["pallas_kernel"] = row == "ours_atomic" or bool(
+                    row not in ("ours_tiled", "ours_blocked")
+                    and uses_kernel(h, w, implementation))
             grads[row] = g
             calls[row] = call
         except Exception as err:  # out of memory, a lowering error
@@ -392,7 +401,8 @@ def run(settings, save=None):
                              settings["torch_tf32"])
         results.update(jax_case(case, host, settings["rows"], settings["repeats"],
                                 settings["implementation"], settings["filter_eps"],
-                                settings["chunk_size"]))
+                                settings["chunk_size"],
+                                (settings["token_chunk_size"], settings["blocked_chunk_size"])))
         for row in settings["rows"]:
             r = dict(results.get(row, {"row": row, "skipped": "not run"}),
                      n=n, d=d, v=v, dtype=dtype)
@@ -455,6 +465,10 @@ def parse_args(argv):
     parser.add_argument("--chunk_size", type=int, default=4096,
                         help="chunk_size of the `ours` rows (the kernel's backward chunk "
                         "bound; the tiled pass's tile width).")
+    parser.add_argument("--token_chunk_size", type=int, default=2048,
+                        help="token_chunk_size of `ours_blocked` (tokens per block).")
+    parser.add_argument("--blocked_chunk_size", type=int, default=2048,
+                        help="chunk_size of `ours_blocked` (words per tile).")
     parser.add_argument("--blocks", default=None,
                         help="The kernel's 'block_n,block_v,block_d' "
                         "(pallas_cross_entropy.GPU_BLOCKS; default its own).")
@@ -477,6 +491,8 @@ def parse_args(argv):
                   "implementation": args.implementation, "filter_eps": args.filter_eps,
                   "torch_tf32": args.torch_tf32, "check_options": args.check_options,
                   "chunk_size": args.chunk_size, "max_seconds": args.max_seconds,
+                  "token_chunk_size": args.token_chunk_size,
+                  "blocked_chunk_size": args.blocked_chunk_size,
                   "blocks": [int(x) for x in args.blocks.split(",")] if args.blocks else None}
 
 

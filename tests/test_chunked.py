@@ -200,7 +200,7 @@ def compare(*args, **kwargs):
 
 def compare_one(h, kernel, bias, targets, weights, name, transform, params,
                 chunk_size, transposed=False, mode="eager", dtype="float32",
-                rtol=None, implementation="auto"):
+                rtol=None, implementation="auto", token_chunk_size=None):
     """Chunked vs dense: NumPy values, and autodiff gradients of every input."""
     has_bias = bias is not None
     rtol = rtol or (1e-9 if dtype == "float64" else RTOL)
@@ -214,6 +214,7 @@ def compare_one(h, kernel, bias, targets, weights, name, transform, params,
         return chunked_pointwise_nll(
             h, k, b, targets, transform, p, chunk_size=chunk_size,
             kernel_transposed=transposed, implementation=implementation,
+            token_chunk_size=token_chunk_size,
         )
 
     def dense(*args):
@@ -291,6 +292,121 @@ def test_tile_width():
     assert tile_width(37, 36) == 19
     assert tile_width(100, 4096) == 100
     assert tile_width(13, 5) == 5 and tile_width(7, 2) == 1
+
+
+@pytest.mark.parametrize(
+    "transform,transposed,token_chunk_size,mode",
+    [("plif", True, 4, "eager"), ("identity", False, 6, "jit"),
+     ("mlp", False, 5, "eager"), ("sigsoftmax", True, 1, "jit")],
+)
+def test_token_blocks_match_dense(transform, transposed, token_chunk_size, mode):
+    """Token blocks (`token_chunk_size`) and the two-pass backward against
+    the dense formula, float64 so that the comparison is tight. N = 13 rows
+    and V = 37 words (tiles of 8, the last overlapping): blocks of 4 (the
+    last overlapping the one before by 3 rows), of 5 (by 2), and one row
+    per block; a transform with parameters (PLIF, the MLP) sums their
+    gradients over the blocks of each tile."""
+    h, kernel, bias, targets, weights = problem()
+    fn, params = make_transform(transform, np.random.default_rng(1))
+    if transposed:
+        kernel = kernel.T
+    compare(h, kernel, bias, targets, weights, transform, fn, params, chunk_size=8,
+            transposed=transposed, mode=mode, dtype="float64" if mode == "eager" else "float32",
+            token_chunk_size=token_chunk_size)
+
+
+def test_token_blocks_stats_and_entropy():
+    """`chunked_pointwise_stats` (nll, lse, score sum, entropy; a cotangent
+    on each) with token blocks: the same values and gradients as without."""
+    h, kernel, bias, _, _ = problem(n=11, v=29, seed=5)
+    targets = np.random.default_rng(5).integers(0, 29, size=(11,)).astype("int32")
+    cot = np.random.default_rng(6).normal(size=(11, 5)).astype("float32")
+    cot[:, 3] = 0.0  # the argmax has no gradient
+
+    def total(token_chunk_size):
+        def fn(h, k, b):
+            out = ksh.chunked.chunked_pointwise_stats(
+                h, k, b, targets, lambda z: 3.0 * ops.tanh(z / 3.0), chunk_size=8,
+                entropy=True, token_chunk_size=token_chunk_size)
+            stacked = ops.stack([ops.cast(x, "float32") for x in out], axis=1)
+            return ops.sum(stacked * ops.convert_to_tensor(cot))
+        return fn
+
+    args = [np.asarray(x, "float32") for x in (h, kernel, bias)]
+    value, grads, _ = value_and_grad(total(None), args)
+    got, got_grads, _ = value_and_grad(total(3), args)
+    assert abs(float(got) - float(value)) <= 1e-5 * max(1.0, abs(float(value)))
+    for name, g, e in zip(["h", "kernel", "bias"], got_grads, grads):
+        assert_close(g, e, 1e-5, f"gradient of {name}")
+
+
+@TF_ONLY
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_token_blocks_with_an_unknown_number_of_rows(implementation):
+    """In a TensorFlow graph whose batch is unknown (`fit`'s), token blocks
+    of `token_chunk_size` rows over the rows padded to whole blocks (13 rows
+    in blocks of 4: three padding rows): the same loss and gradients as
+    without blocks, compiled with XLA too."""
+    import tensorflow as tf
+
+    h, kernel, bias, targets, weights = [
+        np.asarray(x, "float32") if x.dtype == np.float64 else x for x in problem()]
+    fn, params = make_transform("plif", np.random.default_rng(1))
+    params = [np.asarray(x, "float32") for x in params]
+
+    def step(token_chunk_size, jit_compile):
+        @tf.function(jit_compile=jit_compile, input_signature=[
+            tf.TensorSpec([None, 6], "float32"), tf.TensorSpec([None], "int32")])
+        def run(h_in, t_in):
+            sources = [tf.constant(kernel), tf.constant(bias)] + [tf.constant(x) for x in params]
+            with tf.GradientTape() as tape:
+                tape.watch([h_in] + sources)
+                nll = chunked_pointwise_nll(
+                    h_in, sources[0], sources[1], t_in, fn, sources[2:], chunk_size=8,
+                    implementation=implementation, token_chunk_size=token_chunk_size)
+                total = tf.reduce_sum(nll * weights)
+            return [nll] + tape.gradient(total, [h_in] + sources)
+
+        return [to_numpy(x) for x in run(h, targets)]
+
+    expected = step(None, False)
+    for jit_compile in (False, True):
+        for got, want, name in zip(step(4, jit_compile), expected,
+                                   ["nll", "h", "kernel", "bias", "slopes"]):
+            assert_close(got, want, 1e-5, f"{name} (jit_compile={jit_compile})")
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's compiled memory of a jax.jit step")
+def test_token_blocks_memory_does_not_grow_with_rows():
+    """XLA's compiled temporaries of the loss and its gradients: with token
+    blocks about the same at 2,048 and 32,768 rows (only `[N]` vectors
+    grow), and below the one-pass form's, which holds `[N, chunk]` tiles
+    and a float32 `[N, d]` accumulator."""
+    import jax
+    import jax.numpy as jnp
+
+    def temp(n, token_chunk_size):
+        def loss(h, w, t):
+            return jnp.mean(chunked_pointwise_nll(
+                h, w, None, t, chunk_size=256, kernel_transposed=True,
+                token_chunk_size=token_chunk_size))
+
+        shapes = [jax.ShapeDtypeStruct(s, k) for s, k in
+                  (((n, 64), "float32"), ((2000, 64), "float32"), ((n,), "int32"))]
+        compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(*shapes).lower()
+        return compiled.compile().memory_analysis().temp_size_in_bytes
+
+    small, large = temp(2048, 512), temp(32768, 512)
+    assert large <= 1.25 * small, (small, large)
+    assert temp(32768, None) > 10 * large
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, True, "8"])
+def test_bad_token_chunk_size(value):
+    h, kernel, bias, targets, _ = problem()
+    with pytest.raises(ValueError, match=f"token_chunk_size={value!r}"):
+        chunked_pointwise_nll(h.astype("float32"), kernel.astype("float32"), None,
+                              targets, token_chunk_size=value)
 
 
 @pytest.mark.parametrize(

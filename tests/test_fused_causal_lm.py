@@ -296,7 +296,10 @@ def test_lora_on_tied_embedding_uses_merged_matrix(targets, monkeypatch):
     the fused loss uses `W + (alpha / r) A B`, like the stock reverse call;
     the frozen `W` stays put, `A` and `B` get the stock gradients. With the
     default targets (attention only) the embedding is simply frozen."""
-    fused, stock = _pair("gemma2", lora=targets or ["query", "value"])
+    # 32 tokens in blocks of 8 (`token_chunk_size`): the two-pass backward
+    # through keras-hub's soft cap and LoRA.
+    fused, stock = _pair("gemma2", lora=targets or ["query", "value"],
+                         fused_loss={"chunk_size": 40, "token_chunk_size": 12})
     x, y, sw = _data(1)
     embedding = fused.backbone.token_embedding
     assert embedding.lora_enabled == bool(targets)

@@ -173,6 +173,43 @@ def test_per_token_gradients_under_none_with_a_mask():
         assert_close(dk, ek, name=f"dkernel[{i}]")
 
 
+@pytest.mark.parametrize("case", ["all", "none"])
+def test_token_blocks_match_dense(case):
+    """`token_chunk_size=5` (three blocks of 4 of the 12 tokens, the
+    two-pass backward) with every option: the dense loss and gradients."""
+    h, kernel, bias, targets, options = _case_inputs(CASES[case], seed=2)
+    cot = ops.convert_to_tensor(np.random.default_rng(3).normal(size=N).astype("float32"))
+
+    def scalar(loss):
+        return ops.sum(loss * cot) if options.get("reduction") == "none" else loss
+
+    inputs = [h, kernel] + ([bias] if bias is not None else [])
+
+    def split(args):
+        return args[0], args[1], (args[2] if bias is not None else None)
+
+    value, grads, _ = value_and_grad(
+        lambda *a: scalar(dense_loss(*split(a), targets, **options)), inputs)
+    got, got_grads, _ = value_and_grad(
+        lambda *a: scalar(linear_cross_entropy(
+            *split(a)[:2], targets, split(a)[2], chunk_size=10, token_chunk_size=5,
+            **options)), inputs)
+    assert_close(got, value, name="loss")
+    for name, g, e in zip(["hidden", "kernel", "bias"], got_grads, grads):
+        assert_close(g, e, name=f"d{name}")
+
+
+def test_token_blocks_are_the_tiled_pass_s():
+    """`token_chunk_size` with `implementation="pallas"` is refused (the
+    kernel has its own blocks), naming both; bad values are refused."""
+    h, kernel, _, targets, _ = make_data(1)
+    targets = np.where(targets == IGNORE, 0, targets)
+    with pytest.raises(ValueError, match="token_chunk_size=4.*implementation='pallas'"):
+        linear_cross_entropy(h, kernel, targets, token_chunk_size=4, implementation="pallas")
+    with pytest.raises(ValueError, match="token_chunk_size=0"):
+        linear_cross_entropy(h, kernel, targets, token_chunk_size=0)
+
+
 def _jit_value_and_grads(fn, args):
     """`fn(*args)` and its gradients, compiled (TF, JAX; PyTorch: eager)."""
     if BACKEND == "tensorflow":
@@ -344,8 +381,9 @@ def _hidden_model(tied):
 def test_keras_loss_fit_and_config(tied):
     keras.utils.set_random_seed(0)
     model, proj = _hidden_model(tied)
+    # 48 tokens in blocks of 16: the two-pass backward trains the model.
     loss = ksh.LinearCrossEntropy(proj, ignore_index=0, label_smoothing=0.1,
-                                  z_loss=1e-4, chunk_size=10)
+                                  z_loss=1e-4, chunk_size=10, token_chunk_size=16)
     rng = np.random.default_rng(0)
     x = rng.integers(1, V, (8, 6)).astype("int32")
     y = np.roll(x, -1, axis=1)
@@ -369,7 +407,7 @@ def test_keras_loss_fit_and_config(tied):
         assert np.abs(to_numpy(proj.kernel)).sum() > 0
 
     config = loss.get_config()
-    assert config["kernel_path"] == kernel.path
+    assert config["kernel_path"] == kernel.path and config["token_chunk_size"] == 16
     assert config["kernel_transposed"] is tied
     restored = keras.losses.deserialize(keras.losses.serialize(loss))
     assert isinstance(restored, ksh.LinearCrossEntropy)
@@ -441,3 +479,22 @@ def test_tail_tile_benchmark_smoke(monkeypatch, tmp_path):
     assert (row["old_masked_columns"], row["new_masked_columns"]) == (11, 2)
     assert row["loss_relative_difference"] < 1e-6
     assert tiling.tile_width is before
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's compiled memory of jax.jit steps")
+def test_token_blocks_benchmark_smoke(monkeypatch, tmp_path):
+    """`benchmarks/bench_token_blocks.py` at a tiny shape: a row per
+    configuration, the same loss, the blocked one's temporaries smaller."""
+    import json
+
+    monkeypatch.syspath_prepend(BENCH)
+    import bench_token_blocks as bench
+
+    out = tmp_path / "t.json"
+    bench.main(["--n=512", "--d=32", "--v=3000", "--configs=1024:0,256:128", "--rounds=1",
+                f"--out={out}"])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["chunk_size"], r["token_chunk_size"]) for r in rows] == [(1024, None), (256, 128)]
+    assert rows[1]["loss"] == pytest.approx(rows[0]["loss"], rel=1e-6)
+    assert max(rows[1]["grad_rel_err"]) < 1e-5
+    assert rows[1]["temp_mib"] < rows[0]["temp_mib"] and rows[1]["step_s"] > 0

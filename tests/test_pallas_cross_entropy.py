@@ -208,7 +208,7 @@ def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     expected = {"xla_dense": 0, "ours": 2, "ours_filtered": 2, "ours_atomic": 2,
-                "ours_tiled": 0}
+                "ours_tiled": 0, "ours_blocked": 0}
     blocks_swept = [(128, 128, 64)]  # BLOCK_SWEEP=1
     shapes = bench.parse_shapes(bench.DEFAULT_SHAPES)
     for blocks in [pallas_cross_entropy.GPU_BLOCKS] + blocks_swept:
@@ -318,11 +318,13 @@ def test_gpu_benchmark_smoke(tmp_path, monkeypatch):
 
     out = tmp_path / "gce.json"
     bench.main(["--shapes=40x16x100:bfloat16", "--implementation=pallas", "--repeats=1",
-                "--rows=torch_dense,xla_dense,ours", f"--out={out}"])
+                "--rows=torch_dense,xla_dense,ours,ours_blocked", "--token_chunk_size=16",
+                "--blocked_chunk_size=32", f"--out={out}"])
     result = json.loads(out.read_text())
     rows = {r["row"]: r for r in result["rows"]}
-    assert set(rows) == {"torch_dense", "xla_dense", "ours"}
-    for name in ("xla_dense", "ours"):
+    assert set(rows) == {"torch_dense", "xla_dense", "ours", "ours_blocked"}
+    assert not rows["ours_blocked"]["pallas_kernel"]
+    for name in ("xla_dense", "ours", "ours_blocked"):
         r = rows[name]
         assert r["step_s"] > 0 and r["peak_over_inputs_mib"] > 0, r
         assert r["loss"] == pytest.approx(rows["xla_dense"]["loss"], rel=1e-3)

@@ -15,7 +15,7 @@ Peak extra memory is `O(N * chunk_size + d * chunk_size)` plus the gradient
 of the kernel (`[d, V]`, the size of the parameter itself), at the price of
 one extra matrix product per step (4 instead of 3 `N x d x V` products).
 
-Modules: `tiling` (tile width, count, order, masks; `check_chunk_size`),
+Modules: `tiling` (tile width, count, order, masks; `check_chunk_size`, `check_token_chunk_size`),
 `core` (the algorithm, once, in `keras.ops`), `dispatch` (the
 backend-specific primitives), `losses` (the public functions). Design notes
 and when each path wins: `docs/chunked.md`.
@@ -27,12 +27,14 @@ from keras_softmax_heads.chunked.losses import chunked_pointwise_nll
 from keras_softmax_heads.chunked.losses import chunked_pointwise_stats
 from keras_softmax_heads.chunked.tiling import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked.tiling import check_chunk_size
+from keras_softmax_heads.chunked.tiling import check_token_chunk_size
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 from keras_softmax_heads.chunked.tiling import tile_width
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "check_chunk_size",
+    "check_token_chunk_size",
     "chunked_mixture_nll",
     "chunked_pointwise_nll",
     "chunked_pointwise_stats",

@@ -22,7 +22,10 @@ Tile order and masks: `chunked.tiling`. Design notes: `docs/chunked.md`;
 the entropy: `docs/token_statistics.md`.
 """
 
+import copy
+
 import keras
+import numpy as np
 from keras import ops
 
 from keras_softmax_heads.chunked import dispatch
@@ -66,6 +69,16 @@ class TileProblem:
         self.tail_mask = None
         if self.tiling.overlap:
             self.tail_mask = ops.convert_to_tensor(self.tiling.tail_mask(), spec.acc)
+        self.token_tiling, self.rows = token_tiling(spec.token_chunk_size, h)
+        if self.rows is not None:  # rows padded to whole blocks
+            pad = self.token_tiling.num_full * self.token_tiling.size - self.rows
+            self.h_acc = pad_rows(self.h_acc, pad)
+            self.targets = pad_rows(targets, pad)
+
+    @property
+    def blocked(self):
+        """Whether the passes run over token blocks (`blocked_forward`)."""
+        return self.token_tiling is not None
 
     def transform(self, z, *values):
         """`g(z)` in the accumulation dtype; listed variables read `values`."""
@@ -82,9 +95,11 @@ class CoreSpec:
 
     def __init__(self, d, tiling, acc, low_matmul, transform_fn, variables,
                  kernel_transposed, has_bias, stats, implementation="auto",
-                 entropy=False):
+                 entropy=False, token_chunk_size=None):
         self.d = d
         self.tiling = tiling
+        # At most this many rows per tile (None: every tile spans all rows).
+        self.token_chunk_size = token_chunk_size
         self.acc = acc
         self.low_matmul = low_matmul
         # The tiles' products: in the inputs' low-precision dtype with float32
@@ -100,10 +115,34 @@ class CoreSpec:
         self.entropy = entropy  # stats mode with a fifth column, the entropy
 
 
+def token_tiling(token_chunk_size, h):
+    """`(tiling, rows)`: the token blocks of `h` `[N, d]` (a `Tiling` of its
+    rows, or None: one block) and None; or, when `N` is not static (a
+    TensorFlow graph's batch), blocks of `token_chunk_size` rows, their
+    count a tensor, and `N` (a tensor): the rows are then padded to whole
+    blocks (`pad_rows`)."""
+    if token_chunk_size is None:
+        return None, None
+    rows = h.shape[0]
+    if rows is not None:
+        if rows <= token_chunk_size:
+            return None, None
+        return Tiling.of(rows, token_chunk_size), None
+    rows = ops.shape(h)[0]
+    count = (rows + token_chunk_size - 1) // token_chunk_size
+    return Tiling(None, token_chunk_size, count, 0), rows
+
+
+def pad_rows(x, pad):
+    """`x` with `pad` (maybe a tensor) rows of zeros appended."""
+    return ops.concatenate([x, ops.zeros((pad,) + tuple(x.shape[1:]), x.dtype)], axis=0)
+
+
 def tile_loop(count, body, state):
-    """`state = body(i, state)` for `i` in `range(count)` (a static count):
-    one call with a Python 0 for a single tile, else `keras.ops.fori_loop`."""
-    if count == 1:
+    """`state = body(i, state)` for `i` in `range(count)`: one call with a
+    Python 0 for a single tile, else `keras.ops.fori_loop` (`count` may be
+    a tensor)."""
+    if isinstance(count, int) and count == 1:
         return body(0, state)
     return ops.fori_loop(0, count, body, state)
 
@@ -270,15 +309,20 @@ def score_gradient(p, g, lse, cot, start, mask, skip):
     return dg
 
 
-def backward_tile(p, lse, cot, state, start, mask, skip):
-    """One tile of the backward pass: `state` is `(dh, dparams, dkernel,
-    dbias)`; the tile's kernel and bias gradient columns are complete here
-    and written into place in the kernel's / bias' own dtype."""
+def tile_score_gradient(p, lse, cot, dparams, start, mask, skip):
+    """`(dz, w, dparams)`: one tile's recomputed score gradient `dz`
+    `[rows, size]` (through the transform's vector-Jacobian product), its
+    kernel tile, and `dparams` plus the tile's transform-parameter
+    gradients (`dparams=None`: the product w.r.t. `z` only, None
+    returned)."""
     spec = p.spec
-    dh, dparams, dkernel, dbias = state
     z, w = linear_tile(p, start, mask)
     if spec.transform_fn is not None:
-        g, pullback = dispatch.value_and_vjp(p.transform, [z] + p.params)
+        if dparams is None:
+            g, pullback = dispatch.value_and_vjp(
+                lambda z: p.transform(z, *p.params), [z])
+        else:
+            g, pullback = dispatch.value_and_vjp(p.transform, [z] + p.params)
         if mask is not None:
             g = g + mask
     else:
@@ -287,7 +331,17 @@ def backward_tile(p, lse, cot, state, start, mask, skip):
     if spec.transform_fn is not None:
         grads = pullback(dz)
         dz = ops.cast(grads[0], p.acc)
-        dparams = [a + ops.cast(g_p, p.acc) for a, g_p in zip(dparams, grads[1:])]
+        if dparams is not None:
+            dparams = [a + ops.cast(g_p, p.acc) for a, g_p in zip(dparams, grads[1:])]
+    return dz, w, dparams
+
+
+def backward_tile(p, lse, cot, state, start, mask, skip):
+    """One tile of the backward pass: `state` is `(dh, dparams, dkernel,
+    dbias)`; the tile's kernel and bias gradient columns are complete here
+    and written into place in the kernel's / bias' own dtype."""
+    dh, dparams, dkernel, dbias = state
+    dz, w, dparams = tile_score_gradient(p, lse, cot, dparams, start, mask, skip)
     dh, dkernel, dbias = project_tile_gradient(p, dz, w, start, dh, dkernel, dbias)
     return dh, dparams, dkernel, dbias
 
@@ -297,18 +351,32 @@ def project_tile_gradient(p, dz, w, start, dh, dkernel, dbias):
     `[N, size]`: `dh += dz W_tile^T`, and the tile's kernel and bias
     gradient columns written into place (`zero_gradients` made the
     buffers)."""
-    spec = p.spec
-    if spec.kernel_transposed:  # w: [size, d]
-        dh = dh + spec.product(dz, w)
-        dw, begin = spec.product(ops.transpose(dz), p.h_acc), [start, 0]
-    else:  # w: [d, size]
-        dh = dh + spec.product(dz, ops.transpose(w))
-        dw, begin = spec.product(ops.transpose(p.h_acc), dz), [0, start]
-    dkernel = p.write_gradient(dkernel, begin, dw)
-    if spec.has_bias:
+    dh = dh + hidden_tile_gradient(p, dz, w)
+    dkernel = p.write_gradient(dkernel, kernel_begin(p, start), kernel_tile_gradient(p, dz))
+    if p.spec.has_bias:
         db = ops.cast(ops.sum(dz, axis=0), dbias.dtype)
         dbias = ops.slice_update(dbias, [start], db)
     return dh, dkernel, dbias
+
+
+def hidden_tile_gradient(p, dz, w):
+    """`dz W_tile^T` `[rows, d]`: a tile's part of the gradient of `h`."""
+    if p.spec.kernel_transposed:  # w: [size, d]
+        return p.spec.product(dz, w)
+    return p.spec.product(dz, ops.transpose(w))  # w: [d, size]
+
+
+def kernel_tile_gradient(p, dz):
+    """The tile's kernel gradient from `dz` `[rows, size]` and the rows'
+    `h`: `[size, d]` (transposed kernel) or `[d, size]`."""
+    if p.spec.kernel_transposed:
+        return p.spec.product(ops.transpose(dz), p.h_acc)
+    return p.spec.product(ops.transpose(p.h_acc), dz)
+
+
+def kernel_begin(p, start):
+    """Where the tile starting at word `start` begins in the kernel."""
+    return [start, 0] if p.spec.kernel_transposed else [0, start]
 
 
 def zero_gradients(p):
@@ -319,7 +387,8 @@ def zero_gradients(p):
     dbias = ops.zeros((), p.acc)
     if p.spec.has_bias:
         dbias = ops.zeros((p.tiling.vocab,), p.bias.dtype)
-    return dispatch.zeros_like(p.h, p.acc, p.spec.implementation), dkernel, dbias
+    rows = p.h if p.rows is None else p.h_acc  # the padded rows, if padded
+    return dispatch.zeros_like(rows, p.acc, p.spec.implementation), dkernel, dbias
 
 
 def projection_gradients(p, dh, dkernel, dbias):
@@ -353,6 +422,141 @@ def backward(p, saved, upstream):
     return grads + [ops.cast(g, x.dtype) for g, x in zip(dparams, p.params)]
 
 
+def row_slice(x, start, size):
+    """Rows `[start, start + size)` of `x` (`start` may be traced)."""
+    return ops.slice(x, [start] + [0] * (len(x.shape) - 1), [size] + list(x.shape[1:]))
+
+
+def token_block(p, start):
+    """`p` restricted to the token block of `token_tiling.size` rows
+    starting at row `start` (its `h` and targets; the rest is shared)."""
+    q = copy.copy(p)
+    size = p.token_tiling.size
+    q.h_acc = row_slice(p.h_acc, start, size)
+    q.targets = row_slice(p.targets, start, size)
+    return q
+
+
+def token_loop(tiling, body, state, tail=None):
+    """`body(start, state)` over the blocks of `tiling` (a `Tiling` of rows
+    or words): the overlapping tail block first (`tail(start, state)`, or
+    `body`), then the full blocks in order."""
+    if tiling.overlap:
+        state = (tail or body)(tiling.tail_start, state)
+    return tile_loop(tiling.num_full, lambda i, state: body(i * tiling.size, state), state)
+
+
+def blocked_forward(p):
+    """`forward` over token blocks (each a whole pass over the vocabulary
+    tiles, `[rows, size]` tiles): the same `(out, saved)`. The tail block's
+    overlapping rows are computed again and overwritten by the block that
+    owns them."""
+    rows = p.token_tiling
+    n = rows.vocab if p.rows is None else rows.num_full * rows.size
+    columns = (5 if p.spec.entropy else 4) if p.spec.stats else None
+    out = ops.zeros((n,) if columns is None else (n, columns), p.acc)
+    saved = [ops.zeros((n,), p.acc) for _ in range(2 if p.spec.entropy else 1)]
+
+    def block(start, state):
+        out_b, saved_b = forward(token_block(p, start))
+        return tuple(ops.slice_update(buf, [start] + [0] * (len(buf.shape) - 1), v)
+                     for buf, v in zip(state, (out_b,) + tuple(saved_b)))
+
+    out, *saved = token_loop(rows, block, (out, *saved))
+    if p.rows is not None:  # the padding rows' results dropped
+        out = row_slice(out, 0, p.rows)
+    return out, tuple(saved)
+
+
+def block_cotangents(cot, start, size, keep=None):
+    """The `Cotangents` of the `size` rows from `start`; `keep` (`[size]`
+    bool, or None) zeroes the rows it marks False (the tail block's
+    overlap)."""
+    block = copy.copy(cot)
+    for name in ("soft", "onehot", "sum", "entropy", "mean"):
+        value = getattr(cot, name)
+        if value is not None:
+            value = row_slice(value, start, size)
+            if keep is not None and name != "mean":
+                value = ops.where(keep, value, ops.zeros_like(value))
+        setattr(block, name, value)
+    return block
+
+
+def blocked_backward(p, saved, upstream):
+    """`backward` in two passes over `[rows, size]` tiles, neither holding a
+    float32 `[N, d]` accumulator: (1) per vocabulary tile, its kernel, bias
+    and transform-parameter gradients summed over the token blocks
+    (`[size, d]` accumulator); (2) per token block, its `h` gradient summed
+    over the vocabulary tiles (`[rows, d]` accumulator), written into
+    place. The scores are recomputed in each pass: five `N d V` products
+    per step instead of four."""
+    spec, tiling, rows = p.spec, p.tiling, p.token_tiling
+    lse, mean = saved[0], (saved[1] if len(saved) > 1 else None)
+    if p.rows is not None:  # no cotangent on the padding rows
+        upstream = pad_rows(upstream, rows.num_full * rows.size - p.rows)
+    cot = Cotangents(upstream, p.acc, spec.stats, spec.entropy, mean)
+    dh, dkernel, dbias = zero_gradients(p)
+    # The tail block's rows before `overlap` belong to another block.
+    keep = ops.convert_to_tensor(np.arange(rows.size) >= rows.overlap)
+
+    def block_views(start, tail):
+        return (token_block(p, start), row_slice(lse, start, rows.size),
+                block_cotangents(cot, start, rows.size, keep if tail else None))
+
+    def vocab_tile(state, start, mask, skip):
+        dparams, dkernel, dbias = state
+
+        def add_block(t_start, acc_state, tail=False):
+            dw, db, dparams = acc_state
+            q, lse_b, cot_b = block_views(t_start, tail)
+            dz, _, dparams = tile_score_gradient(q, lse_b, cot_b, dparams, start, mask, skip)
+            dw = dw + kernel_tile_gradient(q, dz)
+            if spec.has_bias:
+                db = db + ops.sum(dz, axis=0)
+            return dw, db, dparams
+
+        shape = (tiling.size, spec.d) if spec.kernel_transposed else (spec.d, tiling.size)
+        db = ops.zeros((tiling.size,) if spec.has_bias else (), p.acc)
+        dw, db, dparams = token_loop(
+            rows, add_block, (ops.zeros(shape, p.acc), db, dparams),
+            tail=lambda t_start, acc_state: add_block(t_start, acc_state, tail=True))
+        dkernel = p.write_gradient(dkernel, kernel_begin(p, start), dw)
+        if spec.has_bias:
+            dbias = ops.slice_update(dbias, [start], ops.cast(db, dbias.dtype))
+        return dparams, dkernel, dbias
+
+    def kernel_pass():
+        state = ([ops.zeros(x.shape, p.acc) for x in p.params], dkernel, dbias)
+        if tiling.overlap:
+            state = vocab_tile(state, tiling.tail_start, p.tail_mask, tiling.overlap)
+        return tile_loop(
+            tiling.num_full,
+            lambda i, state: vocab_tile(state, i * tiling.size, None, 0), state)
+
+    def hidden_block(t_start, dh):
+        q, lse_b, cot_b = block_views(t_start, False)
+
+        def add_tile(dh_b, start, mask, skip):
+            dz, w, _ = tile_score_gradient(q, lse_b, cot_b, None, start, mask, skip)
+            return dh_b + hidden_tile_gradient(q, dz, w)
+
+        dh_b = ops.zeros((rows.size, spec.d), p.acc)
+        if tiling.overlap:
+            dh_b = add_tile(dh_b, tiling.tail_start, p.tail_mask, tiling.overlap)
+        dh_b = tile_loop(
+            tiling.num_full,
+            lambda i, dh_b: add_tile(dh_b, i * tiling.size, None, 0), dh_b)
+        return ops.slice_update(dh, [t_start, 0], ops.cast(dh_b, dh.dtype))
+
+    dparams, dkernel, dbias = kernel_pass()
+    dh = token_loop(rows, hidden_block, dh)
+    if p.rows is not None:
+        dh = row_slice(dh, 0, p.rows)
+    grads = projection_gradients(p, dh, dkernel, dbias)
+    return grads + [ops.cast(g, x.dtype) for g, x in zip(dparams, p.params)]
+
+
 def unlisted_variables_error(variables):
     return ValueError(
         "The `transform_fn` of a chunked loss read trainable variables it "
@@ -363,7 +567,7 @@ def unlisted_variables_error(variables):
 
 def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
                   chunk_size, kernel_transposed, stats=False, implementation="auto",
-                  entropy=False):
+                  entropy=False, token_chunk_size=None):
     """Flat core: h `[N, d]`, targets `[N]` int32 -> nll `[N]` (acc dtype).
 
     With `stats=True` the result is `[N, 4]`: the columns `nll`, `lse`
@@ -396,6 +600,7 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
         stats=stats,
         implementation=implementation,
         entropy=bool(entropy),
+        token_chunk_size=token_chunk_size,
     )
     if spec.entropy and not stats:
         raise ValueError("`entropy=True` needs `stats=True` (the fifth column).")
@@ -405,7 +610,9 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
         bias = args[2] if has_bias else None
         p = TileProblem(spec, args[0], args[1], bias, targets,
                         list(args[2 + int(has_bias):]))
-        out, saved = dispatch.run_pass(lambda: forward(p), implementation)
+        blocked = p.blocked
+        out, saved = dispatch.run_pass(
+            lambda: (blocked_forward if blocked else forward)(p), implementation)
 
         def grad_fn(*args, upstream=None, variables=None):
             # TensorFlow and JAX call grad_fn(upstream); PyTorch
@@ -414,7 +621,9 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
                 raise unlisted_variables_error(variables)
             if upstream is None:
                 (upstream,) = args
-            grads = dispatch.run_pass(lambda: backward(p, saved, upstream), implementation)
+            grads = dispatch.run_pass(
+                lambda: (blocked_backward if blocked else backward)(p, saved, upstream),
+                implementation)
             return (None, *grads)  # None: the int targets
 
         return out, grad_fn

@@ -17,6 +17,7 @@ from keras_softmax_heads.chunked.core import pointwise_nll
 from keras_softmax_heads.chunked.platform import chunk_size_for
 from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.chunked.tiling import check_chunk_size
+from keras_softmax_heads.chunked.tiling import check_token_chunk_size
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
@@ -54,6 +55,7 @@ def chunked_pointwise_nll(
     chunk_size=None,
     kernel_transposed=False,
     implementation="auto",
+    token_chunk_size=None,
 ):
     """Exact `-log softmax(g(h W + b))[target]` without the `[N, V]` scores.
 
@@ -72,9 +74,11 @@ def chunked_pointwise_nll(
     that dtype with float32 results, elsewhere from tiles upcast to
     float32); the gradients are returned in the inputs' dtypes.
 
-    Peak extra memory: `O(N * chunk_size + d * chunk_size)` for the tiles,
-    plus the kernel's gradient (`[d, V]`, like the kernel) in the backward
-    pass. The number of tiles and their shapes are static, so it compiles
+    Peak extra memory: `O(N * chunk_size + d * chunk_size)` for the tiles
+    and a float32 `[N, d]` accumulator of the gradient of `h`, plus the
+    kernel's gradient (`[d, V]`, like the kernel) in the backward pass;
+    with `token_chunk_size` `O((token_chunk_size + chunk_size) * (d +
+    chunk_size))`, whatever `N`. The number of tiles and their shapes are static, so it compiles
     with XLA (`jit_compile=True`, `jax.jit`). Design notes and when each
     path wins: `docs/chunked.md`.
 
@@ -108,6 +112,17 @@ def chunked_pointwise_nll(
             on TensorFlow a `tf.while_loop` running one tile at a time);
             `"ops"`: the plain `keras.ops` ones on every backend. The same
             algorithm, tile order and results either way.
+        token_chunk_size: None (default): every tile spans all `N` rows.
+            An int: when the number of rows is static and larger, tiles of
+            at most `token_chunk_size` rows (`chunked.tile_width` of the
+            rows) by `chunk_size` words, and a backward in two passes, one
+            per vocabulary tile (its kernel, bias and transform-parameter
+            gradients summed over the token blocks) and one per token block
+            (its gradient of `h` summed over the vocabulary tiles): no
+            `[N, d]` float32 accumulator, memory independent of `N`, at the
+            cost of one more recomputation of the scores (five `N d V`
+            products per step instead of four). Same results to float32
+            rounding (`docs/chunked.md`, "Token blocks").
 
     Returns:
         Float32 (float64 for float64 inputs) tensor of shape `targets.shape`:
@@ -131,6 +146,7 @@ def chunked_pointwise_nll(
     return run_core(
         h, kernel, bias, targets, transform_fn, transform_params, chunk_size,
         kernel_transposed, implementation, stats=False,
+        token_chunk_size=token_chunk_size,
     )
 
 
@@ -145,11 +161,12 @@ def chunked_pointwise_stats(
     kernel_transposed=False,
     implementation="auto",
     entropy=False,
+    token_chunk_size=None,
 ):
     """Per-row statistics of `g = g(h W + b)` over the vocabulary, tiled.
 
-    The same tiled pass as `chunked_pointwise_nll` (same arguments, same
-    memory, one backward pass that recomputes the tiles), returning four
+    The same tiled pass as `chunked_pointwise_nll` (same arguments,
+    `token_chunk_size` included, same memory, one backward pass that recomputes the tiles), returning four
     tensors of shape `targets.shape` (float32, float64 for float64 inputs):
 
     * `nll`: `logsumexp_v g_v - g_target`;
@@ -196,6 +213,7 @@ def chunked_pointwise_stats(
     out = run_core(
         h, kernel, bias, targets, transform_fn, transform_params, chunk_size,
         kernel_transposed, implementation, stats=True, entropy=entropy,
+        token_chunk_size=token_chunk_size,
     )
     nll, lse, score_sum = out[..., 0], out[..., 1], out[..., 2]
     argmax = ops.cast(ops.stop_gradient(out[..., 3]), "int32")
@@ -206,11 +224,12 @@ def chunked_pointwise_stats(
 
 def run_core(
     h, kernel, bias, targets, transform_fn, transform_params, chunk_size,
-    kernel_transposed, implementation, stats, entropy=False,
+    kernel_transposed, implementation, stats, entropy=False, token_chunk_size=None,
 ):
     """Flattens, checks and calls the core; the result has shape
     `targets.shape` (plus a last axis of 4 with `stats`, 5 with `entropy`)."""
     implementation = check_choice("implementation", implementation, ("auto", "ops"))
+    token_chunk_size = check_token_chunk_size(token_chunk_size)
     h = as_tensor(h)
     kernel = as_tensor(kernel)
     chunk_size = resolve_chunk_size(chunk_size, h, kernel, kernel_transposed)
@@ -250,6 +269,7 @@ def run_core(
         stats=stats,
         implementation=implementation,
         entropy=entropy,
+        token_chunk_size=token_chunk_size,
     )
     return ops.reshape(out, out_shape)
 

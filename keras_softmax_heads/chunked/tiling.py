@@ -39,6 +39,15 @@ def check_chunk_size(chunk_size, default=DEFAULT_CHUNK_SIZE):
     return default if chunk_size is None else chunk_size
 
 
+def check_token_chunk_size(token_chunk_size):
+    """Returns `token_chunk_size` (None, or an int >= 1), or raises.
+
+    >>> check_token_chunk_size(None), check_token_chunk_size(2048)
+    (None, 2048)
+    """
+    return check_int("token_chunk_size", token_chunk_size, minimum=1, allow_none=True)
+
+
 def kernel_geometry(h, kernel, kernel_transposed):
     """`(d, V)` of a `[d, V]` (or, transposed, `[V, d]`) kernel of static
     shape, checked against the last dimension of `h`."""

@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_softmax_heads.chunked import check_chunk_size
+from keras_softmax_heads.chunked import check_token_chunk_size
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
 from keras_softmax_heads.fused.cross_entropy import reduce_loss
 from keras_softmax_heads.fused.cross_entropy import token_terms
@@ -46,8 +47,8 @@ class FusedLossCausalLM:
 
     Args:
         fused_loss: None or a dict of `linear_cross_entropy` options
-            (`chunk_size`, `label_smoothing`, `z_loss`, `ignore_index`,
-            `reduction`, `vocab_parallel`, `implementation`);
+            (`chunk_size`, `token_chunk_size`, `label_smoothing`, `z_loss`,
+            `ignore_index`, `reduction`, `vocab_parallel`, `implementation`);
             `logit_soft_cap`, if given, must equal the model's (it is read
             from the model). Stored in `get_config`.
         fused_evaluate: bool (default True): `evaluate` and
@@ -76,6 +77,7 @@ class FusedLossCausalLM:
                            options.get("logit_soft_cap"))
         check_vocab_parallel(options.get("vocab_parallel", "auto"))
         check_chunk_size(options.get("chunk_size"))
+        check_token_chunk_size(options.get("token_chunk_size"))
         model_cap = getattr(self.backbone.token_embedding, "logit_soft_cap", None)
         if "logit_soft_cap" in options:
             cap = options["logit_soft_cap"]

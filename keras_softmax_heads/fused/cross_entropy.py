@@ -12,6 +12,7 @@ from keras import ops
 
 from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import check_chunk_size
+from keras_softmax_heads.chunked import check_token_chunk_size
 from keras_softmax_heads.chunked import kernel_geometry
 from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.fused.pallas_cross_entropy import check_filter_eps
@@ -81,6 +82,7 @@ def linear_cross_entropy(
     implementation="auto",
     vocab_parallel="auto",
     filter_eps=None,
+    token_chunk_size=None,
 ):
     """Exact cross-entropy of `softmax(g(hidden @ kernel + bias))`, tiled.
 
@@ -123,6 +125,14 @@ def linear_cross_entropy(
             shape `targets.shape`; 0 on ignored tokens).
         chunk_size: maximum vocabulary tile width (`chunked.tile_width`);
             need not divide `V`.
+        token_chunk_size: None (default) or an int: the tiled pass's tiles
+            span at most this many tokens (when their number is static and
+            larger), and its backward takes two passes (the kernel's
+            gradient per vocabulary tile, `hidden`'s per token block): no
+            float32 `[N, d]` accumulator and memory independent of `N`, for
+            one more `N d V` product per step (5 instead of 4). For long
+            sequences and the tightest memory (`docs/chunked.md`, "Token
+            blocks"). Not with `implementation="pallas"`.
         return_lse: also return the per-token `lse` (`[...]`,
             differentiable).
         return_argmax: also return the per-token argmax word (int32, first
@@ -196,7 +206,7 @@ def linear_cross_entropy(
         label_smoothing=label_smoothing, z_loss=z_loss,
         logit_soft_cap=logit_soft_cap, chunk_size=chunk_size,
         implementation=implementation, vocab_parallel=vocab_parallel,
-        filter_eps=filter_eps,
+        filter_eps=filter_eps, token_chunk_size=token_chunk_size,
     )
     out = reduce_loss(terms["loss"], terms["weights"], reduction)
     if not (return_lse or return_argmax):
@@ -227,7 +237,7 @@ def token_terms(
     hidden, kernel, targets, bias=None, *, kernel_transposed=False,
     sample_weight=None, ignore_index=None, label_smoothing=0.0, z_loss=0.0,
     logit_soft_cap=None, chunk_size=DEFAULT_CHUNK_SIZE, implementation="auto",
-    vocab_parallel="auto", filter_eps=None,
+    vocab_parallel="auto", filter_eps=None, token_chunk_size=None,
 ):
     """The per-token terms of `linear_cross_entropy` (same arguments), one
     tiled pass: a dict of tensors of the targets' shape: `"loss"` (the
@@ -239,6 +249,7 @@ def token_terms(
         "mean", ignore_index, label_smoothing, z_loss, logit_soft_cap
     )
     chunk_size = check_chunk_size(chunk_size)
+    token_chunk_size = check_token_chunk_size(token_chunk_size)
     filter_eps = check_filter_eps(filter_eps)
     hidden, kernel, bias, vocab = projection(hidden, kernel, bias, kernel_transposed)
     targets, ignored = checked_targets(targets, vocab, ignore_index)
@@ -249,7 +260,7 @@ def token_terms(
         hidden, kernel, bias, targets, transform_fn=transform_fn,
         chunk_size=chunk_size, kernel_transposed=kernel_transposed,
         implementation=implementation, vocab_parallel=vocab_parallel,
-        filter_eps=filter_eps,
+        filter_eps=filter_eps, token_chunk_size=token_chunk_size,
     )
     loss = nll
     if eps:

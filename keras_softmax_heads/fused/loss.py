@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import check_chunk_size
+from keras_softmax_heads.chunked import check_token_chunk_size
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
 from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
 from keras_softmax_heads.validation import check_choice
@@ -77,7 +78,7 @@ class LinearCrossEntropy(keras.losses.Loss):
         kernel_transposed: None (from the layer: True for an embedding), or
             bool for a variable `kernel`.
         ignore_index, label_smoothing, z_loss, logit_soft_cap, chunk_size,
-        implementation: as in `linear_cross_entropy`.
+        implementation, token_chunk_size: as in `linear_cross_entropy`.
         kernel_path, bias_path: used by `from_config`.
         reduction, name, dtype: as for every `keras.losses.Loss`.
 
@@ -103,6 +104,7 @@ class LinearCrossEntropy(keras.losses.Loss):
         logit_soft_cap=None,
         chunk_size=DEFAULT_CHUNK_SIZE,
         implementation="auto",
+        token_chunk_size=None,
         kernel_path=None,
         bias_path=None,
         reduction="sum_over_batch_size",
@@ -115,6 +117,7 @@ class LinearCrossEntropy(keras.losses.Loss):
             "mean", ignore_index, label_smoothing, z_loss, logit_soft_cap
         )
         self.chunk_size = check_chunk_size(chunk_size)
+        self.token_chunk_size = check_token_chunk_size(token_chunk_size)
         self.implementation = check_choice(
             "implementation", implementation, ("auto", "ops")
         )
@@ -209,6 +212,7 @@ class LinearCrossEntropy(keras.losses.Loss):
             reduction=reduction,
             chunk_size=self.chunk_size,
             implementation=self.implementation,
+            token_chunk_size=self.token_chunk_size,
         )
 
     def call(self, y_true, y_pred):
@@ -234,6 +238,7 @@ class LinearCrossEntropy(keras.losses.Loss):
             logit_soft_cap=self.logit_soft_cap,
             chunk_size=self.chunk_size,
             implementation=self.implementation,
+            token_chunk_size=self.token_chunk_size,
             kernel_path=self.kernel_path,
             bias_path=self.bias_path,
         )

@@ -32,17 +32,28 @@ def check_vocab_parallel(vocab_parallel):
 
 
 def single_device_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
-                        kernel_transposed, implementation, filter_eps=None):
+                        kernel_transposed, implementation, filter_eps=None,
+                        token_chunk_size=None):
     """The per-token statistics on one device: the Pallas kernel
     (`pallas_cross_entropy.pallas_pointwise_stats`) where
     `pallas_cross_entropy.uses_kernel` says it runs (`implementation`
     `"pallas"`, or `"auto"` with JAX on a GPU; `chunk_size` bounds its
     backward's vocabulary chunk), else the tiled pass
     `chunked.chunked_pointwise_stats` (`"ops"`, and `"auto"` elsewhere;
-    `filter_eps` is then ignored: exact gradients)."""
+    `filter_eps` is then ignored: exact gradients). A `token_chunk_size`
+    is the tiled pass's (`"auto"` then takes it; with `"pallas"` it
+    raises)."""
     if not isinstance(kernel, keras.Variable):
         kernel = ops.convert_to_tensor(kernel)
-    if uses_kernel(ops.convert_to_tensor(hidden), kernel, implementation):
+    if token_chunk_size is not None and implementation == "pallas":
+        raise ValueError(
+            "`token_chunk_size` sets the tiled pass's token blocks; the Pallas "
+            "kernel has its own. Pass implementation='auto' or 'ops', or no "
+            f"token_chunk_size. Received: token_chunk_size={token_chunk_size}, "
+            "implementation='pallas'"
+        )
+    if token_chunk_size is None and uses_kernel(
+            ops.convert_to_tensor(hidden), kernel, implementation):
         return pallas_pointwise_stats(
             hidden, kernel, bias, targets, transform_fn=transform_fn,
             kernel_transposed=kernel_transposed, filter_eps=filter_eps,
@@ -52,12 +63,13 @@ def single_device_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_si
         hidden, kernel, bias, targets, transform_fn=transform_fn,
         chunk_size=chunk_size, kernel_transposed=kernel_transposed,
         implementation="ops" if implementation == "ops" else "auto",
+        token_chunk_size=token_chunk_size,
     )
 
 
 def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
                     kernel_transposed, implementation, vocab_parallel="auto",
-                    filter_eps=None):
+                    filter_eps=None, token_chunk_size=None):
     """`chunked.chunked_pointwise_stats`, by the Pallas GPU kernel or
     vocabulary-parallel where they apply.
 
@@ -69,6 +81,8 @@ def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
         filter_eps: None or a float in `(0, 1)`: the Pallas kernel's
             gradient filtering (`pallas_cross_entropy`); the tiled pass
             ignores it.
+        token_chunk_size: None or an int: the tiled pass's token blocks
+            (`chunked.chunked_pointwise_stats`), on each shard too.
         vocab_parallel: `"auto"`, True or False. `"auto"` and True run
             `vocab_parallel_stats` when `vocab_parallel_layout` finds a
             sharded vocabulary axis and there is no bias; otherwise
@@ -86,11 +100,13 @@ def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
             hidden, kernel, targets, layout, transform_fn=transform_fn,
             chunk_size=chunk_size, kernel_transposed=kernel_transposed,
             implementation=implementation, filter_eps=filter_eps,
+            token_chunk_size=token_chunk_size,
         )
     return single_device_stats(
         hidden, kernel, bias, targets, transform_fn=transform_fn,
         chunk_size=chunk_size, kernel_transposed=kernel_transposed,
         implementation=implementation, filter_eps=filter_eps,
+        token_chunk_size=token_chunk_size,
     )
 
 
@@ -124,7 +140,7 @@ def vocab_parallel_layout(kernel, kernel_transposed):
 
 def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
                          chunk_size, kernel_transposed, implementation,
-                         filter_eps=None):
+                         filter_eps=None, token_chunk_size=None):
     """`chunked_pointwise_stats` with the kernel sharded on V (JAX only).
 
     Each device runs the tiled pass on its `[V / n, d]` shard, with the
@@ -142,7 +158,8 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
         layout: what `vocab_parallel_layout(kernel, kernel_transposed)`
             returned (not None).
         transform_fn, chunk_size, kernel_transposed, implementation,
-            filter_eps: as in `single_device_stats` (each shard's pass).
+            filter_eps, token_chunk_size: as in `single_device_stats` (each
+            shard's pass).
 
     Returns:
         `(nll, lse, score_sum, argmax)`, each of the targets' shape.
@@ -157,6 +174,7 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
             h, w, None, local_targets, transform_fn=transform_fn,
             chunk_size=chunk_size, kernel_transposed=kernel_transposed,
             implementation=implementation, filter_eps=filter_eps,
+            token_chunk_size=token_chunk_size,
         )
         total_lse, target = combine_shards(lse, nll, inside, vocab_axis)
         score_sum = jax.lax.psum(score_sum, vocab_axis)
