@@ -46,6 +46,7 @@ Usage:
 """
 
 import argparse
+import json
 import os
 import shlex
 import statistics
@@ -77,6 +78,10 @@ def parse_args(argv=None):
     parser.add_argument("--probe_seq_lens", default="4096,16384,65536,262144",
                         help="Sequence lengths compiled (not run) for the longest that fits "
                         "(default: steps of 4x, the target's factor).")
+    parser.add_argument("--fused_loss", default="{}",
+                        help="The fused row's `fused_loss` options, JSON (e.g. "
+                        "'{\"token_chunk_size\": 4096}': token blocks, the loss's memory "
+                        "independent of the sequence length).")
     parser.add_argument("--memory_limit_gb", type=float, default=None,
                         help="The memory a step may use (GiB; default: the device's "
                         "bytes_limit).")
@@ -88,6 +93,7 @@ def parse_args(argv=None):
     bad = [r for r in args.rows if r not in ROWS]
     if bad:
         parser.error(f"unknown rows {bad}; rows: {ROWS}")
+    args.fused_loss = json.loads(args.fused_loss)
     args.probe_seq_lens = sorted(int(x) for x in filter(None, args.probe_seq_lens.split(",")))
     return args
 
@@ -108,7 +114,8 @@ def build(row, args):
         head_dim=args.head_dim, dtype=args.dtype)
     cls = keras_hub.models.GemmaCausalLM
     if row == "fused":
-        lm = ksh.fused.fused_causal_lm(cls)(backbone=backbone, preprocessor=None)
+        lm = ksh.fused.fused_causal_lm(cls)(backbone=backbone, preprocessor=None,
+                                            fused_loss=args.fused_loss)
     else:
         lm = cls(backbone=backbone, preprocessor=None)
     lm.compile()  # keras-hub's defaults, for both rows

@@ -1141,7 +1141,10 @@ def section_gpu_cross_entropy(name="gpu_cross_entropy/bench_gpu_cross_entropy.js
         return missing_from_device_call(name, "bench_gpu_cross_entropy.py")
     out = []
     for r, measured in _cross_entropy_rows(data, extra=2):
-        cells = [f"{r['n']:,} × {r['d']:,} × {r['v']:,}", r["dtype"], r["row"]] + measured
+        label = r["row"]
+        if label == "ours_blocked":
+            label += f" ({_tile_label(data, label)})"
+        cells = [f"{r['n']:,} × {r['d']:,} × {r['v']:,}", r["dtype"], label] + measured
         if "step_s" in r:
             cells += [fmt(r["ratio"].get(f"time_{r['row']}_over_cce")),
                       _sci_pair(r.get("grad_rel_err_vs_xla_dense"))]
@@ -1194,14 +1197,28 @@ def section_tiled_memory(name="gpu_cross_entropy/tiled_memory_cpu.json"):
         provenance(name, _with_command(data))])
 
 
+def _tile_label(data, row):
+    """`ours_blocked`'s token block × tile width (`bench_gpu_cross_entropy.py`
+    settings), the `chunk_size` of the others' (the kernel's backward chunk,
+    the tiled pass's tile width)."""
+    settings = data.get("settings", {})
+    if row == "ours_blocked":
+        return (f"{settings.get('token_chunk_size', 2048):,} × "
+                f"{settings.get('blocked_chunk_size', 2048):,}")
+    chunk = settings.get("chunk_size")
+    return f"{chunk:,}" if chunk else "–"
+
+
 def section_gpu_cross_entropy_blocks(folder="gpu_cross_entropy"):
     """The third device call (`BLOCK_SWEEP=1`, issue 29): one table of the
-    `bench_gpu_cross_entropy_blocks_*.json` (the kernel's blocks) and
-    `bench_gpu_cross_entropy_chunk_*.json` (the tiled pass's tile width)
-    files, each row's ratio to XLA's dense step of its own process."""
+    `bench_gpu_cross_entropy_blocks_*.json` (the kernel's blocks),
+    `bench_gpu_cross_entropy_chunk_*.json` (the tiled pass's tile width) and
+    `bench_gpu_cross_entropy_blocked_*.json` (token blocks) files, each
+    row's ratio to XLA's dense step of its own process."""
     names = sorted(f for f in os.listdir(os.path.join(RESULTS, folder))
                    if f.startswith(("bench_gpu_cross_entropy_blocks_",
-                                    "bench_gpu_cross_entropy_chunk_")) and f.endswith(".json"))
+                                    "bench_gpu_cross_entropy_chunk_",
+                                    "bench_gpu_cross_entropy_blocked_")) and f.endswith(".json"))
     if not names:
         return ("*Not measured yet: no `bench_gpu_cross_entropy_blocks_*.json`.* Command: "
                 "`BLOCK_SWEEP=1 benchmarks/device_cross_entropy.sh OUT_DIR`.")
@@ -1209,16 +1226,42 @@ def section_gpu_cross_entropy_blocks(folder="gpu_cross_entropy"):
     for file in names:
         data = load(f"{folder}/{file}")
         blocks = data["settings"].get("blocks")
-        chunk = data["settings"].get("chunk_size")
         for r, measured in _cross_entropy_rows(data):
             out.append([" × ".join(str(b) for b in blocks) if blocks else "default",
-                        f"{chunk:,}" if chunk else "–",
+                        _tile_label(data, r["row"]),
                         f"{r['n']:,} × {r['d']:,} × {r['v']:,}", r["dtype"], r["row"]]
                        + measured)
         sources.append(provenance(f"{folder}/{file}", _machine_text(data)))
     return "\n\n".join([
-        table(["kernel blocks (n × v × d)", "chunk_size", "N × d × V", "dtype", "row", "ms / step",
-               "MiB over the inputs", "/ xla_dense time"], out), "\n".join(sources)])
+        table(["kernel blocks (n × v × d)", "chunk_size (ours_blocked: tokens × words)",
+               "N × d × V", "dtype", "row", "ms / step", "MiB over the inputs",
+               "/ xla_dense time"], out), "\n".join(sources)])
+
+
+def section_token_blocks(names=("bench_token_blocks.json", "bench_token_blocks_long.json",
+                                "gpu_cross_entropy/token_blocks_memory_cpu.json")):
+    """Token blocks against the one-pass tiled pass (`bench_token_blocks.py`):
+    compiled temporaries and, where run, the time on this CPU."""
+    out, sources = [], []
+    for name in names:
+        data = load(name)
+        if data is None:
+            out.append([f"`{name}` missing"] + ["–"] * 6)
+            continue
+        a = data["args"]
+        for r in data["rows"]:
+            tokens = r["token_chunk_size"]
+            out.append([f"{a['n']:,} × {a['d']:,} × {a['v']:,}",
+                        f"{tokens:,} × {r['chunk_size']:,}" if tokens
+                        else f"all × {r['chunk_size']:,} (one pass)",
+                        fmt(r["temp_mib"], 1), fmt(r["temp_ratio"], 2),
+                        fmt(1000 * r["step_s"], 0) if "step_s" in r else "compiled only",
+                        fmt(r.get("time_ratio"), 2) if "step_s" in r else "–",
+                        _sci(max(r["grad_rel_err"])) if "grad_rel_err" in r else "–"])
+        sources.append(provenance(name, _with_command(data)))
+    return "\n\n".join([
+        table(["N × d × V (float32)", "tile: tokens × words", "temp MiB", "/ first row",
+               "ms / step", "/ first row", "gradient difference"], out), "\n".join(sources)])
 
 
 # ----------------------------------------------------------- README lines
@@ -1384,6 +1427,7 @@ def build(make_figures=True):
             "distillation/bench_distillation_n2048_v32768_tensorflow.json"),
         "gpu_cross_entropy": section_gpu_cross_entropy(),
         "gpu_cross_entropy_blocks": section_gpu_cross_entropy_blocks(),
+        "token_blocks": section_token_blocks(),
         "tiled_memory": section_tiled_memory(),
         "tail_tile": section_tail_tile(),
         "gpu_causal_lm": section_gpu_causal_lm(),

@@ -49,3 +49,14 @@ def test_stock_and_fused_steps_and_probes(monkeypatch):
     for s, f in zip(stock["probes"], fused["probes"]):
         assert f["peak_bytes"] < s["peak_bytes"], (s, f)
     assert result["max_seq_len_fused_over_stock"] == 4.0  # 256 against 64 tokens
+
+
+def test_fused_loss_flag(monkeypatch):
+    """`--fused_loss` (JSON) is the fused row's `fused_loss` (the device call
+    passes token blocks)."""
+    monkeypatch.syspath_prepend(BENCH)
+    import bench_gpu_causal_lm as bench
+
+    assert bench.parse_args([]).fused_loss == {}
+    args = bench.parse_args(['--fused_loss={"token_chunk_size": 4096}'])
+    assert args.fused_loss == {"token_chunk_size": 4096}
