@@ -44,7 +44,7 @@ if [ "${BLOCK_SWEEP:-0}" = 1 ]; then
   done
   # Token blocks (tokens x words per tile) around the table's 2,048 x 2,048:
   # time against memory of the two-pass backward.
-  for blocked in 1024x1024 4096x2048 4096x4096; do
+  for blocked in 1024x2048 2048x1024 4096x4096; do
     timeout 60 python3 benchmarks/bench_gpu_cross_entropy.py \
         --token_chunk_size=${blocked%x*} --blocked_chunk_size=${blocked#*x} \
         --shapes=8192x2304x256000:bfloat16 --rows=xla_dense,ours_blocked --repeats=5 \
