@@ -18,8 +18,16 @@ low-precision product) is named in `chunked.dispatch`. Per tile
   gradients, then `dh += dz W_tile^T` and the tile's kernel / bias
   gradient is written into place.
 
-Tile order and masks: `chunked.tiling`. Design notes: `docs/chunked.md`;
-the entropy: `docs/token_statistics.md`.
+With `token_chunk_size` the tiles span at most that many rows too
+(`blocked_forward`, `blocked_backward`): the forward pass runs per token
+block, and the backward pass takes two passes, the kernel's (bias',
+transform parameters') gradient per vocabulary tile summed over the token
+blocks, then `h`'s per token block summed over the vocabulary tiles: no
+`[N, d]` float32 accumulator, one more recomputation of the scores.
+
+Tile order and masks: `chunked.tiling`. Design notes: `docs/chunked.md`
+("Token blocks" for the blocked passes); the entropy:
+`docs/token_statistics.md`.
 """
 
 import copy
