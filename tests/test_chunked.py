@@ -296,8 +296,8 @@ def test_tile_width():
 
 @pytest.mark.parametrize(
     "transform,transposed,token_chunk_size,mode",
-    [("plif", True, 4, "eager"), ("identity", False, 6, "jit"),
-     ("mlp", False, 5, "eager"), ("sigsoftmax", True, 1, "jit")],
+    [("plif", True, 4, "eager"), ("identity", False, 6, "jit"), ("mlp", False, 5, "eager"),
+     pytest.param("sigsoftmax", True, 1, "jit", marks=pytest.mark.slow)],
 )
 def test_token_blocks_match_dense(transform, transposed, token_chunk_size, mode):
     """Token blocks (`token_chunk_size`) and the two-pass backward against
@@ -341,7 +341,8 @@ def test_token_blocks_stats_and_entropy():
 
 
 @TF_ONLY
-@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", [
+    "auto", pytest.param("ops", marks=pytest.mark.slow)])
 def test_token_blocks_with_an_unknown_number_of_rows(implementation):
     """In a TensorFlow graph whose batch is unknown (`fit`'s), token blocks
     of `token_chunk_size` rows over the rows padded to whole blocks (13 rows
