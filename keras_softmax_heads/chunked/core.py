@@ -62,8 +62,6 @@ class TileProblem:
         self.tiling = spec.tiling
         self.acc = spec.acc
         self.h = h
-        # The low-precision product takes h in its own dtype.
-        self.h_acc = h if spec.low_matmul else ops.cast(h, spec.acc)
         self.kernel = kernel
         # Tiles in the accumulation dtype (None: the product takes them as is).
         self.read_tile = None
@@ -78,10 +76,23 @@ class TileProblem:
         if self.tiling.overlap:
             self.tail_mask = ops.convert_to_tensor(self.tiling.tail_mask(), spec.acc)
         self.token_tiling, self.rows = token_tiling(spec.token_chunk_size, h)
-        if self.rows is not None:  # rows padded to whole blocks
-            pad = self.token_tiling.num_full * self.token_tiling.size - self.rows
-            self.h_acc = pad_rows(self.h_acc, pad)
-            self.targets = pad_rows(targets, pad)
+        self.read_rows = None
+        # `h` as the products take it: the low-precision product in its own
+        # dtype, else widened to the accumulation dtype.
+        self.h_acc = None
+        if self.token_tiling is None:
+            self.h_acc = h if spec.low_matmul else ops.cast(h, spec.acc)
+        else:
+            rows = h
+            if self.rows is not None:  # rows padded to whole blocks
+                pad = self.token_tiling.num_full * self.token_tiling.size - self.rows
+                rows = pad_rows(h, pad)
+                self.targets = pad_rows(targets, pad)
+            # Each block widens its own rows (`token_block`), as tiles of the
+            # kernel are: no float32 copy of a low-precision `h` either.
+            self.read_rows = (
+                (lambda begin, size: ops.slice(rows, begin, size)) if spec.low_matmul
+                else dispatch.tile_reader(rows, spec.acc, spec.implementation))
 
     @property
     def blocked(self):
@@ -388,15 +399,22 @@ def kernel_begin(p, start):
 
 
 def zero_gradients(p):
-    """`(dh, dkernel, dbias)`: the zero gradient buffers of `h`, the kernel
-    (`dispatch.gradient_writer`'s) and the bias (a scalar without one)."""
+    """`(dh, dkernel, dbias)`: the zero gradient buffers of `h` (a float32
+    accumulator), the kernel and the bias (`kernel_gradient_buffers`)."""
+    dh = dispatch.zeros_like(p.h, p.acc, p.spec.implementation)
+    return (dh,) + kernel_gradient_buffers(p)
+
+
+def kernel_gradient_buffers(p):
+    """`(dkernel, dbias)`: the zero gradient buffers of the kernel
+    (`dispatch.gradient_writer`'s, which also sets `p.write_gradient` and
+    `p.finish_gradient`) and the bias (a scalar without one)."""
     dkernel, p.write_gradient, p.finish_gradient = dispatch.gradient_writer(
         p.kernel, p.spec.implementation)
     dbias = ops.zeros((), p.acc)
     if p.spec.has_bias:
         dbias = ops.zeros((p.tiling.vocab,), p.bias.dtype)
-    rows = p.h if p.rows is None else p.h_acc  # the padded rows, if padded
-    return dispatch.zeros_like(rows, p.acc, p.spec.implementation), dkernel, dbias
+    return dkernel, dbias
 
 
 def projection_gradients(p, dh, dkernel, dbias):
@@ -440,7 +458,7 @@ def token_block(p, start):
     starting at row `start` (its `h` and targets; the rest is shared)."""
     q = copy.copy(p)
     size = p.token_tiling.size
-    q.h_acc = row_slice(p.h_acc, start, size)
+    q.h_acc = p.read_rows([start, 0], [size, p.spec.d])
     q.targets = row_slice(p.targets, start, size)
     return q
 
@@ -504,7 +522,12 @@ def blocked_backward(p, saved, upstream):
     if p.rows is not None:  # no cotangent on the padding rows
         upstream = pad_rows(upstream, rows.num_full * rows.size - p.rows)
     cot = Cotangents(upstream, p.acc, spec.stats, spec.entropy, mean)
-    dh, dkernel, dbias = zero_gradients(p)
+    dkernel, dbias = kernel_gradient_buffers(p)
+    # `h`'s gradient is written block by block in its own dtype (like the
+    # kernel's: a bfloat16 `h` has no float32 `[N, d]` buffer either).
+    shape_of = p.h if p.rows is None else ops.zeros(
+        (rows.num_full * rows.size, spec.d), p.h.dtype)  # the padded rows
+    dh, write_dh, finish_dh = dispatch.gradient_writer(shape_of, spec.implementation)
     # The tail block's rows before `overlap` belong to another block.
     keep = ops.convert_to_tensor(np.arange(rows.size) >= rows.overlap)
 
@@ -555,10 +578,10 @@ def blocked_backward(p, saved, upstream):
         dh_b = tile_loop(
             tiling.num_full,
             lambda i, dh_b: add_tile(dh_b, i * tiling.size, None, 0), dh_b)
-        return ops.slice_update(dh, [t_start, 0], ops.cast(dh_b, dh.dtype))
+        return write_dh(dh, [t_start, 0], dh_b)
 
     dparams, dkernel, dbias = kernel_pass()
-    dh = token_loop(rows, hidden_block, dh)
+    dh = finish_dh(token_loop(rows, hidden_block, dh))
     if p.rows is not None:
         dh = row_slice(dh, 0, p.rows)
     grads = projection_gradients(p, dh, dkernel, dbias)

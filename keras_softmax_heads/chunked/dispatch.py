@@ -207,7 +207,7 @@ def tile_reader(kernel, acc, implementation="auto"):
 
 def gradient_writer(kernel, implementation="auto"):
     """`(buffer, write, finish)`: the gradient of `kernel` written tile by
-    tile.
+    tile (the kernel's; in the blocked backward also `h`'s, block by block).
 
     `buffer` is the zero gradient (`zeros_like`), `write(buffer, begin, tile)` writes a
     float32 tile into it (rounded once to `dtype`), `finish(buffer)` is the

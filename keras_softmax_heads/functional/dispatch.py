@@ -18,6 +18,8 @@ dispatch function tested against its `keras.ops` path.
   platform (a CPU's cache-sized tile, or few large tiles on a GPU / TPU);
 * `lookup`: `table[idx]` for indices known to be in range (`tf.gather` on
   TensorFlow, `ops.take` elsewhere);
+* `cumsum`: a cumulative sum in the input's dtype (`torch.cumsum` on
+  PyTorch, whose Keras `cumsum` sums float64 in float32);
 * `upstream_gradient`: the upstream gradient inside an
   `ops.custom_gradient` gradient function (positional on TensorFlow and
   JAX, keyword on PyTorch);
@@ -188,7 +190,8 @@ def knot_histogram(idx, weights, num_knots, method=None):
     * `"scatter"`: TensorFlow's `DenseBincount` (multi-threaded partial
       histograms on CPU, much faster there than `unsorted_segment_sum`; a
       scatter-add under XLA), `ops.segment_sum` on the other backends (a
-      scatter-add; `jax.ops.segment_sum` under JAX). On a GPU its updates
+      scatter-add; `jax.ops.segment_sum` under JAX; on PyTorch float64
+      weights by `index_add_`, Keras' `segment_sum` summing in float32). On a GPU its updates
       collide on the few bins where most scores fall.
     * `"sorted"`: `sorted_knot_histogram`, without any scatter (`keras.ops`,
       every backend).
@@ -249,6 +252,15 @@ def knot_histogram(idx, weights, num_knots, method=None):
             )
             for w in weights
         )
+    if keras.backend.backend() == "torch" and any(
+            keras.backend.standardize_dtype(w.dtype) == "float64" for w in weights):
+        # Keras' PyTorch `segment_sum` sums in float32 (`data.float()`):
+        # float64 weights are added in their own dtype.
+        import torch
+
+        return tuple(
+            torch.zeros(num_knots, dtype=w.dtype, device=w.device).index_add_(0, idx.long(), w)
+            for w in weights)
     return tuple(ops.segment_sum(w, idx, num_segments=num_knots) for w in weights)
 
 
@@ -377,6 +389,18 @@ def lookup(table, idx):
 
         return tf.gather(table, idx)
     return ops.take(table, idx)
+
+
+def cumsum(x, axis=0):
+    """`ops.cumsum(x, axis)` in `x`'s dtype: on PyTorch `torch.cumsum`
+    (Keras' PyTorch `cumsum` sums float64 in float32), `ops.cumsum`
+    elsewhere."""
+    if keras.backend.backend() == "torch":
+        import torch
+
+        x = ops.convert_to_tensor(x)
+        return torch.cumsum(x, dim=axis)
+    return ops.cumsum(x, axis=axis)
 
 
 def upstream_gradient(args, upstream):

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import keras
 from keras import ops
 
+from keras_softmax_heads.functional.dispatch import cumsum
 from keras_softmax_heads.functional.dispatch import fused_ll_gradient
 from keras_softmax_heads.functional.dispatch import knot_histogram
 from keras_softmax_heads.functional.dispatch import lookup
@@ -92,10 +93,10 @@ def _blocked_cumsum(x, reverse=False):
     if blocks * block > size:
         x = ops.pad(x, [[0, blocks * block - size]])
     x = ops.reshape(x, [blocks, block])
-    within = ops.cumsum(x, axis=1)
+    within = cumsum(x, axis=1)
     within = ops.pad(within[:, :-1], [[0, 0], [1, 0]])
     totals = ops.sum(x, axis=1)
-    offsets = ops.pad(ops.cumsum(totals)[:-1], [[1, 0]])
+    offsets = ops.pad(cumsum(totals)[:-1], [[1, 0]])
     out = ops.reshape(within + offsets[:, None], [-1])[:size]
     return ops.flip(out, axis=0) if reverse else out
 
