@@ -718,6 +718,12 @@ def test_bfloat16_kernel_is_not_widened_whole(transposed):
         return ops.sum(chunked_pointwise_nll(
             h, kernel, None, targets, chunk_size=chunk, kernel_transposed=transposed))
 
+    assert _largest_f32_array(_optimized_step_hlo(loss, h, kernel)) < d * v
+
+
+def _optimized_step_hlo(loss, h, kernel):
+    """The optimised XLA program of `loss(h, kernel)` and its gradients
+    with respect to both (TensorFlow's `jit_compile`, `jax.jit`)."""
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
@@ -727,14 +733,11 @@ def test_bfloat16_kernel_is_not_widened_whole(transposed):
                 value = loss(h, kernel)
             return value, tape.gradient(value, [h, kernel])
 
-        hlo = tf.function(step, jit_compile=True).experimental_get_compiler_ir(
+        return tf.function(step, jit_compile=True).experimental_get_compiler_ir(
             h, kernel)(stage="optimized_hlo")
-    else:
-        import jax
+    import jax
 
-        hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(
-            h, kernel).compile().as_text()
-    assert _largest_f32_array(hlo) < d * v
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(h, kernel).compile().as_text()
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="no XLA program on PyTorch")
@@ -755,23 +758,7 @@ def test_token_blocks_hold_no_float32_rows_by_width():
                 h, kernel, None, targets, chunk_size=chunk, kernel_transposed=True,
                 token_chunk_size=token_chunk_size))
 
-        if BACKEND == "tensorflow":
-            import tensorflow as tf
-
-            def step(h, kernel):
-                with tf.GradientTape() as tape:
-                    tape.watch([h, kernel])
-                    value = loss(h, kernel)
-                return value, tape.gradient(value, [h, kernel])
-
-            hlo = tf.function(step, jit_compile=True).experimental_get_compiler_ir(
-                h, kernel)(stage="optimized_hlo")
-        else:
-            import jax
-
-            hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(
-                h, kernel).compile().as_text()
-        return _largest_f32_array(hlo)
+        return _largest_f32_array(_optimized_step_hlo(loss, h, kernel))
 
     assert largest(None) >= n * d
     assert largest(tokens) < n * d
