@@ -293,6 +293,13 @@ class SoftmaxHead(keras.layers.Layer):
             flat = ops.reshape(inputs, (-1, self.input_dim))
             z = ops.cast(ops.einsum("nd,vd->nv", flat, words), self.accumulation_dtype)
             z = ops.reshape(z, (*ops.shape(inputs)[:-1], self.vocab_size))
+        elif keras.backend.standardize_dtype(inputs.dtype) == "float64":
+            # Keras' PyTorch `matmul` computes float64 products in float32.
+            flat = ops.reshape(inputs, (-1, self.input_dim))
+            kernel = ops.cast(self.output_kernel(), "float64")
+            z = ops.reshape(ops.einsum("nd,dv->nv", flat, kernel),
+                            (*ops.shape(inputs)[:-1], self.vocab_size))
+            z = ops.cast(z, self.accumulation_dtype)
         else:
             z = ops.cast(
                 ops.matmul(inputs, self.output_kernel()), self.accumulation_dtype
