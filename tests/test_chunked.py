@@ -295,6 +295,7 @@ def test_tile_width():
     assert tile_width(13, 5) == 5 and tile_width(7, 2) == 1
 
 
+@slow_off_tensorflow  # JAX / PyTorch: test_linear_cross_entropy's token-block cases
 @pytest.mark.parametrize(
     "transform,transposed,token_chunk_size,mode",
     [("plif", True, 4, "eager"), ("identity", False, 6, "eager"), ("mlp", False, 5, "eager"),

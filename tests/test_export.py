@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pytest
 from backends import BACKEND
+from multibackend import slow_off_tensorflow
 
 from keras_softmax_heads.heads.registry import HEADS
 from keras_softmax_heads.heads.registry import make_head
@@ -43,13 +44,30 @@ def _check(out, model, x, name):
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+#: One head of each kind of kernel (plain, PLIF's custom gradient, a mixture,
+#: the hierarchical and adaptive layouts): the SavedModel test's default run
+#: off TensorFlow; `-m slow` (and TensorFlow) export the others too.
+SAVED_MODEL_DEFAULT = ("full_softmax", "plif", "mixture_of_softmaxes", "hierarchical",
+                       "adaptive")
+
+
 @pytest.mark.skipif(BACKEND == "torch", reason="PyTorch exports with format='torch'")
 def test_every_head_exports_a_saved_model(tmp_path):
     """The SavedModel's `serve` at another batch size than the one traced
     (JAX: a symbolic batch, which PLIF's tiling must not compare)."""
+    _export_saved_models(tmp_path, SAVED_MODEL_DEFAULT)
+
+
+@slow_off_tensorflow  # jax2tf takes 2 s a head
+@pytest.mark.skipif(BACKEND == "torch", reason="PyTorch exports with format='torch'")
+def test_every_other_head_exports_a_saved_model(tmp_path):
+    _export_saved_models(tmp_path, [h for h in HEADS if h not in SAVED_MODEL_DEFAULT])
+
+
+def _export_saved_models(tmp_path, names):
     import tensorflow as tf
 
-    for name in HEADS:
+    for name in names:
         model = _model(name)
         model(_tokens(2))
         path = str(tmp_path / name)
