@@ -76,28 +76,40 @@ class TileProblem:
         if self.tiling.overlap:
             self.tail_mask = ops.convert_to_tensor(self.tiling.tail_mask(), spec.acc)
         self.token_tiling, self.rows = token_tiling(spec.token_chunk_size, h)
-        self.read_rows = None
+        self.h_blocks = self.read_rows = None
         # `h` as the products take it: the low-precision product in its own
         # dtype, else widened to the accumulation dtype.
         self.h_acc = None
         if self.token_tiling is None:
             self.h_acc = h if spec.low_matmul else ops.cast(h, spec.acc)
         else:
-            rows = h
-            if self.rows is not None:  # rows padded to whole blocks
-                pad = self.token_tiling.num_full * self.token_tiling.size - self.rows
-                rows = pad_rows(h, pad)
-                self.targets = pad_rows(targets, pad)
+            # `h` as the blocks read it: padded to whole blocks if `N` is not static.
+            self.h_blocks = h
+            if self.rows is not None:
+                self.h_blocks = pad_rows(h, self.padding)
+                self.targets = pad_rows(targets, self.padding)
             # Each block widens its own rows (`token_block`), as tiles of the
             # kernel are: no float32 copy of a low-precision `h` either.
             self.read_rows = (
-                (lambda begin, size: ops.slice(rows, begin, size)) if spec.low_matmul
-                else dispatch.tile_reader(rows, spec.acc, spec.implementation))
+                (lambda begin, size: ops.slice(self.h_blocks, begin, size)) if spec.low_matmul
+                else dispatch.tile_reader(self.h_blocks, spec.acc, spec.implementation))
 
     @property
     def blocked(self):
         """Whether the passes run over token blocks (`blocked_forward`)."""
         return self.token_tiling is not None
+
+    @property
+    def block_rows(self):
+        """The rows of the blocked passes' buffers: `N`, or `N` padded to
+        whole blocks (a tensor) when `N` is not static."""
+        tiling = self.token_tiling
+        return tiling.vocab if self.rows is None else tiling.num_full * tiling.size
+
+    @property
+    def padding(self):
+        """The padding rows (0 when `N` is static)."""
+        return 0 if self.rows is None else self.block_rows - self.rows
 
     def transform(self, z, *values):
         """`g(z)` in the accumulation dtype; listed variables read `values`."""
@@ -155,6 +167,17 @@ def token_tiling(token_chunk_size, h):
 def pad_rows(x, pad):
     """`x` with `pad` (maybe a tensor) rows of zeros appended."""
     return ops.concatenate([x, ops.zeros((pad,) + tuple(x.shape[1:]), x.dtype)], axis=0)
+
+
+def vocabulary_loop(p, body, state):
+    """`state = body(state, start, mask, skip)` over `p`'s vocabulary tiles,
+    in their order (`chunked.tiling`): the masked tail tile first (its
+    mask, `skip` = its overlap), then the full tiles (`None`, 0)."""
+    tiling = p.tiling
+    if tiling.overlap:
+        state = body(state, tiling.tail_start, p.tail_mask, tiling.overlap)
+    return tile_loop(
+        tiling.num_full, lambda i, state: body(state, i * tiling.size, None, 0), state)
 
 
 def tile_loop(count, body, state):
@@ -262,20 +285,14 @@ def forward(p):
     lse, score_sum, argmax; with `entropy` `[N, 5]`, the entropy last) and
     `saved` what the backward pass reads: `(lse,)`, with `entropy`
     `(lse, E_p[g])`, each `[N]`."""
-    tiling = p.tiling
     zeros = ops.zeros_like(p.targets, dtype=p.acc)
     state = (ops.full_like(p.targets, float("-inf"), dtype=p.acc), zeros, zeros)
     if p.spec.stats:
         state += (zeros, zeros)
     if p.spec.entropy:
         state += (zeros,)
-    if tiling.overlap:
-        state = forward_tile(p, state, tiling.tail_start, p.tail_mask, tiling.overlap)
-    state = tile_loop(
-        tiling.num_full,
-        lambda i, state: forward_tile(p, state, i * tiling.size, None, 0),
-        state,
-    )
+    state = vocabulary_loop(
+        p, lambda state, start, mask, skip: forward_tile(p, state, start, mask, skip), state)
     run_max, run_sum, target_score = state[:3]
     lse = run_max + ops.log(run_sum)
     nll = lse - target_score
@@ -430,20 +447,14 @@ def projection_gradients(p, dh, dkernel, dbias):
 def backward(p, saved, upstream):
     """The gradients of `h`, the kernel, the bias (if any) and the
     transform's parameters, in their dtypes; `saved` is `forward`'s."""
-    spec, tiling = p.spec, p.tiling
+    spec = p.spec
     lse, mean = saved[0], (saved[1] if len(saved) > 1 else None)
     cot = Cotangents(upstream, p.acc, spec.stats, spec.entropy, mean)
     dh, dkernel, dbias = zero_gradients(p)
     state = (dh, [ops.zeros(x.shape, p.acc) for x in p.params], dkernel, dbias)
-    if tiling.overlap:
-        state = backward_tile(
-            p, lse, cot, state, tiling.tail_start, p.tail_mask, tiling.overlap
-        )
-    dh, dparams, dkernel, dbias = tile_loop(
-        tiling.num_full,
-        lambda i, state: backward_tile(p, lse, cot, state, i * tiling.size, None, 0),
-        state,
-    )
+    dh, dparams, dkernel, dbias = vocabulary_loop(
+        p, lambda state, start, mask, skip: backward_tile(
+            p, lse, cot, state, start, mask, skip), state)
     grads = projection_gradients(p, dh, dkernel, dbias)
     return grads + [ops.cast(g, x.dtype) for g, x in zip(dparams, p.params)]
 
@@ -477,8 +488,7 @@ def blocked_forward(p):
     tiles, `[rows, size]` tiles): the same `(out, saved)`. The tail block's
     overlapping rows are computed again and overwritten by the block that
     owns them."""
-    rows = p.token_tiling
-    n = rows.vocab if p.rows is None else rows.num_full * rows.size
+    n = p.block_rows
     columns = (5 if p.spec.entropy else 4) if p.spec.stats else None
     out = ops.zeros((n,) if columns is None else (n, columns), p.acc)
     saved = [ops.zeros((n,), p.acc) for _ in range(2 if p.spec.entropy else 1)]
@@ -488,7 +498,7 @@ def blocked_forward(p):
         return tuple(ops.slice_update(buf, [start] + [0] * (len(buf.shape) - 1), v)
                      for buf, v in zip(state, (out_b,) + tuple(saved_b)))
 
-    out, *saved = token_loop(rows, block, (out, *saved))
+    out, *saved = token_loop(p.token_tiling, block, (out, *saved))
     if p.rows is not None:  # the padding rows' results dropped
         out = row_slice(out, 0, p.rows)
     return out, tuple(saved)
@@ -520,14 +530,12 @@ def blocked_backward(p, saved, upstream):
     spec, tiling, rows = p.spec, p.tiling, p.token_tiling
     lse, mean = saved[0], (saved[1] if len(saved) > 1 else None)
     if p.rows is not None:  # no cotangent on the padding rows
-        upstream = pad_rows(upstream, rows.num_full * rows.size - p.rows)
+        upstream = pad_rows(upstream, p.padding)
     cot = Cotangents(upstream, p.acc, spec.stats, spec.entropy, mean)
     dkernel, dbias = kernel_gradient_buffers(p)
     # `h`'s gradient is written block by block in its own dtype (like the
     # kernel's: a bfloat16 `h` has no float32 `[N, d]` buffer either).
-    shape_of = p.h if p.rows is None else ops.zeros(
-        (rows.num_full * rows.size, spec.d), p.h.dtype)  # the padded rows
-    dh, write_dh, finish_dh = dispatch.gradient_writer(shape_of, spec.implementation)
+    dh, write_dh, finish_dh = dispatch.gradient_writer(p.h_blocks, spec.implementation)
     # The tail block's rows before `overlap` belong to another block.
     keep = ops.convert_to_tensor(np.arange(rows.size) >= rows.overlap)
 
@@ -535,7 +543,7 @@ def blocked_backward(p, saved, upstream):
         return (token_block(p, start), row_slice(lse, start, rows.size),
                 block_cotangents(cot, start, rows.size, keep if tail else None))
 
-    def vocab_tile(state, start, mask, skip):
+    def vocab_tile(state, start, mask, skip):  # pass 1
         dparams, dkernel, dbias = state
 
         def add_block(t_start, acc_state, tail=False):
@@ -557,30 +565,18 @@ def blocked_backward(p, saved, upstream):
             dbias = ops.slice_update(dbias, [start], ops.cast(db, dbias.dtype))
         return dparams, dkernel, dbias
 
-    def kernel_pass():
-        state = ([ops.zeros(x.shape, p.acc) for x in p.params], dkernel, dbias)
-        if tiling.overlap:
-            state = vocab_tile(state, tiling.tail_start, p.tail_mask, tiling.overlap)
-        return tile_loop(
-            tiling.num_full,
-            lambda i, state: vocab_tile(state, i * tiling.size, None, 0), state)
-
-    def hidden_block(t_start, dh):
+    def hidden_block(t_start, dh):  # pass 2
         q, lse_b, cot_b = block_views(t_start, False)
 
         def add_tile(dh_b, start, mask, skip):
             dz, w, _ = tile_score_gradient(q, lse_b, cot_b, None, start, mask, skip)
             return dh_b + hidden_tile_gradient(q, dz, w)
 
-        dh_b = ops.zeros((rows.size, spec.d), p.acc)
-        if tiling.overlap:
-            dh_b = add_tile(dh_b, tiling.tail_start, p.tail_mask, tiling.overlap)
-        dh_b = tile_loop(
-            tiling.num_full,
-            lambda i, dh_b: add_tile(dh_b, i * tiling.size, None, 0), dh_b)
+        dh_b = vocabulary_loop(q, add_tile, ops.zeros((rows.size, spec.d), p.acc))
         return write_dh(dh, [t_start, 0], dh_b)
 
-    dparams, dkernel, dbias = kernel_pass()
+    dparams, dkernel, dbias = vocabulary_loop(
+        p, vocab_tile, ([ops.zeros(x.shape, p.acc) for x in p.params], dkernel, dbias))
     dh = finish_dh(token_loop(rows, hidden_block, dh))
     if p.rows is not None:
         dh = row_slice(dh, 0, p.rows)
