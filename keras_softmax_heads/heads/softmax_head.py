@@ -16,6 +16,7 @@ import numpy as np
 import keras
 from keras import ops
 
+from keras_softmax_heads.chunked.dispatch import matmul_fn
 from keras_softmax_heads.functional.dispatch import exportable_graph
 from keras_softmax_heads.heads.head_utils import build_context_checks
 from keras_softmax_heads.validation import check_targets
@@ -294,10 +295,10 @@ class SoftmaxHead(keras.layers.Layer):
             z = ops.cast(ops.einsum("nd,vd->nv", flat, words), self.accumulation_dtype)
             z = ops.reshape(z, (*ops.shape(inputs)[:-1], self.vocab_size))
         elif keras.backend.standardize_dtype(inputs.dtype) == "float64":
-            # Keras' PyTorch `matmul` computes float64 products in float32.
+            # `matmul_fn`: Keras' PyTorch `matmul` computes float64 products in float32.
             flat = ops.reshape(inputs, (-1, self.input_dim))
             kernel = ops.cast(self.output_kernel(), "float64")
-            z = ops.reshape(ops.einsum("nd,dv->nv", flat, kernel),
+            z = ops.reshape(matmul_fn("float64")(flat, kernel),
                             (*ops.shape(inputs)[:-1], self.vocab_size))
             z = ops.cast(z, self.accumulation_dtype)
         else:
