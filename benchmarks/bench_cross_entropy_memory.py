@@ -21,6 +21,7 @@ Usage:
 import argparse
 import os
 
+import bench_token_blocks  # benchmarks/bench_token_blocks.py
 import measure  # benchmarks/measure.py
 import select_backend  # benchmarks/select_backend.py
 
@@ -42,18 +43,8 @@ def parse_args(argv=None):
 
 def memory(n, d, v, dtype, chunk_size):
     """`measure.memory_of_compiled` of the tiled step at one tile width."""
-    import jax
-
-    from keras_softmax_heads.losses import linear_cross_entropy
-
-    def loss(h, w, t):
-        return linear_cross_entropy(h, w, t, kernel_transposed=True, ignore_index=-100,
-                                    implementation="ops", chunk_size=chunk_size)
-
-    shapes = [jax.ShapeDtypeStruct(s, k) for s, k in
-              (((n, d), dtype), ((v, d), dtype), ((n,), "int32"))]
-    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-    return measure.memory_of_compiled(step.trace(*shapes).lower().compile())
+    return measure.memory_of_compiled(bench_token_blocks.compile_step(
+        n, d, v, chunk_size, dtype=dtype, implementation="ops"))
 
 
 def main(argv=None):

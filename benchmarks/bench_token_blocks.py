@@ -51,25 +51,35 @@ def parse_configs(text):
     return configs
 
 
+def compile_step(n, d, v, chunk_size, token_chunk_size=None, dtype="float32",
+                 implementation="auto"):
+    """The compiled (not run) `jax.jit` step: `linear_cross_entropy`'s mean
+    loss of `h` `[n, d]`, the tied `W` `[v, d]` and `n` targets, and its
+    gradients with respect to `h` and `W`."""
+    import jax
+
+    from keras_softmax_heads.losses import linear_cross_entropy
+
+    def loss(h, w, t):
+        return linear_cross_entropy(h, w, t, kernel_transposed=True, chunk_size=chunk_size,
+                                    token_chunk_size=token_chunk_size,
+                                    implementation=implementation)
+
+    shapes = [jax.ShapeDtypeStruct(s, k) for s, k in
+              (((n, d), dtype), ((v, d), dtype), ((n,), "int32"))]
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(*shapes).lower().compile()
+
+
 def main(argv=None):
     args = parse_args(argv)
     select_backend.use("jax")
     import jax
     import numpy as np
 
-    from keras_softmax_heads.losses import linear_cross_entropy
-
     configs = parse_configs(args.configs)
-    shapes = [jax.ShapeDtypeStruct(s, k) for s, k in
-              (((args.n, args.d), "float32"), ((args.v, args.d), "float32"),
-               ((args.n,), "int32"))]
     compiled, rows = {}, []
     for chunk, tokens in configs:
-        step = jax.jit(jax.value_and_grad(
-            lambda h, w, t, c=chunk, k=tokens: linear_cross_entropy(
-                h, w, t, kernel_transposed=True, chunk_size=c, token_chunk_size=k),
-            argnums=(0, 1)))
-        compiled[(chunk, tokens)] = step.trace(*shapes).lower().compile()
+        compiled[(chunk, tokens)] = compile_step(args.n, args.d, args.v, chunk, tokens)
         memory = measure.memory_of_compiled(compiled[(chunk, tokens)])
         rows.append({"chunk_size": chunk, "token_chunk_size": tokens, "memory": memory,
                      "temp_mib": memory["temp"] / MIB, "output_mib": memory["output"] / MIB})
