@@ -13,6 +13,7 @@ from backends import lower_for
 from backends import jit
 from backends import value_and_grad
 from keras import ops
+from multibackend import float64  # noqa: F401 (fixture)
 
 from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.platforms import forced_platform
@@ -65,6 +66,25 @@ def test_knot_histogram_paths_match_numpy():
                     ops.convert_to_numpy(h), expected, rtol=0, atol=2e-6 * scale,
                     err_msg=f"{method}, {size} scores",
                 )
+
+
+def test_segment_sum_keeps_float64(float64):
+    """`dispatch.segment_sum` sums float64 in float64 on every backend (Keras'
+    PyTorch `segment_sum` sums in float32), rows of a 2-D `data` too, and
+    float32 as `ops.segment_sum` does."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 5, 200).astype("int32")
+    data = 1.0 + rng.normal(size=(200, 3)) * 1e-9  # below float32's resolution
+    out = ops.convert_to_numpy(dispatch.segment_sum(ops.convert_to_tensor(data), ids, 5))
+    expected = np.zeros((5, 3))
+    np.add.at(expected, ids, data)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, expected, rtol=1e-14)
+    data32 = data.astype("float32")[:, 0]
+    out32 = dispatch.segment_sum(ops.convert_to_tensor(data32), ids, 5)
+    assert ops.convert_to_numpy(out32).dtype == np.float32
+    np.testing.assert_array_equal(ops.convert_to_numpy(out32),
+                                  ops.convert_to_numpy(ops.segment_sum(data32, ids, 5)))
 
 
 def test_sorted_histogram_edge_cases():

@@ -20,6 +20,9 @@ dispatch function tested against its `keras.ops` path.
   TensorFlow, `ops.take` elsewhere);
 * `cumsum`: a cumulative sum in the input's dtype (`torch.cumsum` on
   PyTorch, whose Keras `cumsum` sums float64 in float32);
+* `segment_sum`: per-segment sums in the input's dtype (`index_add_` for
+  float64 on PyTorch, whose Keras `segment_sum` sums in float32; the
+  knot histogram's and the hierarchical heads' sums);
 * `upstream_gradient`: the upstream gradient inside an
   `ops.custom_gradient` gradient function (positional on TensorFlow and
   JAX, keyword on PyTorch);
@@ -189,7 +192,7 @@ def knot_histogram(idx, weights, num_knots, method=None):
 
     * `"scatter"`: TensorFlow's `DenseBincount` (multi-threaded partial
       histograms on CPU, much faster there than `unsorted_segment_sum`; a
-      scatter-add under XLA), `ops.segment_sum` on the other backends (a
+      scatter-add under XLA), `segment_sum` on the other backends (a
       scatter-add; `jax.ops.segment_sum` under JAX; on PyTorch float64
       weights by `index_add_`, Keras' `segment_sum` summing in float32). On a GPU its updates
       collide on the few bins where most scores fall.
@@ -252,16 +255,7 @@ def knot_histogram(idx, weights, num_knots, method=None):
             )
             for w in weights
         )
-    if keras.backend.backend() == "torch" and any(
-            keras.backend.standardize_dtype(w.dtype) == "float64" for w in weights):
-        # Keras' PyTorch `segment_sum` sums in float32 (`data.float()`):
-        # float64 weights are added in their own dtype.
-        import torch
-
-        return tuple(
-            torch.zeros(num_knots, dtype=w.dtype, device=w.device).index_add_(0, idx.long(), w)
-            for w in weights)
-    return tuple(ops.segment_sum(w, idx, num_segments=num_knots) for w in weights)
+    return tuple(segment_sum(w, idx, num_knots) for w in weights)
 
 
 def uses_fused_ll_gradient(dtype):
@@ -401,6 +395,24 @@ def cumsum(x, axis=0):
         x = ops.convert_to_tensor(x)
         return torch.cumsum(x, dim=axis)
     return ops.cumsum(x, axis=axis)
+
+
+def segment_sum(data, segment_ids, num_segments):
+    """`ops.segment_sum(data, segment_ids, num_segments=num_segments)` in
+    `data`'s dtype: float64 on PyTorch by `index_add_` (Keras' PyTorch
+    `segment_sum` sums in float32, `data.float()`), `ops.segment_sum`
+    otherwise. The ids must lie in `[0, num_segments)` (TensorFlow and
+    `index_add_` refuse others)."""
+    if (keras.backend.backend() == "torch"
+            and keras.backend.standardize_dtype(data.dtype) == "float64"):
+        import torch
+
+        data = ops.convert_to_tensor(data)
+        ids = ops.convert_to_tensor(segment_ids).long()
+        out = torch.zeros((num_segments,) + tuple(data.shape[1:]), dtype=data.dtype,
+                          device=data.device)
+        return out.index_add_(0, ids, data)
+    return ops.segment_sum(data, segment_ids, num_segments=num_segments)
 
 
 def upstream_gradient(args, upstream):

@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_softmax_heads import clustering
 from keras_softmax_heads.clustering import CLUSTERING_STRATEGIES
+from keras_softmax_heads.functional.dispatch import segment_sum
 from keras_softmax_heads.heads.head_utils import add_constant_weight
 from keras_softmax_heads.heads.head_utils import check_static_shapes
 from keras_softmax_heads.heads.head_utils import config_vocab_size
@@ -303,7 +304,7 @@ class HierarchicalSoftmax(SoftmaxHead):
         zt = ops.transpose(z)  # [V, N]
         peak = ops.segment_max(zt, cow, num_segments=self.num_clusters)  # [C, N]
         peak_w = ops.take(peak, cow, axis=0)  # [V, N]
-        total = ops.segment_sum(ops.exp(zt - peak_w), cow, num_segments=self.num_clusters)
+        total = segment_sum(ops.exp(zt - peak_w), cow, self.num_clusters)
         lse_w = ops.take(ops.log(total) + peak, cow, axis=0)  # [V, N]
         word_lp = ops.transpose(zt - lse_w)  # [N, V]
         log_p = word_lp + ops.take(class_lp, cow, axis=1)
