@@ -27,7 +27,11 @@ dtype (`--shapes`):
 * `ours_blocked`: the tiled pass over token blocks (`token_chunk_size=
   --token_chunk_size`, tiles of `--blocked_chunk_size` words): its
   two-pass backward keeps no float32 `[N, d]` accumulator (issue 29's
-  memory target), for a fifth `N d V` product.
+  memory target), for a fifth `N d V` product;
+* `ours_summed`: the gradient in the forward pass
+  (`gradient_in_forward=True`: chunks of `--summed_token_chunk_size` tokens,
+  default the library's, each scored over the whole vocabulary; three
+  `N d V` products, as the dense step, where the tiled pass takes four).
 
 The PyTorch rows run first (then PyTorch's cache is emptied), the JAX rows
 next, in the same process. Per shape and framework: one warm-up call of
@@ -63,7 +67,7 @@ import time
 import measure  # benchmarks/measure.py (the script's own folder)
 
 ROWS = ("torch_dense", "liger", "cce", "xla_dense", "ours", "ours_filtered", "ours_atomic",
-        "ours_tiled", "ours_blocked")
+        "ours_tiled", "ours_blocked", "ours_summed")
 TORCH_ROWS = ("torch_dense", "liger", "cce")
 DEFAULT_SHAPES = "8192x2304x256000:bfloat16,float32;4096x1024x131072:float32"
 IGNORE_INDEX = -100
@@ -191,9 +195,11 @@ def timed(out, calls, repeats):
 
 
 # ---------------------------------------------------------------------- JAX
-def jax_losses(rows, implementation, filter_eps, chunk_size, blocked=(2048, 2048)):
+def jax_losses(rows, implementation, filter_eps, chunk_size, blocked=(2048, 2048),
+               summed_tokens=None):
     """`{row: loss_fn(h, w, t)}` of the JAX rows (functions of arrays);
-    `blocked` is `ours_blocked`'s `(token_chunk_size, chunk_size)`."""
+    `blocked` is `ours_blocked`'s `(token_chunk_size, chunk_size)`,
+    `summed_tokens` `ours_summed`'s `token_chunk_size`."""
     import jax
     import jax.numpy as jnp
 
@@ -207,11 +213,12 @@ def jax_losses(rows, implementation, filter_eps, chunk_size, blocked=(2048, 2048
         picked = jnp.take_along_axis(log_p, jnp.where(keep, t, 0)[:, None], axis=1)[:, 0]
         return -jnp.sum(jnp.where(keep, picked, 0.0)) / jnp.maximum(jnp.sum(keep), 1)
 
-    def ours(implementation, eps=None, chunk_size=chunk_size, token_chunk_size=None):
+    def ours(implementation, eps=None, chunk_size=chunk_size, token_chunk_size=None,
+             in_forward=False):
         return lambda h, w, t: linear_cross_entropy(
             h, w, t, kernel_transposed=True, ignore_index=IGNORE_INDEX,
             implementation=implementation, filter_eps=eps, chunk_size=chunk_size,
-            token_chunk_size=token_chunk_size)
+            token_chunk_size=token_chunk_size, gradient_in_forward=in_forward)
 
     def atomic(h, w, t):
         keep = t != IGNORE_INDEX
@@ -222,7 +229,8 @@ def jax_losses(rows, implementation, filter_eps, chunk_size, blocked=(2048, 2048
     fns = {"xla_dense": dense, "ours": ours(implementation),
            "ours_filtered": ours(implementation, filter_eps), "ours_atomic": atomic,
            "ours_tiled": ours("ops"),
-           "ours_blocked": ours("ops", chunk_size=blocked[1], token_chunk_size=blocked[0])}
+           "ours_blocked": ours("ops", chunk_size=blocked[1], token_chunk_size=blocked[0]),
+           "ours_summed": ours("ops", token_chunk_size=summed_tokens, in_forward=True)}
     return {row: fn for row, fn in fns.items() if row in rows}
 
 
@@ -237,7 +245,7 @@ def relative_error(grads, reference):
 
 
 def jax_case(case, host, rows, repeats, implementation, filter_eps, chunk_size,
-             blocked=(2048, 2048)):
+             blocked=(2048, 2048), summed_tokens=None):
     """The JAX rows of one `(n, d, v, dtype)` case: `{row: result}`."""
     rows = [r for r in rows if r not in TORCH_ROWS]
     if not rows:
@@ -253,7 +261,8 @@ def jax_case(case, host, rows, repeats, implementation, filter_eps, chunk_size,
     w = jnp.asarray(w_np, dtype)
     t = jnp.asarray(t_np)
     out, calls, grads = {}, {}, {}
-    for row, fn in jax_losses(rows, implementation, filter_eps, chunk_size, blocked).items():
+    for row, fn in jax_losses(rows, implementation, filter_eps, chunk_size, blocked,
+                              summed_tokens).items():
         try:
             # Compiled once (XLA's memory analysis of what runs); `first_s`:
             # the compilation and the first call.
@@ -276,7 +285,7 @@ def jax_case(case, host, rows, repeats, implementation, filter_eps, chunk_size,
                         "memory_source": "XLA compiled memory_analysis (temp + output)"}
             if row != "xla_dense":
                 out[row]["pallas_kernel"] = row == "ours_atomic" or bool(
-                    row not in ("ours_tiled", "ours_blocked")
+                    row not in ("ours_tiled", "ours_blocked", "ours_summed")
                     and uses_kernel(h, w, implementation))
             grads[row] = g
             calls[row] = call
@@ -402,7 +411,8 @@ def run(settings, save=None):
         results.update(jax_case(case, host, settings["rows"], settings["repeats"],
                                 settings["implementation"], settings["filter_eps"],
                                 settings["chunk_size"],
-                                (settings["token_chunk_size"], settings["blocked_chunk_size"])))
+                                (settings["token_chunk_size"], settings["blocked_chunk_size"]),
+                                settings["summed_token_chunk_size"]))
         for row in settings["rows"]:
             r = dict(results.get(row, {"row": row, "skipped": "not run"}),
                      n=n, d=d, v=v, dtype=dtype)
@@ -469,6 +479,8 @@ def parse_args(argv):
                         help="token_chunk_size of `ours_blocked` (tokens per block).")
     parser.add_argument("--blocked_chunk_size", type=int, default=2048,
                         help="chunk_size of `ours_blocked` (words per tile).")
+    parser.add_argument("--summed_token_chunk_size", type=int, default=None,
+                        help="token_chunk_size of `ours_summed` (default: the library's).")
     parser.add_argument("--blocks", default=None,
                         help="The kernel's 'block_n,block_v,block_d' "
                         "(pallas_cross_entropy.GPU_BLOCKS; default its own).")
@@ -493,6 +505,7 @@ def parse_args(argv):
                   "chunk_size": args.chunk_size, "max_seconds": args.max_seconds,
                   "token_chunk_size": args.token_chunk_size,
                   "blocked_chunk_size": args.blocked_chunk_size,
+                  "summed_token_chunk_size": args.summed_token_chunk_size,
                   "blocks": [int(x) for x in args.blocks.split(",")] if args.blocks else None}
 
 

@@ -13,6 +13,9 @@ and `W` in that dtype). Rows (`--rows`), each in a fresh process:
   `tf.function` without XLA, what Keras runs on a CPU);
 * `ours`: `keras_softmax_heads.losses.linear_cross_entropy(h, W, t)`
   (`--chunk_size`, default the library's), same backend and mode;
+* `ours_summed`: the same with `gradient_in_forward=True` (the gradient
+  computed in the forward pass over chunks of tokens, three products:
+  `chunked.summed_cross_entropy`; its default token chunk);
 * `torch_chunked`: `torch.nn.functional.linear_cross_entropy(h, W.T, t,
   options=torch.nn.LinearCrossEntropyOptions())`, PyTorch's chunked
   implementation (`W.T`: PyTorch's `[V, d]` weight layout, built as such);
@@ -97,7 +100,7 @@ import select_backend  # benchmarks/select_backend.py
 from absl import app
 from absl import flags
 
-ROWS = ("keras_dense", "ours", "torch_chunked", "torch_dense")
+ROWS = ("keras_dense", "ours", "ours_summed", "torch_chunked", "torch_dense")
 TORCH_ROWS = ("torch_chunked", "torch_dense")
 DTYPES = ("float32", "bfloat16")
 #: float32 `[N, V]` buffers alive at the dense rows' peak (estimate, for
@@ -107,7 +110,8 @@ DTYPES = ("float32", "bfloat16")
 DENSE_COPIES = {"keras_dense": 2.5, "torch_dense": 3.5}
 #: Flops of a step per `N d V`: the logits and the two gradient products;
 #: the fused rows recompute the logits in the backward pass.
-FLOPS_PER_NDV = {"keras_dense": 6, "ours": 8, "torch_chunked": 6, "torch_dense": 6}
+FLOPS_PER_NDV = {"keras_dense": 6, "ours": 8, "ours_summed": 6, "torch_chunked": 6,
+                 "torch_dense": 6}
 BLOCK = 4096  # columns of W drawn at a time
 
 flags.DEFINE_enum("backend", select_backend.default_backend(), select_backend.BACKENDS,
@@ -218,7 +222,8 @@ def set_threads(row, threads):
 
 
 def keras_step(row, mode, chunk_size, device="cpu"):
-    """`(step, make_inputs)` of a Keras row (`keras_dense` or `ours`)."""
+    """`(step, make_inputs)` of a Keras row (`keras_dense`, `ours`,
+    `ours_summed`)."""
     import keras
     import steps
 
@@ -229,7 +234,8 @@ def keras_step(row, mode, chunk_size, device="cpu"):
     def loss_fn(h, w, t):
         if row == "keras_dense":
             return scce(t, keras.ops.matmul(h, w))
-        return linear_cross_entropy(h, w, t, chunk_size=chunk_size)
+        return linear_cross_entropy(h, w, t, chunk_size=chunk_size,
+                                    gradient_in_forward=row == "ours_summed")
 
     step = steps.grad_step(loss_fn, [], mode, wrt=(0, 1))
 
@@ -292,6 +298,10 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None,
         result.update(framework=f"keras {keras.__version__} ({backend})", mode=mode)
         if row == "ours":
             result["chunk_size"] = chunk_size
+        if row == "ours_summed":
+            from keras_softmax_heads.chunked.summed_divergence import default_token_chunk
+
+            result["token_chunk_size"] = default_token_chunk(v)
     result["threads"] = set_threads(row, threads)
     # A tiny step of the same kind first: loads the libraries' code, whose
     # pages would otherwise count as the step's memory.
@@ -353,12 +363,21 @@ def ratios_of(rows):
         def over(a, b, key):
             return a[key] / b[key] if a and b and b[key] > 0 else None
 
-        out.append({
+        summed = by.get((v, dtype, "ours_summed"))
+        entry = {
             "v": v, "dtype": dtype,
             "time_ours_over_keras_dense": over(ours, dense, "step_s"),
             "time_ours_over_torch_chunked": over(ours, chunked, "step_s"),
             "extra_memory_ours_over_keras_dense": over(ours, dense, "extra_mib"),
-        })
+        }
+        if summed:
+            entry.update(
+                time_ours_summed_over_keras_dense=over(summed, dense, "step_s"),
+                time_ours_summed_over_ours=over(summed, ours, "step_s"),
+                time_ours_summed_over_torch_chunked=over(summed, chunked, "step_s"),
+                extra_memory_ours_summed_over_keras_dense=over(summed, dense, "extra_mib"),
+            )
+        out.append(entry)
     return out
 
 

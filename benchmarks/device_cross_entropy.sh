@@ -6,7 +6,8 @@
 # PyTorch), XLA dense, ours (the Pallas kernel, implementation "pallas"), ours
 # with filter_eps, the tiled pass (the library's default since the first
 # GPU run) and the tiled pass over token blocks (`token_chunk_size`, the
-# lean two-pass backward), at the Gemma 2 2B shape (bfloat16,
+# lean two-pass backward) and the gradient in the forward pass
+# (`gradient_in_forward`, three products), at the Gemma 2 2B shape (bfloat16,
 # float32) and N=4096 d=1024 V=131072 (float32); then a keras-hub Gemma
 # training step, stock against fused (time, and the longest sequence that
 # fits, by XLA's compiled memory). Bounded at about 410 s in all (hard
@@ -15,8 +16,9 @@
 # device_heads.sh's fit one session's 15 minutes of device time with the
 # machine's start. Four files in OUT_DIR. BLOCK_SWEEP=1 instead runs only the
 # kernel with (128, 128, 64) blocks and the token-blocked pass at three tile
-# shapes, at the Gemma bfloat16 shape (a third call of about 200 s, if the
-# session's time allows).
+# shapes, at the Gemma bfloat16 shape, and the gradient in the forward pass
+# with chunks of 1,024 tokens (bfloat16 and float32) (a third call of about
+# 240 s, if the session's time allows).
 # Wheels in .whl/ (git-ignored; benchmarks/device_wheels.sh downloads them
 # here, the device call names ".whl" in `carry`; benchmarks/device_env.sh
 # installs them with --no-deps): Keras, namex, optree, keras-hub,
@@ -51,6 +53,12 @@ if [ "${BLOCK_SWEEP:-0}" = 1 ]; then
         --out=$out/bench_gpu_cross_entropy_blocked_${blocked}.json
     echo "blocked $blocked exit $?"
   done
+  # The gradient in the forward pass with chunks of 1,024 tokens (the
+  # table's row takes the library's default, 262 at V = 256,000).
+  timeout 60 python3 benchmarks/bench_gpu_cross_entropy.py --summed_token_chunk_size=1024 \
+      --shapes=8192x2304x256000:bfloat16,8192x2304x256000:float32 --rows=xla_dense,ours_summed \
+      --repeats=5 --out=$out/bench_gpu_cross_entropy_summed_1024.json
+  echo "summed 1024 exit $?"
 else
   # 1. The kernel against the tiled pass, every option (its own process: a
   #    Triton failure here does not stop the table).

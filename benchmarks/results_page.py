@@ -676,11 +676,14 @@ def section_fused_lce(name="bench_linear_cross_entropy.json"):
             why = str(r.get("skipped") or r.get("error") or "failed")[:60]
             out.append(cells + [why, "–", "–", "–", "–"])
             continue
-        ratio = ratios.get((r["v"], r["dtype"]), {}) if r["row"] == "ours" else {}
+        ratio = {}
+        if r["row"] in ("ours", "ours_summed"):  # the `ours_summed_...` keys
+            ratio = ratios.get((r["v"], r["dtype"]), {})
+        key = r["row"]
         out.append(cells + [fmt(r["step_s"], 3), fmt(r["extra_mib"], 0),
-                            fmt(ratio.get("time_ours_over_keras_dense")),
-                            fmt(ratio.get("time_ours_over_torch_chunked")),
-                            fmt(ratio.get("extra_memory_ours_over_keras_dense"), 3)])
+                            fmt(ratio.get(f"time_{key}_over_keras_dense")),
+                            fmt(ratio.get(f"time_{key}_over_torch_chunked")),
+                            fmt(ratio.get(f"extra_memory_{key}_over_keras_dense"), 3)])
     where = (f"{_gpu_name(data)}, Keras rows on JAX ({settings.get('backend')})"
              if gpu else f"{settings.get('threads')} threads, Keras rows on {backend} ({mode})")
     memory = ("the GPU allocator's peak (JAX `memory_stats`, `torch.cuda`)" if gpu
@@ -690,8 +693,8 @@ def section_fused_lce(name="bench_linear_cross_entropy.json"):
         f"{where}; forward + backward with respect to h and W, "
         f"median of the timed calls, each row in a fresh process. *Extra MiB*: {memory} "
         "over the inputs and weights, minus the two gradients' size.",
-        table(["V", "dtype", "row", "s / step", "extra MiB", "ours / keras_dense time",
-               "ours / torch_chunked time", "ours / keras_dense extra memory"], out),
+        table(["V", "dtype", "row", "s / step", "extra MiB", "row / keras_dense time",
+               "row / torch_chunked time", "row / keras_dense extra memory"], out),
         provenance(name, _machine_text(data))])
 
 
@@ -1205,6 +1208,9 @@ def _tile_label(data, row):
     if row == "ours_blocked":
         return (f"{settings.get('token_chunk_size', 2048):,} × "
                 f"{settings.get('blocked_chunk_size', 2048):,}")
+    if row == "ours_summed":
+        tokens = settings.get("summed_token_chunk_size")
+        return f"{tokens:,} tokens" if tokens else "default tokens"
     chunk = settings.get("chunk_size")
     return f"{chunk:,}" if chunk else "–"
 
@@ -1213,12 +1219,14 @@ def section_gpu_cross_entropy_blocks(folder="gpu_cross_entropy"):
     """The third device call (`BLOCK_SWEEP=1`, issue 29): one table of the
     `bench_gpu_cross_entropy_blocks_*.json` (the kernel's blocks),
     `bench_gpu_cross_entropy_chunk_*.json` (the tiled pass's tile width) and
-    `bench_gpu_cross_entropy_blocked_*.json` (token blocks) files, each
-    row's ratio to XLA's dense step of its own process."""
+    `bench_gpu_cross_entropy_blocked_*.json` (token blocks) and
+    `bench_gpu_cross_entropy_summed_*.json` (the gradient in the forward
+    pass) files, each row's ratio to XLA's dense step of its own process."""
     names = sorted(f for f in os.listdir(os.path.join(RESULTS, folder))
                    if f.startswith(("bench_gpu_cross_entropy_blocks_",
                                     "bench_gpu_cross_entropy_chunk_",
-                                    "bench_gpu_cross_entropy_blocked_")) and f.endswith(".json"))
+                                    "bench_gpu_cross_entropy_blocked_",
+                                    "bench_gpu_cross_entropy_summed_")) and f.endswith(".json"))
     if not names:
         return ("*Not measured yet: no `bench_gpu_cross_entropy_blocks_*.json`.* Command: "
                 "`BLOCK_SWEEP=1 benchmarks/device_cross_entropy.sh OUT_DIR`.")
@@ -1233,7 +1241,8 @@ def section_gpu_cross_entropy_blocks(folder="gpu_cross_entropy"):
                        + measured)
         sources.append(provenance(f"{folder}/{file}", _machine_text(data)))
     return "\n\n".join([
-        table(["kernel blocks (n × v × d)", "chunk_size (ours_blocked: tokens × words)",
+        table(["kernel blocks (n × v × d)",
+               "chunk_size (ours_blocked: tokens × words; ours_summed: tokens)",
                "N × d × V", "dtype", "row", "ms / step", "MiB over the inputs",
                "/ xla_dense time"], out), "\n".join(sources)])
 
@@ -1404,6 +1413,10 @@ def build(make_figures=True):
         "fused_lce": section_fused_lce(),
         "fused_lce_xla": section_fused_lce("bench_linear_cross_entropy_xla.json"),
         "fused_lce_jax": section_fused_lce("bench_linear_cross_entropy_jax.json"),
+        "fused_lce_summed_jax": section_fused_lce("bench_linear_cross_entropy_summed_jax.json"),
+        "fused_lce_summed_tf": section_fused_lce("bench_linear_cross_entropy_summed_tf.json"),
+        "fused_lce_summed_jax_v131072": section_fused_lce(
+            "bench_linear_cross_entropy_summed_jax_v131072.json"),
         "fused_lce_gpu": section_fused_lce_gpu(),
         "fused_causal_lm": section_fused_causal_lm(),
         "token_scores": section_token_scores(),

@@ -289,17 +289,20 @@ def test_fit_matches_stock_without_logits(name, monkeypatch, tmp_path):
 
 
 @slow_off_tensorflow
-@pytest.mark.parametrize("targets", [["token_embedding", "query"], None],
-                         ids=["embedding", "default"])
-def test_lora_on_tied_embedding_uses_merged_matrix(targets, monkeypatch):
+@pytest.mark.parametrize("targets, in_forward", [
+    (["token_embedding", "query"], False), (None, False), (["token_embedding", "query"], True)],
+    ids=["embedding", "default", "embedding-in-forward"])
+def test_lora_on_tied_embedding_uses_merged_matrix(targets, in_forward, monkeypatch):
     """`backbone.enable_lora(r, target_layer_names=[..., "token_embedding"])`:
     the fused loss uses `W + (alpha / r) A B`, like the stock reverse call;
     the frozen `W` stays put, `A` and `B` get the stock gradients. With the
     default targets (attention only) the embedding is simply frozen."""
     # 32 tokens in blocks of 8 (`token_chunk_size`): the two-pass backward
-    # through keras-hub's soft cap and LoRA.
+    # through keras-hub's soft cap and LoRA; or the gradient in the forward
+    # pass, in chunks of 8 tokens.
     fused, stock = _pair("gemma2", lora=targets or ["query", "value"],
-                         fused_loss={"chunk_size": 40, "token_chunk_size": 12})
+                         fused_loss={"chunk_size": 40, "token_chunk_size": 12,
+                                     "gradient_in_forward": in_forward})
     x, y, sw = _data(1)
     embedding = fused.backbone.token_embedding
     assert embedding.lora_enabled == bool(targets)
@@ -338,6 +341,9 @@ def test_soft_cap_option_must_match_the_model():
         fused_class(backbone=backbone, preprocessor=None, fused_loss={"logit_soft_cap": 30.0})
     with pytest.raises(ValueError, match="vocab_parallel"):
         fused_class(backbone=backbone, preprocessor=None, fused_loss={"vocab_parallel": "yes"})
+    with pytest.raises(ValueError, match="gradient_in_forward.*summed"):
+        fused_class(backbone=backbone, preprocessor=None,
+                    fused_loss={"gradient_in_forward": True, "reduction": "none"})
 
 
 def test_fused_evaluate_must_be_bool():

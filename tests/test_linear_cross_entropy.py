@@ -132,17 +132,23 @@ def test_matches_dense(case):
     value, grads, _ = value_and_grad(
         lambda *a: scalar(dense_loss(*split(a), targets, **options)), inputs
     )
+    # 37 words: 4 tiles of 10, 3 of 13 (overlapping); token_chunk_size=5:
+    # three blocks of 4 of the 12 tokens, the two-pass backward. Summed
+    # reductions: also the gradient in the forward pass, in one chunk and in
+    # chunks of 4 tokens.
+    configs = [(10, None, False), (16, None, False), (10, 5, False)]
+    if options.get("reduction") != "none":
+        configs += [(10, None, True), (10, 5, True)]
     for impl in IMPLEMENTATIONS:
-        # 37 words: 4 tiles of 10, 3 of 13 (overlapping); token_chunk_size=5:
-        # three blocks of 4 of the 12 tokens, the two-pass backward.
-        for chunk, tokens in ((10, None), (16, None), (10, 5)):
+        for chunk, tokens, in_forward in configs:
             got, got_grads, _ = value_and_grad(
                 lambda *a: scalar(linear_cross_entropy(
                     *split(a)[:2], targets, split(a)[2], chunk_size=chunk,
-                    implementation=impl, token_chunk_size=tokens, **options)),
+                    implementation=impl, token_chunk_size=tokens,
+                    gradient_in_forward=in_forward, **options)),
                 inputs,
             )
-            tag = f"{case}/{impl}/{chunk}/{tokens}"
+            tag = f"{case}/{impl}/{chunk}/{tokens}/{in_forward}"
             assert_close(got, value, name=f"{tag}: loss")
             for name, g, e in zip(["hidden", "kernel", "bias"], got_grads, grads):
                 assert_close(g, e, name=f"{tag}: d{name}")
@@ -210,9 +216,12 @@ def _jit_value_and_grads(fn, args):
     return to_numpy(value), [to_numpy(g) for g in grads]
 
 
-@pytest.mark.parametrize("case", ["all", "none"])
+@pytest.mark.parametrize("case", ["all", "none", "all-in-forward"])
 def test_compiled_matches_dense(case):
-    h, kernel, bias, targets, options = _case_inputs(CASES[case], seed=3)
+    in_forward = case.endswith("-in-forward")
+    h, kernel, bias, targets, options = _case_inputs(CASES[case.split("-")[0]], seed=3)
+    if in_forward:  # 12 tokens in chunks of 5 (tile_width: 4)
+        options.update(gradient_in_forward=True, token_chunk_size=5)
     cot = np.random.default_rng(4).normal(size=N).astype("float32")
 
     def scalar(loss):
@@ -234,9 +243,12 @@ def test_compiled_matches_dense(case):
         assert_close(g, e, name=f"d{name}")
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "bfloat16-in-forward"])
 def test_low_precision_inputs_accumulate_in_float32(dtype):
     h, kernel, bias, targets, options = _case_inputs(CASES["all"], seed=5)
+    if dtype.endswith("-in-forward"):
+        dtype = dtype.split("-")[0]
+        options.update(gradient_in_forward=True, token_chunk_size=5)
     h16 = ops.cast(h, dtype)
     k16 = ops.cast(kernel, dtype)
     # The reference: float32 on the same (rounded) values.
@@ -283,6 +295,51 @@ def test_lse_argmax_and_accuracy():
         lambda h: ops.sum(ops.square(ops.logsumexp(
             ops.matmul(h, kernel) + ops.convert_to_tensor(bias), axis=-1))), [h])
     assert_close(dh, eh, name="d lse**2 / dh")
+
+
+def test_gradient_in_forward_argmax_padding_and_errors():
+    """`gradient_in_forward=True`: the argmax and accuracy of the per-token
+    pass; 13 tokens in chunks of 4 (padded to 16) give the dense loss and
+    gradients; the options it cannot take are refused, naming them."""
+    h, kernel, bias, targets, weights = make_data(6)
+    z = h @ kernel + bias
+    targets[:5] = z[:5].argmax(1)
+    options = dict(ignore_index=IGNORE, sample_weight=weights, chunk_size=10)
+    expected = linear_cross_entropy(h, kernel, targets, bias, return_argmax=True, **options)
+    loss, aux = linear_cross_entropy(h, kernel, targets, bias, return_argmax=True,
+                                     gradient_in_forward=True, token_chunk_size=5, **options)
+    assert_close(loss, expected[0], name="loss")
+    np.testing.assert_array_equal(to_numpy(aux["argmax"]), z.argmax(1))
+    assert_close(aux["accuracy"], expected[1]["accuracy"], name="accuracy")
+
+    from keras_softmax_heads.chunked.divergence import OutputLayer
+    from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
+
+    rng = np.random.default_rng(3)
+    h13 = rng.normal(size=(13, D)).astype("float32")
+    y13 = rng.integers(0, V, 13).astype("int32")
+    w13 = rng.uniform(0.0, 2.0, 13).astype("float32")
+    value, (dh, dk), _ = value_and_grad(
+        lambda h, k: summed_cross_entropy(OutputLayer(h, k), y13, w13, token_chunk_size=4),
+        [h13, kernel])
+    log_p = lambda h, k: ops.log_softmax(ops.matmul(h, k), axis=-1)  # noqa: E731
+    e_value, (eh, ek), _ = value_and_grad(
+        lambda h, k: -ops.sum(ops.convert_to_tensor(w13) * ops.take_along_axis(
+            log_p(h, k), ops.convert_to_tensor(y13[:, None]), axis=1)[:, 0]),
+        [h13, kernel])
+    assert_close(value, e_value, name="13 tokens: loss")
+    assert_close(dh, eh, name="13 tokens: dh")
+    assert_close(dk, ek, name="13 tokens: dkernel")
+
+    good = np.where(targets == IGNORE, 0, targets)
+    for bad, name in ((dict(reduction="none"), "reduction='none'"),
+                      (dict(return_lse=True), "return_lse=True"),
+                      (dict(implementation="pallas"), "implementation='pallas'"),
+                      (dict(filter_eps=0.01, implementation="pallas"), "implementation='pallas'")):
+        with pytest.raises(ValueError, match=f"gradient_in_forward=True.*{name}"):
+            linear_cross_entropy(h, kernel, good, gradient_in_forward=True, **bad)
+    with pytest.raises(ValueError, match="gradient_in_forward=1"):
+        linear_cross_entropy(h, kernel, good, gradient_in_forward=1)
 
 
 def test_chunked_pointwise_stats_matches_dense():
@@ -341,6 +398,9 @@ def test_out_of_range_target_under_jit_is_nan():
     out = to_numpy(fn(ops.convert_to_tensor(h), ops.convert_to_tensor(kernel),
                       ops.convert_to_tensor(targets.astype("int32"))))
     assert np.isnan(out[1]) and np.isfinite(np.delete(out, 1)).all()
+    summed = jit(lambda h, k, t: linear_cross_entropy(h, k, t, gradient_in_forward=True))
+    assert np.isnan(to_numpy(summed(ops.convert_to_tensor(h), ops.convert_to_tensor(kernel),
+                                    ops.convert_to_tensor(targets.astype("int32")))))
 
 
 # ----------------------------------------------------------------- Keras loss
@@ -353,13 +413,18 @@ def _hidden_model(tied):
     return model, (emb if tied else out)
 
 
-@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("tied", [True, False, "in_forward"])
 def test_keras_loss_fit_and_config(tied):
     keras.utils.set_random_seed(0)
+    in_forward = tied == "in_forward"
+    tied = bool(tied)
     model, proj = _hidden_model(tied)
-    # 48 tokens in blocks of 16: the two-pass backward trains the model.
+    # 48 tokens in blocks of 16: the two-pass backward trains the model; or
+    # the gradient in the forward pass, in chunks of 16 tokens (on
+    # TensorFlow `fit`'s batch is `None`: a chunk count known when it runs).
     loss = ksh.LinearCrossEntropy(proj, ignore_index=0, label_smoothing=0.1,
-                                  z_loss=1e-4, chunk_size=10, token_chunk_size=16)
+                                  z_loss=1e-4, chunk_size=10, token_chunk_size=16,
+                                  gradient_in_forward=in_forward)
     rng = np.random.default_rng(0)
     x = rng.integers(1, V, (8, 6)).astype("int32")
     y = np.roll(x, -1, axis=1)
@@ -384,6 +449,7 @@ def test_keras_loss_fit_and_config(tied):
 
     config = loss.get_config()
     assert config["kernel_path"] == kernel.path and config["token_chunk_size"] == 16
+    assert config["gradient_in_forward"] is in_forward
     assert config["kernel_transposed"] is tied
     restored = keras.losses.deserialize(keras.losses.serialize(loss))
     assert isinstance(restored, ksh.LinearCrossEntropy)
@@ -415,6 +481,11 @@ def test_keras_loss_reductions_and_errors():
         ksh.LinearCrossEntropy(proj, z_loss=-1)
     with pytest.raises(ValueError, match="does not match"):
         ksh.LinearCrossEntropy(proj, kernel_transposed=False)
+    summed_in_forward = ksh.LinearCrossEntropy(proj, ignore_index=0, reduction="sum",
+                                               chunk_size=10, gradient_in_forward=True)
+    assert_close(summed_in_forward(y, hidden), total)
+    with pytest.raises(ValueError, match="gradient_in_forward=True.*reduction='none'"):
+        ksh.LinearCrossEntropy(proj, reduction="none", gradient_in_forward=True)
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="XLA's compiled memory of a jax.jit step")

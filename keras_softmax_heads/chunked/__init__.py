@@ -17,7 +17,10 @@ one extra matrix product per step (4 instead of 3 `N x d x V` products).
 
 Modules: `tiling` (tile width, count, order, masks; `check_chunk_size`, `check_token_chunk_size`),
 `core` (the algorithm, once, in `keras.ops`), `dispatch` (the
-backend-specific primitives), `losses` (the public functions). Design notes
+backend-specific primitives), `losses` (the public functions);
+`divergence` / `summed_divergence` (distillation) and
+`summed_cross_entropy` (a summed cross-entropy whose gradient is computed
+in the forward pass, over chunks of tokens). Design notes
 and when each path wins: `docs/chunked.md`.
 """
 

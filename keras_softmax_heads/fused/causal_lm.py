@@ -10,6 +10,7 @@ from keras import ops
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import check_token_chunk_size
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
+from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
 from keras_softmax_heads.fused.cross_entropy import reduce_loss
 from keras_softmax_heads.fused.cross_entropy import token_terms
 from keras_softmax_heads.fused.vocab_parallel import check_vocab_parallel
@@ -48,7 +49,9 @@ class FusedLossCausalLM:
     Args:
         fused_loss: None or a dict of `linear_cross_entropy` options
             (`chunk_size`, `token_chunk_size`, `label_smoothing`, `z_loss`,
-            `ignore_index`, `reduction`, `vocab_parallel`, `implementation`);
+            `ignore_index`, `reduction`, `vocab_parallel`, `implementation`,
+            `gradient_in_forward`: the training step only; evaluation
+            takes the per-token pass, which needs no gradient);
             `logit_soft_cap`, if given, must equal the model's (it is read
             from the model). Stored in `get_config`.
         fused_evaluate: bool (default True): `evaluate` and
@@ -78,6 +81,12 @@ class FusedLossCausalLM:
         check_vocab_parallel(options.get("vocab_parallel", "auto"))
         check_chunk_size(options.get("chunk_size"))
         check_token_chunk_size(options.get("token_chunk_size"))
+        if check_bool("gradient_in_forward", options.get("gradient_in_forward", False)) and (
+                check_loss_options(options.get("reduction", "mean"))[0] == "none"):
+            raise ValueError(
+                "`fused_loss['gradient_in_forward']` needs a summed reduction. "
+                f"Received: fused_loss={options}"
+            )
         model_cap = getattr(self.backbone.token_embedding, "logit_soft_cap", None)
         if "logit_soft_cap" in options:
             cap = options["logit_soft_cap"]
@@ -154,14 +163,21 @@ class FusedLossCausalLM:
         kernel, transposed, cap = self.fused_projection()
         options = dict(self.fused_loss)
         reduction = check_loss_options(options.pop("reduction", "mean"))[0]
-        # `linear_cross_entropy`'s two steps, keeping the per-token terms.
-        terms = token_terms(
-            y_pred, kernel, y, sample_weight=sample_weight,
-            kernel_transposed=transposed, logit_soft_cap=cap, **options,
-        )
-        loss = reduce_loss(terms["loss"], terms["weights"], reduction)
-        if not training:  # read by `compute_metrics`, next in the same test step
-            self._fused_eval_terms = terms
+        if options.pop("gradient_in_forward", False) and training:
+            loss = linear_cross_entropy(
+                y_pred, kernel, y, sample_weight=sample_weight,
+                kernel_transposed=transposed, logit_soft_cap=cap, reduction=reduction,
+                gradient_in_forward=True, **options,
+            )
+        else:
+            # `linear_cross_entropy`'s two steps, keeping the per-token terms.
+            terms = token_terms(
+                y_pred, kernel, y, sample_weight=sample_weight,
+                kernel_transposed=transposed, logit_soft_cap=cap, **options,
+            )
+            loss = reduce_loss(terms["loss"], terms["weights"], reduction)
+            if not training:  # read by `compute_metrics`, next in the same test step
+                self._fused_eval_terms = terms
         for extra in self.losses:
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
         return loss

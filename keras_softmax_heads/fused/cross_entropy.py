@@ -14,9 +14,15 @@ from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import check_token_chunk_size
 from keras_softmax_heads.chunked import kernel_geometry
+from keras_softmax_heads.chunked.core import accumulation_dtype
+from keras_softmax_heads.chunked.divergence import OutputLayer
+from keras_softmax_heads.chunked.losses import as_tensor
+from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
 from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.fused.pallas_cross_entropy import check_filter_eps
+from keras_softmax_heads.fused.vocab_parallel import parallel_layout
 from keras_softmax_heads.fused.vocab_parallel import pointwise_stats
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_float_dtype
 from keras_softmax_heads.validation import check_int
@@ -83,6 +89,7 @@ def linear_cross_entropy(
     vocab_parallel="auto",
     filter_eps=None,
     token_chunk_size=None,
+    gradient_in_forward=False,
 ):
     """Exact cross-entropy of `softmax(g(hidden @ kernel + bias))`, tiled.
 
@@ -132,7 +139,21 @@ def linear_cross_entropy(
             float32 `[N, d]` accumulator and memory independent of `N`, for
             one more `N d V` product per step (5 instead of 4). For long
             sequences and the tightest memory (`docs/chunked.md`, "Token
-            blocks"). Not with `implementation="pallas"`.
+            blocks"). Not with `implementation="pallas"`. With
+            `gradient_in_forward`: the most tokens a chunk (default about
+            `2**26` scores a chunk, `2**25` on TensorFlow).
+        gradient_in_forward: bool (default False). True: the gradient is
+            computed in the forward pass, over chunks of tokens each scored
+            over the whole vocabulary (`[chunk, V]` float32, never
+            `[N, V]`): three `N d V` products per training step, as the
+            dense loss, instead of the tiled pass's four
+            (`chunked.summed_cross_entropy`; Liger-Kernel's form). Needs a
+            summed reduction (`"sum"` / `"mean"`: the cotangents are then
+            the weights), and a call whose gradient is not taken
+            (evaluation) still computes it; the kernel's gradient is
+            accumulated in float32 over the chunks. Not with `return_lse`,
+            `implementation="pallas"` or the vocabulary-parallel form. See
+            `docs/chunked.md`, "The gradient in the forward pass".
         return_lse: also return the per-token `lse` (`[...]`,
             differentiable).
         return_argmax: also return the per-token argmax word (int32, first
@@ -200,14 +221,17 @@ def linear_cross_entropy(
     reduction = check_loss_options(
         reduction, ignore_index, label_smoothing, z_loss, logit_soft_cap
     )[0]
-    terms = token_terms(
-        hidden, kernel, targets, bias, kernel_transposed=kernel_transposed,
-        sample_weight=sample_weight, ignore_index=ignore_index,
-        label_smoothing=label_smoothing, z_loss=z_loss,
-        logit_soft_cap=logit_soft_cap, chunk_size=chunk_size,
-        implementation=implementation, vocab_parallel=vocab_parallel,
-        filter_eps=filter_eps, token_chunk_size=token_chunk_size,
+    options = dict(
+        kernel_transposed=kernel_transposed, sample_weight=sample_weight,
+        ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
+        logit_soft_cap=logit_soft_cap, implementation=implementation,
+        vocab_parallel=vocab_parallel, filter_eps=filter_eps,
+        token_chunk_size=token_chunk_size,
     )
+    if check_bool("gradient_in_forward", gradient_in_forward):
+        return summed_loss(hidden, kernel, targets, bias, reduction=reduction,
+                           return_lse=return_lse, return_argmax=return_argmax, **options)
+    terms = token_terms(hidden, kernel, targets, bias, chunk_size=chunk_size, **options)
     out = reduce_loss(terms["loss"], terms["weights"], reduction)
     if not (return_lse or return_argmax):
         return out
@@ -220,6 +244,68 @@ def linear_cross_entropy(
             weighted_mean(terms["correct"], terms["weights"])
         )
     return out, aux
+
+
+def summed_loss(
+    hidden, kernel, targets, bias=None, *, kernel_transposed=False,
+    sample_weight=None, ignore_index=None, label_smoothing=0.0, z_loss=0.0,
+    logit_soft_cap=None, reduction="mean", return_lse=False, return_argmax=False,
+    implementation="auto", vocab_parallel="auto", filter_eps=None,
+    token_chunk_size=None,
+):
+    """`linear_cross_entropy(..., gradient_in_forward=True)` (same
+    arguments): the summed loss of `chunked.summed_cross_entropy`, reduced;
+    raises for the options that path does not take."""
+    _, ignore_index, eps, z_loss, cap = check_loss_options(
+        reduction, ignore_index, label_smoothing, z_loss, logit_soft_cap
+    )
+    implementation = check_choice("implementation", implementation, ("auto", "ops", "pallas"))
+    token_chunk_size = check_token_chunk_size(token_chunk_size)
+    check_filter_eps(filter_eps)
+    refused = {
+        "reduction='none'": reduction == "none",
+        "return_lse=True": bool(return_lse),
+        "implementation='pallas'": implementation == "pallas",
+        f"filter_eps={filter_eps}": filter_eps is not None,
+    }
+    hidden, kernel, bias, vocab = projection(hidden, kernel, bias, kernel_transposed)
+    refused["a vocabulary-parallel kernel"] = (
+        parallel_layout(kernel, bias, kernel_transposed, vocab_parallel) is not None)
+    for option, bad in refused.items():
+        if bad:
+            raise ValueError(
+                "`gradient_in_forward=True` computes the gradient of a summed loss "
+                "(reduction 'sum' or 'mean') on one device with the tiled pass's "
+                "arithmetic; the per-token cotangents, the log-sum-exp's gradient, "
+                "the Pallas kernel and the vocabulary-parallel form need "
+                f"gradient_in_forward=False. Received: {option}"
+            )
+    targets, ignored = checked_targets(targets, vocab, ignore_index)
+    acc = accumulation_dtype(hidden, kernel)
+    weights = broadcast_weights(sample_weight, ops.zeros(ops.shape(targets), acc))
+    if ignored is not None:
+        weights = ops.where(ignored, ops.zeros_like(weights), weights)
+    d = hidden.shape[-1]
+    layer = OutputLayer(ops.reshape(hidden, (-1, d)), as_tensor(kernel),
+                        None if bias is None else as_tensor(bias),
+                        kernel_transposed, cap)
+    out = summed_cross_entropy(
+        layer, ops.reshape(targets, (-1,)), ops.reshape(weights, (-1,)),
+        label_smoothing=eps, z_loss=z_loss, token_chunk_size=token_chunk_size,
+        argmax=bool(return_argmax),
+        implementation="ops" if implementation == "ops" else "auto",
+    )
+    total, argmax = out if return_argmax else (out, None)
+    # An id outside [0, V) gives NaN, as the per-token terms do.
+    valid = ops.all(ops.logical_and(targets >= 0, targets < vocab))
+    total = ops.where(valid, total, ops.full_like(total, float("nan")))
+    loss = total if reduction == "sum" else mean_of_weighted_sum(total, weights)
+    if not return_argmax:
+        return loss
+    argmax = ops.reshape(argmax, ops.shape(targets))
+    correct = ops.cast(ops.equal(argmax, targets), weights.dtype)
+    return loss, {"argmax": argmax,
+                  "accuracy": ops.stop_gradient(weighted_mean(correct, weights))}
 
 
 def reduce_loss(loss, weights, reduction):

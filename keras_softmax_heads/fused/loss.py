@@ -9,6 +9,7 @@ from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import check_token_chunk_size
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
 from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 
 
@@ -79,6 +80,11 @@ class LinearCrossEntropy(keras.losses.Loss):
             bool for a variable `kernel`.
         ignore_index, label_smoothing, z_loss, logit_soft_cap, chunk_size,
         implementation, token_chunk_size: as in `linear_cross_entropy`.
+        gradient_in_forward: bool (default False), as in
+            `linear_cross_entropy`: the gradient computed in the forward
+            pass (three products a step instead of four; an evaluation
+            still computes it). Needs a summed reduction (not `None` /
+            `"none"`); `call` (per token) does not use it.
         kernel_path, bias_path: used by `from_config`.
         reduction, name, dtype: as for every `keras.losses.Loss`.
 
@@ -105,6 +111,7 @@ class LinearCrossEntropy(keras.losses.Loss):
         chunk_size=DEFAULT_CHUNK_SIZE,
         implementation="auto",
         token_chunk_size=None,
+        gradient_in_forward=False,
         kernel_path=None,
         bias_path=None,
         reduction="sum_over_batch_size",
@@ -118,6 +125,13 @@ class LinearCrossEntropy(keras.losses.Loss):
         )
         self.chunk_size = check_chunk_size(chunk_size)
         self.token_chunk_size = check_token_chunk_size(token_chunk_size)
+        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
+        if self.gradient_in_forward and _KERAS_REDUCTIONS.get(self.reduction) == "none":
+            raise ValueError(
+                "`gradient_in_forward=True` needs a summed reduction (the "
+                "cotangents are then the weights). Received: "
+                f"reduction={self.reduction!r}"
+            )
         self.implementation = check_choice(
             "implementation", implementation, ("auto", "ops")
         )
@@ -213,6 +227,7 @@ class LinearCrossEntropy(keras.losses.Loss):
             chunk_size=self.chunk_size,
             implementation=self.implementation,
             token_chunk_size=self.token_chunk_size,
+            gradient_in_forward=self.gradient_in_forward and reduction != "none",
         )
 
     def call(self, y_true, y_pred):
@@ -239,6 +254,7 @@ class LinearCrossEntropy(keras.losses.Loss):
             chunk_size=self.chunk_size,
             implementation=self.implementation,
             token_chunk_size=self.token_chunk_size,
+            gradient_in_forward=self.gradient_in_forward,
             kernel_path=self.kernel_path,
             bias_path=self.bias_path,
         )

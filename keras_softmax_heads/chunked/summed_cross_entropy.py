@@ -1,0 +1,172 @@
+"""The summed cross-entropy over token chunks, its gradient taken in the
+forward pass: `sum_i w_i loss_i` of one output layer.
+
+`chunked.core`'s tiled pass gives per-token statistics with an exact
+gradient for any upstream cotangent; its backward pass recomputes the
+scores, four `N d V` products where the dense loss does three. When the
+loss is summed with known weights (`linear_cross_entropy`'s `"sum"` /
+`"mean"` reductions), the cotangent of every token is the one scalar
+upstream times its weight, so the gradient can be finished in the forward
+pass, as `chunked.summed_divergence` does for two output layers: rows of
+`token_chunk_size` tokens at a time, each chunk's scores over the whole
+vocabulary (`[chunk, V]`, never `[N, V]`), its log-sum-exp, loss and score
+gradient, its rows of `dh` and its term of `dW` (added into place one
+vocabulary tile at a time) and `db`. Three products, as dense; the
+backward pass only scales the stored gradients by the upstream scalar.
+
+Per token, with `g` the scores (soft-capped or not), `lse = logsumexp g`,
+`eps` the label smoothing and `zl` the z-loss weight:
+
+    loss = (1 - eps) (lse - g_target) + eps (lse - mean_v g_v) + zl lse**2
+    dloss/dg_v = (1 + 2 zl lse) p_v - (1 - eps) [v = target] - eps / V
+
+The price: a call whose gradient is not taken still computes it, and the
+kernel's gradient is accumulated over the chunks in float32 (a float32
+`[d, V]` buffer beside a bfloat16 kernel's). Design notes and measurements:
+`docs/chunked.md`, "The gradient in the forward pass".
+"""
+
+import keras
+from keras import ops
+
+from keras_softmax_heads.chunked import dispatch
+from keras_softmax_heads.chunked.core import accumulation_dtype
+from keras_softmax_heads.chunked.core import tile_loop
+from keras_softmax_heads.chunked.divergence import upstream_of
+from keras_softmax_heads.chunked.summed_divergence import Side
+from keras_softmax_heads.chunked.summed_divergence import TokenChunks
+from keras_softmax_heads.chunked.summed_divergence import default_token_chunk
+from keras_softmax_heads.chunked.summed_divergence import padded
+from keras_softmax_heads.chunked.summed_divergence import unpadded
+from keras_softmax_heads.chunked.summed_divergence import unpadded_rows
+from keras_softmax_heads.chunked.tiling import kernel_geometry
+
+
+def chunk_loss(g, targets, label_smoothing, z_loss, argmax):
+    """`(loss, dg, best)` of a chunk's scores `g` `[size, V]` and targets
+    `[size]`: the per-token loss `[size]`, its gradient with respect to `g`
+    (unweighted) and the argmax word (int32, None unless `argmax`)."""
+    vocab = g.shape[1]
+    lse = ops.logsumexp(g, axis=1)
+    hit = ops.equal(ops.arange(vocab, dtype="int32")[None, :], targets[:, None])
+    target_score = ops.take_along_axis(g, targets[:, None], axis=1)[:, 0]
+    loss = lse - target_score
+    soft = ops.ones_like(lse)
+    if label_smoothing:
+        mean_score = ops.sum(g, axis=1) / vocab
+        loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - mean_score)
+    if z_loss:
+        loss = loss + z_loss * ops.square(lse)
+        soft = soft + 2.0 * z_loss * lse
+    dg = ops.exp(g - lse[:, None]) * soft[:, None]
+    dg = ops.where(hit, dg - (1.0 - label_smoothing), dg)
+    if label_smoothing:
+        dg = dg - label_smoothing / vocab
+    best = ops.cast(ops.argmax(g, axis=1), "int32") if argmax else None
+    return loss, dg, best
+
+
+def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss=0.0,
+                         token_chunk_size=None, argmax=False, implementation="auto"):
+    """`sum_i w_i loss_i` and its gradient, over chunks of tokens.
+
+    The core behind `linear_cross_entropy(..., gradient_in_forward=True)`
+    (which checks the arguments). `layer` is a `chunked.divergence.
+    OutputLayer` (`hidden` `[N, d]`, the kernel, the bias, the soft cap),
+    `targets` `[N]` int32 ids in `[0, V)` (not checked here), `weights`
+    `[N]` float (0: the token adds nothing; its gradient is the token's
+    loss). At most `token_chunk_size` tokens (default
+    `summed_divergence.default_token_chunk(V)`) are scored over the whole
+    vocabulary at a time; the gradients are computed in the forward pass
+    (the module docstring). `implementation`: as in
+    `chunked.chunked_pointwise_nll`.
+
+    Returns:
+        The sum, a float32 scalar (float64 for float64 inputs); with
+        `argmax=True` the pair `(sum, argmax)`, `argmax` `[N]` int32 (the
+        word of the largest score, the first on ties; no gradient).
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_softmax_heads.chunked.divergence import OutputLayer
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.normal(size=(5, 8)).astype("float32")
+    >>> w = rng.normal(size=(8, 50)).astype("float32")
+    >>> y = np.array([3, 0, 49, 7, 7], "int32")
+    >>> weights = np.array([1.0, 0.5, 0.0, 2.0, 1.0], "float32")
+    >>> total = summed_cross_entropy(OutputLayer(h, w), y, weights, token_chunk_size=2)
+    >>> log_p = ops.convert_to_numpy(ops.log_softmax(h @ w))
+    >>> nll = -log_p[np.arange(5), y]
+    >>> bool(np.isclose(float(total), (weights * nll).sum(), rtol=1e-5))
+    True
+    """
+    hidden = layer.hidden
+    _, vocab = kernel_geometry(hidden, layer.kernel, layer.kernel_transposed)
+    n = hidden.shape[0]
+    if n is None:
+        n = ops.shape(hidden)[0]
+    chunks = TokenChunks(n, token_chunk_size or default_token_chunk(vocab))
+    acc = accumulation_dtype(hidden, layer.kernel)
+    has_bias = layer.bias is not None
+    args = [hidden, layer.kernel] + ([layer.bias] if has_bias else [])
+    eps, zl = float(label_smoothing), float(z_loss)
+
+    @ops.custom_gradient
+    def summed_fn(targets, weights, *args):
+        side = Side(type(layer)(args[0], args[1], args[2] if has_bias else None,
+                                layer.kernel_transposed, layer.soft_cap), acc, chunks.pad)
+        t_all = padded(targets, chunks.pad)
+        w_all = padded(ops.cast(weights, acc), chunks.pad)
+
+        def body(i, state):
+            total, per_token, best_all, grads = state
+            start = i * chunks.size
+            h = side.rows(start, chunks.size)
+            g, dg_dz = side.scores(h, 1.0)
+            t = ops.slice(t_all, [start], [chunks.size])
+            w = ops.slice(w_all, [start], [chunks.size])
+            loss, dg, best = chunk_loss(g, t, eps, zl, argmax)
+            # A weight-0 token (padding too) adds nothing, even a
+            # non-finite loss.
+            total = total + ops.sum(ops.where(w != 0, w * loss, ops.zeros_like(loss)))
+            per_token = ops.slice_update(per_token, [start], loss)
+            if argmax:
+                best_all = ops.slice_update(best_all, [start], best)
+            grads = side.gradients(h, dg * (w[:, None] * dg_dz), grads, start)
+            return total, per_token, best_all, grads
+
+        def forward():
+            best_all = ops.zeros_like(t_all) if argmax else ops.zeros((), "int32")
+            state = (ops.zeros((), acc), ops.zeros_like(w_all), best_all,
+                     side.zeros(implementation))
+            # `chunks.count` is a tensor when `N` is known only when the step runs.
+            total, per_token, best_all, grads = tile_loop(chunks.count, body, state)
+            if argmax:
+                best_all = unpadded(best_all, n)
+            return total, unpadded(per_token, n), best_all, unpadded_rows(grads, n)
+
+        total, per_token, best_all, grads = dispatch.run_pass(forward, implementation)
+
+        def grad_fn(*args, upstream=None, variables=None):
+            u = upstream_of(args, upstream, variables, "summed_cross_entropy")
+            u = ops.cast(u[0] if argmax else u, acc)
+            # zip drops the scalar bias placeholder without a bias.
+            out = [ops.cast(u * g, x.dtype) for g, x in zip(grads, inputs)]
+            return (None, ops.cast(u * per_token, weights.dtype), *out)
+
+        inputs = args
+        if argmax:  # one output: the sum, then the argmax words as floats
+            return ops.concatenate([total[None], ops.cast(best_all, acc)]), grad_fn
+        return total, grad_fn
+
+    targets = ops.cast(ops.convert_to_tensor(targets), "int32")
+    weights = ops.convert_to_tensor(weights)
+    if keras.backend.standardize_dtype(weights.dtype) not in ("float16", "bfloat16",
+                                                              "float32", "float64"):
+        weights = ops.cast(weights, acc)
+    out = summed_fn(targets, weights, *args)
+    if not argmax:
+        return out
+    return out[0], ops.cast(ops.stop_gradient(out[1:]), "int32")
