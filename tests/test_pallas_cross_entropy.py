@@ -208,7 +208,7 @@ def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     expected = {"xla_dense": 0, "ours": 2, "ours_filtered": 2, "ours_atomic": 2,
-                "ours_tiled": 0, "ours_blocked": 0}
+                "ours_tiled": 0, "ours_blocked": 0, "ours_summed": 0}
     blocks_swept = [(128, 128, 64)]  # BLOCK_SWEEP=1
     shapes = bench.parse_shapes(bench.DEFAULT_SHAPES)
     for blocks in [pallas_cross_entropy.GPU_BLOCKS] + blocks_swept:
