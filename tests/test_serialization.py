@@ -347,10 +347,11 @@ def test_new_config_of_a_head_without_data_is_not_pending():
 def test_v0_3_files_load_with_the_same_outputs(name):
     """`.keras` files written by 0.3.0 (`tests/data/make_v0_3_fixture.py`,
     every head) load and give the outputs 0.3.0 gave, within float32
-    rounding: on TensorFlow, where they were written, identical but for
-    the PLIF kernels, which a graph now compiles with XLA
-    (`functional.dispatch.xla_in_graph`: PLIF's and MoS+PLIF's outputs moved
-    by an ulp or two)."""
+    rounding: on TensorFlow, where they were written, to 1e-6 (identical on
+    the CPU that wrote them but for the PLIF kernels, which a graph now
+    compiles with XLA, `functional.dispatch.xla_in_graph`; on a CPU without
+    AVX-512 TensorFlow's kernels round the adaptive head's outputs an ulp
+    apart, found in session 27), elsewhere to 2e-6."""
     expected = np.load(os.path.join(DATA, f"v0_3_{name}.npz"))
     model = keras.saving.load_model(os.path.join(DATA, f"v0_3_{name}.keras"))
     if name == "heads":
@@ -362,9 +363,7 @@ def test_v0_3_files_load_with_the_same_outputs(name):
         names = ["log_probs"]
     for key in names:
         got = np.asarray(outputs[key])
-        if keras.backend.backend() == "tensorflow" and "plif" not in key:
-            np.testing.assert_array_equal(got, expected[key], err_msg=key)
-        elif keras.backend.backend() == "tensorflow":
+        if keras.backend.backend() == "tensorflow":
             np.testing.assert_allclose(got, expected[key], rtol=1e-6, atol=1e-6, err_msg=key)
         else:
             np.testing.assert_allclose(got, expected[key], rtol=2e-6, atol=2e-6, err_msg=key)
