@@ -300,8 +300,9 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None,
             result["chunk_size"] = chunk_size
         if row == "ours_summed":
             from keras_softmax_heads.chunked.summed_divergence import default_token_chunk
+            from keras_softmax_heads.platforms import current_platform
 
-            result["token_chunk_size"] = default_token_chunk(v)
+            result["token_chunk_size"] = default_token_chunk(v, platform=current_platform())
     result["threads"] = set_threads(row, threads)
     # A tiny step of the same kind first: loads the libraries' code, whose
     # pages would otherwise count as the step's memory.

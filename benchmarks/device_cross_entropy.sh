@@ -17,7 +17,7 @@
 # machine's start. Four files in OUT_DIR. BLOCK_SWEEP=1 instead runs only the
 # kernel with (128, 128, 64) blocks and the token-blocked pass at three tile
 # shapes, at the Gemma bfloat16 shape, and the gradient in the forward pass
-# with chunks of 1,024 tokens (bfloat16 and float32) (a third call of about
+# with chunks of 4,096 tokens (bfloat16 and float32) (a third call of about
 # 240 s, if the session's time allows).
 # Wheels in .whl/ (git-ignored; benchmarks/device_wheels.sh downloads them
 # here, the device call names ".whl" in `carry`; benchmarks/device_env.sh
@@ -53,12 +53,12 @@ if [ "${BLOCK_SWEEP:-0}" = 1 ]; then
         --out=$out/bench_gpu_cross_entropy_blocked_${blocked}.json
     echo "blocked $blocked exit $?"
   done
-  # The gradient in the forward pass with chunks of 1,024 tokens (the
-  # table's row takes the library's default, 262 at V = 256,000).
-  timeout 60 python3 benchmarks/bench_gpu_cross_entropy.py --summed_token_chunk_size=1024 \
+  # The gradient in the forward pass with chunks of 4,096 tokens (the
+  # table's row takes the library's GPU default, 1,048 at V = 256,000).
+  timeout 60 python3 benchmarks/bench_gpu_cross_entropy.py --summed_token_chunk_size=4096 \
       --shapes=8192x2304x256000:bfloat16,8192x2304x256000:float32 --rows=xla_dense,ours_summed \
-      --repeats=5 --out=$out/bench_gpu_cross_entropy_summed_1024.json
-  echo "summed 1024 exit $?"
+      --repeats=5 --out=$out/bench_gpu_cross_entropy_summed_4096.json
+  echo "summed 4096 exit $?"
 else
   # 1. The kernel against the tiled pass, every option (its own process: a
   #    Triton failure here does not stop the table).

@@ -393,7 +393,17 @@ def test_causal_lm_distillation_matches_stock_logits(divergence, monkeypatch):
 
     from keras_softmax_heads.fused import DistillationCausalLM
 
-    options = dict(divergence=divergence, beta=0.4, temperature=2.0, chunk_size=24)
+    # The JSD case mixes in the student's cross-entropy with the targets
+    # (its gradient in the forward pass too, when training).
+    ce_weight = 0.5 if divergence == "jsd" else 0.0
+    options = dict(divergence=divergence, beta=0.4, temperature=2.0, chunk_size=24,
+                   cross_entropy_weight=ce_weight)
+
+    def dense_cross_entropy(logits, y, sw):
+        nll = -ops.take_along_axis(ops.log_softmax(logits, axis=-1),
+                                   ops.convert_to_tensor(y[..., None]), axis=-1)[..., 0]
+        sw = ops.convert_to_tensor(sw)
+        return ops.sum(nll * sw) / ops.sum(sw)
 
     class DenseDistillation(DistillationCausalLM):
         """The reference: both stock models' logits."""
@@ -402,8 +412,10 @@ def test_causal_lm_distillation_matches_stock_logits(divergence, monkeypatch):
                          training=True):
             logits_s = self.student.backbone.token_embedding(y_pred, reverse=True)
             logits_t = self.teacher(x, training=False)
-            return _dense_from_logits(logits_s, logits_t, sample_weight, 2.0,
-                                      divergence, 0.4)
+            loss = _dense_from_logits(logits_s, logits_t, sample_weight, 2.0, divergence, 0.4)
+            if ce_weight:
+                loss = loss + ce_weight * dense_cross_entropy(logits_s, y, sample_weight)
+            return loss
 
     student, teacher = _hub_models()
     student_ref, _ = _hub_models()
@@ -420,6 +432,8 @@ def test_causal_lm_distillation_matches_stock_logits(divergence, monkeypatch):
     loss = float(to_numpy(distiller.compute_loss(x, y, hidden, sw)))
     expected = float(to_numpy(_dense_from_logits(
         student(x), teacher(x), sw, 2.0, divergence, 0.4)))
+    if ce_weight:
+        expected += ce_weight * float(to_numpy(dense_cross_entropy(student(x), y, sw)))
     assert expected > 1e-3
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
 
@@ -435,7 +449,9 @@ def test_causal_lm_distillation_matches_stock_logits(divergence, monkeypatch):
     ref_logs = reference.fit(x, y, sample_weight=sw, batch_size=HUB_B, epochs=1,
                              verbose=0, shuffle=False).history
     np.testing.assert_allclose(logs["loss"], ref_logs["loss"], rtol=1e-5)
-    np.testing.assert_allclose(logs["divergence"], logs["loss"], rtol=1e-6)
+    mixed = np.asarray(logs["divergence"]) + ce_weight * np.asarray(
+        logs.get("cross_entropy", [0.0]))
+    np.testing.assert_allclose(mixed, logs["loss"], rtol=1e-6)
     steps = [(a - to_numpy(b)) / HUB_LR for a, b in zip(w0, student.trainable_variables)]
     ref_steps = [(a - to_numpy(b)) / HUB_LR
                  for a, b in zip(w0, student_ref.trainable_variables)]

@@ -330,6 +330,20 @@ def test_gradient_in_forward_argmax_padding_and_errors():
     assert_close(value, e_value, name="13 tokens: loss")
     assert_close(dh, eh, name="13 tokens: dh")
     assert_close(dk, ek, name="13 tokens: dkernel")
+    # A GPU / TPU's geometry (`platforms.forced_platform`): 2**28 scores a
+    # chunk (here one chunk), the kernel gradient one product a chunk; the
+    # same results.
+    from keras_softmax_heads.chunked.summed_divergence import kernel_tile_width
+    from keras_softmax_heads.platforms import forced_platform
+
+    assert kernel_tile_width(V, "cpu") == 4096 and kernel_tile_width(V, "gpu") == V
+    for platform in ("gpu", "tpu"):
+        with forced_platform(platform):
+            value, (dh, dk), _ = value_and_grad(
+                lambda h, k: summed_cross_entropy(OutputLayer(h, k), y13, w13), [h13, kernel])
+        assert_close(value, e_value, name=f"{platform}: loss")
+        assert_close(dh, eh, name=f"{platform}: dh")
+        assert_close(dk, ek, name=f"{platform}: dkernel")
 
     good = np.where(targets == IGNORE, 0, targets)
     for bad, name in ((dict(reduction="none"), "reduction='none'"),

@@ -36,10 +36,12 @@ from keras_softmax_heads.chunked.divergence import upstream_of
 from keras_softmax_heads.chunked.summed_divergence import Side
 from keras_softmax_heads.chunked.summed_divergence import TokenChunks
 from keras_softmax_heads.chunked.summed_divergence import default_token_chunk
+from keras_softmax_heads.chunked.summed_divergence import kernel_tile_width
 from keras_softmax_heads.chunked.summed_divergence import padded
 from keras_softmax_heads.chunked.summed_divergence import unpadded
 from keras_softmax_heads.chunked.summed_divergence import unpadded_rows
 from keras_softmax_heads.chunked.tiling import kernel_geometry
+from keras_softmax_heads.platforms import current_platform
 
 
 def chunk_loss(g, targets, label_smoothing, z_loss, argmax):
@@ -76,7 +78,10 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
     `targets` `[N]` int32 ids in `[0, V)` (not checked here), `weights`
     `[N]` float (0: the token adds nothing; its gradient is the token's
     loss). At most `token_chunk_size` tokens (default
-    `summed_divergence.default_token_chunk(V)`) are scored over the whole
+    `summed_divergence.default_token_chunk(V)` for the platform that runs
+    it: `2**26` scores a chunk on a CPU, `2**28` on a GPU / TPU, where the
+    kernel gradient's term is one product per chunk,
+    `summed_divergence.kernel_tile_width`) are scored over the whole
     vocabulary at a time; the gradients are computed in the forward pass
     (the module docstring). `implementation`: as in
     `chunked.chunked_pointwise_nll`.
@@ -107,7 +112,9 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
     n = hidden.shape[0]
     if n is None:
         n = ops.shape(hidden)[0]
-    chunks = TokenChunks(n, token_chunk_size or default_token_chunk(vocab))
+    platform = current_platform(hidden)
+    chunks = TokenChunks(n, token_chunk_size or default_token_chunk(vocab, platform=platform))
+    kernel_tile = kernel_tile_width(vocab, platform)
     acc = accumulation_dtype(hidden, layer.kernel)
     has_bias = layer.bias is not None
     args = [hidden, layer.kernel] + ([layer.bias] if has_bias else [])
@@ -116,7 +123,8 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
     @ops.custom_gradient
     def summed_fn(targets, weights, *args):
         side = Side(type(layer)(args[0], args[1], args[2] if has_bias else None,
-                                layer.kernel_transposed, layer.soft_cap), acc, chunks.pad)
+                                layer.kernel_transposed, layer.soft_cap), acc, chunks.pad,
+                    kernel_tile)
         t_all = padded(targets, chunks.pad)
         w_all = padded(ops.cast(weights, acc), chunks.pad)
 

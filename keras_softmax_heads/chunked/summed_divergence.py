@@ -39,39 +39,61 @@ from keras_softmax_heads.chunked.divergence import score_gradients
 from keras_softmax_heads.chunked.divergence import shared_vocabulary
 from keras_softmax_heads.chunked.divergence import tempered_scores
 from keras_softmax_heads.chunked.divergence import upstream_of
+from keras_softmax_heads.chunked.platform import ACCELERATOR_TILE_ELEMENTS
 from keras_softmax_heads.chunked.tiling import Tiling
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 from keras_softmax_heads.chunked.tiling import tile_width
+from keras_softmax_heads.platforms import current_platform
 
 #: The default chunk holds about this many scores (`[chunk, V]`, float32:
 #: 256 MiB a tensor; about three alive under JAX's XLA).
 CHUNK_SCORES = 2**26
 
-#: The vocabulary tile width of the kernel gradient's accumulation.
+#: The vocabulary tile width of the kernel gradient's accumulation (CPU).
 KERNEL_TILE = 4096
 
 
-def default_token_chunk(vocab, backend=None):
+def default_token_chunk(vocab, backend=None, platform="cpu"):
     """The default number of tokens per chunk for `vocab` words on
-    `backend` (default: Keras' backend): `CHUNK_SCORES // vocab`, half that
-    on TensorFlow (whose XLA keeps the exponentials of the log-sum-exps as
-    buffers of their own: four `[chunk, V]` tensors alive, not three), at
-    least 1. Measured: `docs/results/distillation/`.
+    `backend` (default: Keras' backend) and `platform`. On a CPU
+    `CHUNK_SCORES // vocab`, half that on TensorFlow (whose XLA keeps the
+    exponentials of the log-sum-exps as buffers of their own: four
+    `[chunk, V]` tensors alive, not three); on a GPU / TPU
+    `chunked.platform.ACCELERATOR_TILE_ELEMENTS // vocab` (the tiled pass's
+    accelerator tile: few, large chunks, one kernel launch per product
+    instead of hundreds); at least 1. Measured (CPU):
+    `docs/results/distillation/`.
 
     >>> default_token_chunk(131072, "jax"), default_token_chunk(131072, "tensorflow")
     (512, 256)
+    >>> default_token_chunk(256000, "jax", platform="gpu")
+    1048
     """
+    if platform != "cpu":
+        return max(1, ACCELERATOR_TILE_ELEMENTS // vocab)
     scores = CHUNK_SCORES
     if (backend or keras.backend.backend()) == "tensorflow":
         scores //= 2
     return max(1, scores // vocab)
 
 
+def kernel_tile_width(vocab, platform="cpu"):
+    """The words per product of a chunk's kernel-gradient term `h^T dz`:
+    `KERNEL_TILE` on a CPU (added into place tile by tile: no `[d, V]`
+    temporary), the whole vocabulary on a GPU / TPU (one product per
+    chunk).
+
+    >>> kernel_tile_width(50257), kernel_tile_width(50257, platform="tpu")
+    (4096, 50257)
+    """
+    return KERNEL_TILE if platform == "cpu" else vocab
+
+
 class Side:
     """One output layer's tensors inside the custom gradient, in the
     accumulation dtype where the product needs it."""
 
-    def __init__(self, layer, acc, pad):
+    def __init__(self, layer, acc, pad, kernel_tile=KERNEL_TILE):
         self.d, self.vocab = kernel_geometry(layer.hidden, layer.kernel,
                                              layer.kernel_transposed)
         self.low_matmul = dispatch.low_precision_matmul(layer.hidden, layer.kernel)
@@ -83,7 +105,7 @@ class Side:
         self.transposed = layer.kernel_transposed
         self.cap = layer.soft_cap
         self.acc = acc
-        self.tiling = Tiling.of(self.vocab, KERNEL_TILE)
+        self.tiling = Tiling.of(self.vocab, kernel_tile)
         self.tail_keep = None
         if self.tiling.overlap:
             keep = (self.tiling.tail_mask() == 0).astype("float32")
@@ -251,7 +273,9 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
     n = student.hidden.shape[0]
     if n is None:
         n = ops.shape(student.hidden)[0]
-    chunks = TokenChunks(n, token_chunk_size or default_token_chunk(vocab))
+    platform = current_platform(student.hidden)
+    chunks = TokenChunks(n, token_chunk_size or default_token_chunk(vocab, platform=platform))
+    kernel_tile = kernel_tile_width(vocab, platform)
     acc = accumulation_dtype(student.hidden, student.kernel, teacher.hidden, teacher.kernel)
     inv_t = 1.0 / temperature
     s_bias, t_bias = student.bias is not None, teacher.bias is not None
@@ -261,9 +285,11 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
     @ops.custom_gradient
     def summed_fn(weights, *args):
         s = Side(OutputLayer(args[0], args[1], args[2] if s_bias else None,
-                             student.kernel_transposed, student.soft_cap), acc, chunks.pad)
+                             student.kernel_transposed, student.soft_cap), acc, chunks.pad,
+                 kernel_tile)
         t = Side(OutputLayer(args[n_s], args[n_s + 1], args[n_s + 2] if t_bias else None,
-                             teacher.kernel_transposed, teacher.soft_cap), acc, chunks.pad)
+                             teacher.kernel_transposed, teacher.soft_cap), acc, chunks.pad,
+                 kernel_tile)
         w_all = padded(ops.cast(weights, acc), chunks.pad)
 
         def body(i, state):

@@ -151,7 +151,8 @@ def linear_cross_entropy(
             summed reduction (`"sum"` / `"mean"`: the cotangents are then
             the weights), and a call whose gradient is not taken
             (evaluation) still computes it; the kernel's gradient is
-            accumulated in float32 over the chunks. Not with `return_lse`,
+            accumulated in float32 over the chunks; `chunk_size` does not
+            apply (each chunk spans the vocabulary). Not with `return_lse`,
             `implementation="pallas"` or the vocabulary-parallel form. See
             `docs/chunked.md`, "The gradient in the forward pass".
         return_lse: also return the per-token `lse` (`[...]`,

@@ -62,7 +62,9 @@ class DistillationCausalLM(keras.Model):
             soft caps come from the models). A training step computes the
             divergence's gradient in its forward pass (over chunks of
             `token_chunk_size` tokens; `linear_divergence`'s
-            `gradient_in_forward`), an evaluation step does not.
+            `gradient_in_forward`), an evaluation step does not; the
+            cross-entropy term likewise (`linear_cross_entropy`'s
+            `gradient_in_forward`).
         reduction: `"mean"` (default) or `"sum"`, as in
             `linear_divergence`.
         cross_entropy_weight: float >= 0 (default 0): the weight of the
@@ -143,6 +145,10 @@ class DistillationCausalLM(keras.Model):
                 ignore_index=ignore_index, reduction=reduction,
                 chunk_size=self.chunk_size,
                 implementation=options["implementation"],
+                # As the divergence: the gradient in the forward pass when
+                # training (three products), the tiled forward otherwise.
+                gradient_in_forward=bool(training),
+                token_chunk_size=self.token_chunk_size if training else None,
             )
             self.cross_entropy_tracker.update_state(ops.mean(ce))
             loss = loss + self.cross_entropy_weight * ce
