@@ -10,8 +10,8 @@ upstream times its weight, so the gradient can be finished in the forward
 pass, as `chunked.summed_divergence` does for two output layers: rows of
 `token_chunk_size` tokens at a time, each chunk's scores over the whole
 vocabulary (`[chunk, V]`, never `[N, V]`), its log-sum-exp, loss and score
-gradient, its rows of `dh` and its term of `dW` (added into place one
-vocabulary tile at a time) and `db`. Three products, as dense; the
+gradient, its rows of `dh` and its term of `dW` (on a CPU added into place
+one vocabulary tile at a time; one product on a GPU / TPU) and `db`. Three products, as dense; the
 backward pass only scales the stored gradients by the upstream scalar.
 
 Per token, with `g` the scores (soft-capped or not), `lse = logsumexp g`,
