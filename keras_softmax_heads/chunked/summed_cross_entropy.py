@@ -26,7 +26,6 @@ kernel's gradient is accumulated over the chunks in float32 (a float32
 `docs/chunked.md`, "The gradient in the forward pass".
 """
 
-import keras
 from keras import ops
 
 from keras_softmax_heads.chunked import dispatch
@@ -35,13 +34,11 @@ from keras_softmax_heads.chunked.core import tile_loop
 from keras_softmax_heads.chunked.divergence import upstream_of
 from keras_softmax_heads.chunked.summed_divergence import Side
 from keras_softmax_heads.chunked.summed_divergence import TokenChunks
-from keras_softmax_heads.chunked.summed_divergence import default_token_chunk
-from keras_softmax_heads.chunked.summed_divergence import kernel_tile_width
+from keras_softmax_heads.chunked.summed_divergence import float_weights
 from keras_softmax_heads.chunked.summed_divergence import padded
 from keras_softmax_heads.chunked.summed_divergence import unpadded
 from keras_softmax_heads.chunked.summed_divergence import unpadded_rows
 from keras_softmax_heads.chunked.tiling import kernel_geometry
-from keras_softmax_heads.platforms import current_platform
 
 
 def chunk_loss(g, targets, label_smoothing, z_loss, argmax):
@@ -109,12 +106,8 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
     """
     hidden = layer.hidden
     _, vocab = kernel_geometry(hidden, layer.kernel, layer.kernel_transposed)
-    n = hidden.shape[0]
-    if n is None:
-        n = ops.shape(hidden)[0]
-    platform = current_platform(hidden)
-    chunks = TokenChunks(n, token_chunk_size or default_token_chunk(vocab, platform=platform))
-    kernel_tile = kernel_tile_width(vocab, platform)
+    chunks = TokenChunks.of(hidden, vocab, token_chunk_size)
+    n = chunks.n
     acc = accumulation_dtype(hidden, layer.kernel)
     has_bias = layer.bias is not None
     args = [hidden, layer.kernel] + ([layer.bias] if has_bias else [])
@@ -124,7 +117,7 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
     def summed_fn(targets, weights, *args):
         side = Side(type(layer)(args[0], args[1], args[2] if has_bias else None,
                                 layer.kernel_transposed, layer.soft_cap), acc, chunks.pad,
-                    kernel_tile)
+                    chunks.kernel_tile)
         t_all = padded(targets, chunks.pad)
         w_all = padded(ops.cast(weights, acc), chunks.pad)
 
@@ -170,11 +163,7 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
         return total, grad_fn
 
     targets = ops.cast(ops.convert_to_tensor(targets), "int32")
-    weights = ops.convert_to_tensor(weights)
-    if keras.backend.standardize_dtype(weights.dtype) not in ("float16", "bfloat16",
-                                                              "float32", "float64"):
-        weights = ops.cast(weights, acc)
-    out = summed_fn(targets, weights, *args)
+    out = summed_fn(targets, float_weights(weights, acc), *args)
     if not argmax:
         return out
     return out[0], ops.cast(ops.stop_gradient(out[1:]), "int32")

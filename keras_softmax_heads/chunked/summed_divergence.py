@@ -189,9 +189,11 @@ def unpadded_rows(grads, n):
 class TokenChunks:
     """The chunks of `n` tokens (an int, or a scalar tensor when unknown
     until the step runs): `size` (static), `count` and `pad` (ints, or
-    tensors), `count * size = n + pad`."""
+    tensors), `count * size = n + pad`; `kernel_tile`, the words per
+    product of a chunk's kernel-gradient term (`kernel_tile_width`)."""
 
-    def __init__(self, n, chunk_size):
+    def __init__(self, n, chunk_size, kernel_tile=KERNEL_TILE):
+        self.n = n
         if isinstance(n, int):
             self.size = tile_width(n, chunk_size)
             self.count = -(-n // self.size)
@@ -199,6 +201,28 @@ class TokenChunks:
             self.size = chunk_size
             self.count = (n + chunk_size - 1) // chunk_size
         self.pad = self.count * self.size - n
+        self.kernel_tile = kernel_tile
+
+    @classmethod
+    def of(cls, hidden, vocab, token_chunk_size=None):
+        """The chunks of `hidden`'s rows `[N, d]` for `vocab` words: at most
+        `token_chunk_size` tokens (default `default_token_chunk`) and the
+        kernel tile, both for the platform that computes `hidden`."""
+        n = hidden.shape[0]
+        if n is None:
+            n = ops.shape(hidden)[0]
+        platform = current_platform(hidden)
+        return cls(n, token_chunk_size or default_token_chunk(vocab, platform=platform),
+                   kernel_tile_width(vocab, platform))
+
+
+def float_weights(weights, acc):
+    """`weights` as a tensor, cast to `acc` unless already floating."""
+    weights = ops.convert_to_tensor(weights)
+    if keras.backend.standardize_dtype(weights.dtype) not in ("float16", "bfloat16",
+                                                              "float32", "float64"):
+        weights = ops.cast(weights, acc)
+    return weights
 
 
 def chunk_divergence(divergence, beta, s, t, teacher_gradient):
@@ -270,12 +294,8 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
     """
     divergence, beta = canonical_divergence(divergence, beta)
     vocab = shared_vocabulary(student, teacher)
-    n = student.hidden.shape[0]
-    if n is None:
-        n = ops.shape(student.hidden)[0]
-    platform = current_platform(student.hidden)
-    chunks = TokenChunks(n, token_chunk_size or default_token_chunk(vocab, platform=platform))
-    kernel_tile = kernel_tile_width(vocab, platform)
+    chunks = TokenChunks.of(student.hidden, vocab, token_chunk_size)
+    n = chunks.n
     acc = accumulation_dtype(student.hidden, student.kernel, teacher.hidden, teacher.kernel)
     inv_t = 1.0 / temperature
     s_bias, t_bias = student.bias is not None, teacher.bias is not None
@@ -286,10 +306,10 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
     def summed_fn(weights, *args):
         s = Side(OutputLayer(args[0], args[1], args[2] if s_bias else None,
                              student.kernel_transposed, student.soft_cap), acc, chunks.pad,
-                 kernel_tile)
+                 chunks.kernel_tile)
         t = Side(OutputLayer(args[n_s], args[n_s + 1], args[n_s + 2] if t_bias else None,
                              teacher.kernel_transposed, teacher.soft_cap), acc, chunks.pad,
-                 kernel_tile)
+                 chunks.kernel_tile)
         w_all = padded(ops.cast(weights, acc), chunks.pad)
 
         def body(i, state):
@@ -312,11 +332,8 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
         def forward():
             state = (ops.zeros((), acc), ops.zeros_like(w_all), s.zeros(implementation),
                      t.zeros(implementation) if teacher_gradient else ())
-            if isinstance(chunks.count, int):
-                state = tile_loop(chunks.count, body, state)
-            else:  # known when the step runs
-                state = ops.fori_loop(0, chunks.count, body, state)
-            total, per_token, s_grads, t_grads = state
+            # `chunks.count` is a tensor when `N` is known only when the step runs.
+            total, per_token, s_grads, t_grads = tile_loop(chunks.count, body, state)
             # Without the padding rows.
             return (total, unpadded(per_token, n), unpadded_rows(s_grads, n),
                     unpadded_rows(t_grads, n))
@@ -337,8 +354,4 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
 
         return total, grad_fn
 
-    weights = ops.convert_to_tensor(weights)
-    if keras.backend.standardize_dtype(weights.dtype) not in ("float16", "bfloat16",
-                                                              "float32", "float64"):
-        weights = ops.cast(weights, acc)
-    return summed_fn(weights, *(s_args + t_args))
+    return summed_fn(float_weights(weights, acc), *(s_args + t_args))
