@@ -170,7 +170,7 @@ def _dense_loss(logits, y, sw):
     return (nll * sw).sum() / sw.sum()
 
 
-@pytest.mark.parametrize("name", ["gpt2"] + [
+@pytest.mark.parametrize("name", [pytest.param("gpt2", marks=slow_off_tensorflow)] + [
     pytest.param(n, marks=pytest.mark.slow) for n in MODELS if n != "gpt2"])
 def test_fit_matches_stock_without_logits(name, monkeypatch, tmp_path):
     fused, stock = _pair(name)

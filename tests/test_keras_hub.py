@@ -53,7 +53,8 @@ def _model(head_class, tied, **kwargs):
     [
         (ksh.SigSoftmax, True, {}),
         pytest.param(ksh.SigSoftmax, False, {}, marks=pytest.mark.slow),
-        (ksh.SampledSoftmax, True, {"num_sampled": 8, "seed": 1}),
+        pytest.param(ksh.SampledSoftmax, True, {"num_sampled": 8, "seed": 1},
+                     marks=pytest.mark.slow),
     ],
     ids=["sigsoftmax-tied", "sigsoftmax-untied", "sampled-tied"],
 )

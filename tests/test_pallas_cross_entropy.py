@@ -194,6 +194,7 @@ def test_kernels_lower_to_triton():
         assert lowered.as_text().count("xla.gpu.triton") == 2  # forward, backward
 
 
+@pytest.mark.slow  # 20 s; run before a device session (docs/benchmarks.md)
 def test_benchmark_rows_lower_for_a_gpu(monkeypatch):
     """The device call's JAX rows (`bench_gpu_cross_entropy.jax_losses`) at
     its shapes (the Gemma 2 2B shape in bfloat16 and float32, N = 4,096,
@@ -349,6 +350,7 @@ def test_gpu_benchmark_smoke(tmp_path, monkeypatch):
     assert [r["skipped"] for r in skipped] == ["time budget (--max_seconds) spent"] * 2
 
 
+@pytest.mark.slow  # 30 s; run before a device session (docs/benchmarks.md)
 def test_filter_study_applies_the_kernels_rule(monkeypatch):
     """`benchmarks/bench_filter_eps.py` trains with the kernel's filtering
     rule applied to the dense gradient: its gradients equal the kernel's
