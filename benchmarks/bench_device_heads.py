@@ -30,7 +30,10 @@ Heads (`HEADS`): `full`, `plif` (K = 100,000 knots), `plif_k1000`,
 `sigsoftmax`, `monotonic` (16 units), `mos15`, `mos4` (MixtureOfSoftmaxes,
 the tiled default loss), `mos15_dense` (the `[N, K, V]` reference loss),
 `moss15` (mixture of sigsoftmax), `mos4_plif` (MoS + PLIF, 1,000 knots),
-`moc15` (MixtureOfContexts); `plif_fused`, `plif_k1000_fused`: PLIF with
+`moc15` (MixtureOfContexts); `mos15_summed`, `mos4_summed`, `moss15_summed`:
+the mixture's summed objective (`summed_training_loss`, the gradient in the
+forward pass: what `HeadModel` and `HeadLoss` train by default, where the
+rows without the suffix time the per-token tiled `training_loss`); `plif_fused`, `plif_k1000_fused`: PLIF with
 the backward tile as one Pallas kernel (`HISTOGRAM_METHOD="pallas_fused"`,
 an option: the first GPU run found it slower than `"pallas"`);
 `plif_scatter`, `plif_k1000_scatter`: PLIF with the scatter-add histogram
@@ -54,13 +57,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 HEADS = ("full", "plif", "plif_k1000", "sigsoftmax", "monotonic", "mos15", "mos4",
          "mos15_dense", "moss15", "mos4_plif", "moc15", "plif_fused", "plif_k1000_fused",
-         "plif_scatter", "plif_k1000_scatter")
+         "plif_scatter", "plif_k1000_scatter", "mos15_summed", "mos4_summed",
+         "moss15_summed")
 PLIF_BOUND = 20.0
 
 
 #: The suffixes of a head's variants: the same head, another loss or
 #: histogram path (`step_of`).
-VARIANTS = {"dense": None, "fused": "pallas_fused", "scatter": "scatter"}
+VARIANTS = {"dense": None, "fused": "pallas_fused", "scatter": "scatter", "summed": None}
 
 
 def split_name(name):
@@ -91,13 +95,19 @@ def make_head(name, vocab):
     }
     if name not in HEADS:
         raise ValueError(f"Unknown head {name!r}. Known: {HEADS}")
-    return heads[split_name(name)[0]]()
+    head = heads[split_name(name)[0]]()
+    if split_name(name)[1] == "summed":  # the gradient in the forward pass
+        head = MixtureOfSoftmaxes.from_config(
+            dict(head.get_config(), gradient_in_forward=True))
+    return head
 
 
-def train_step(head, dense=False, histogram_method=None):
+def train_step(head, dense=False, histogram_method=None, summed=False):
     """`jax.jit` of `(weights, h, y) -> (loss, (d weights, d h))`, the loss
     `mean(head.training_loss(h, y))` (with `dense`, the head's
-    `dense_log_likelihood`); `weights` are the values of
+    `dense_log_likelihood`; with `summed`, the head's
+    `summed_training_loss(h, y, 1 / N)`, the objective `HeadModel` and
+    `HeadLoss` train); `weights` are the values of
     `head.trainable_variables`. `histogram_method`: PLIF's
     `functional.dispatch.HISTOGRAM_METHOD` while the step is traced (None:
     the platform's)."""
@@ -112,6 +122,9 @@ def train_step(head, dense=False, histogram_method=None):
     def loss(values, h, y):
         with dispatch.forced_histogram_method(histogram_method), keras.StatelessScope(
                 state_mapping=list(zip(variables, values)) + fixed):
+            if summed:
+                weights = keras.ops.full(keras.ops.shape(y), 1.0 / y.shape[0])
+                return head.summed_training_loss(h, y, weights, training=True)
             if dense:
                 per_token = -head.dense_log_likelihood(h, y, training=True)
             else:
@@ -136,7 +149,8 @@ def step_of(name, head):
     """The training step of head `name` (`train_step` with the `_dense`
     loss or the `_fused` / `_scatter` histogram method its name asks for)."""
     variant = split_name(name)[1]
-    return train_step(head, dense=variant == "dense", histogram_method=VARIANTS.get(variant))
+    return train_step(head, dense=variant == "dense", histogram_method=VARIANTS.get(variant),
+                      summed=variant == "summed")
 
 
 def build(name, vocab, d):

@@ -9,7 +9,8 @@ abstract inputs and `compiled.memory_analysis()` read
 (`measure.compiled_memory`). The rows: FullSoftmax, MoS(15), MoS(4), MoSS(15),
 MoS(4)+PLIF, MoC(15) (their default, tiled loss) and MoS(15) / MoS(4) with
 the `[N, K, V]` reference loss (`dense_log_likelihood`, the default before
-issue 28), each with the platform's tile width (`chunked.platform`;
+issue 28), MoS(15) / MoS(4) with `gradient_in_forward=True` (their summed
+objective, `summed_training_loss`), each with the platform's tile width (`chunked.platform`;
 `--platform=gpu` forces a GPU's wider tiles, still compiled for the CPU).
 
 Usage:
@@ -27,15 +28,17 @@ import measure  # benchmarks/measure.py (the script's own folder)
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-ROWS = ("full", "mos15", "mos4", "moss15", "mos4_plif", "moc15", "mos15_dense")
+ROWS = ("full", "mos15", "mos4", "moss15", "mos4_plif", "moc15", "mos15_dense",
+        "mos15_summed", "mos4_summed")
 
 
 def tile_chunk_size(name, head, n, vocab):
     """The `chunk_size` a head's default training loss tiles with (None:
-    not tiled: FullSoftmax's dense default, the `[N, K, V]` reference)."""
+    not tiled: FullSoftmax's dense default, the `[N, K, V]` reference, the
+    summed loss's token chunks over the whole vocabulary)."""
     from keras_softmax_heads.chunked.platform import chunk_size_for
 
-    if name.endswith("_dense") or not name.startswith(("mos", "moc")):
+    if name.endswith(("_dense", "_summed")) or not name.startswith(("mos", "moc")):
         return head.chunk_size
     k = head.num_components if name.startswith("mos") else 1
     return head.chunk_size or chunk_size_for(vocab, rows=n * k, components=k)

@@ -979,6 +979,33 @@ def section_device_heads(name, command=None):
         provenance(name, _with_command(data))])
 
 
+MIXTURE_SUMMED_FILES = ("mixture_summed/keras_step_tf_n2048_v10000.json",
+                        "mixture_summed/keras_step_torch_n2048_v10000.json")
+
+
+def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
+    """The mixtures' Keras training step with the gradient in the forward
+    pass against the tiled loss's (`bench_mixture_summed.py`), per backend."""
+    loaded = [(name, load(name)) for name in names]
+    loaded = [(name, d) for name, d in loaded if d is not None]
+    if not loaded:
+        return missing(names[0])
+    out, sources = [], []
+    for name, data in loaded:
+        for r in data["rows"]:
+            out.append([data.get("backend"), f"`{r['head']}`", fmt(1000 * r["step_s"], 0),
+                        fmt(r.get("ratio_to_full")), fmt(r.get("ratio_to_tiled"))])
+        sources.append(provenance(name, _with_command(data)))
+    args = loaded[0][1].get("args", {})
+    return "\n\n".join([
+        f"`Sequential(Embedding, head)` + `HeadLoss`, SGD, `train_on_batch` on "
+        f"B = {args.get('batch')} x T = {args.get('length')} tokens, d = {args.get('dim')}, "
+        f"V = {args.get('vocab'):,}; median of {args.get('rounds')} interleaved rounds, each "
+        "ratio the median per-round ratio (`/ tiled`: the `_summed` row, "
+        "`gradient_in_forward=True`, to the same mixture with `False`).",
+        table(["backend", "head", "ms / step", "/ full", "/ tiled"], out)] + sources)
+
+
 def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
                                   "plif_histogram/cpu_jax_n64.json",
                                   "plif_histogram/gpu_jax.json")):
@@ -1424,6 +1451,9 @@ def build(make_figures=True):
         "mixture_memory": section_mixture_memory(),
         "mixture_step_time": section_device_heads(
             "mixture_memory/mixture_step_time_cpu_n2048_v10000.json"),
+        "mixture_summed_step_time": section_device_heads(
+            "mixture_summed/step_time_cpu_n2048_v10000.json"),
+        "mixture_summed_keras": section_mixture_summed(),
         "plif_histogram": section_plif_histogram(),
         "plif_tile_memory": section_plif_tile_memory(),
         "device_heads_v33278": section_device_heads(

@@ -5,6 +5,9 @@ import warnings
 import keras
 from keras import ops
 
+from keras_softmax_heads.heads.head_utils import per_replica
+from keras_softmax_heads.heads.head_utils import token_weights
+
 # The `save_own_variables` keys of the random-number generators' states
 # (`SEED_STATE_KEY.format(i)`), next to Keras' own "0", "1", ... keys.
 SEED_STATE_PREFIX = "seed_state_"
@@ -112,23 +115,33 @@ class HeadModel(keras.Model):
         `y_pred` is what `call` returns inside a step: `{"contexts": h}`.
         Training minimises `head.training_loss(h, y)` plus the regularisation
         losses; evaluation uses `-head.log_likelihood(h, y)`. Both are
-        averaged over tokens weighted by `sample_weight`, and the mean is what
-        `loss` reports. Under a `tf.distribute` strategy the returned value
+        averaged over tokens weighted by `sample_weight` (a `[B]` weight
+        covers its sequence's tokens), and the mean is what `loss` reports.
+        A head with `gradient_in_forward` on trains through
+        `head.summed_training_loss(h, y, weights)` with those weights over
+        their sum: the same mean, its gradient computed with it. Under a `tf.distribute` strategy the returned value
         is divided by the number of replicas (Keras sums their gradients).
         """
         self._check_compiled_loss()
         h = y_pred["contexts"]
-        if training:
-            per_token = self.head.training_loss(h, y, training=True)
+        if training and self.head.gradient_in_forward:
+            weight = token_weights(y, sample_weight)
+            count = ops.sum(weight)
+            loss = self.head.summed_training_loss(
+                h, y, weight / ops.maximum(count, 1e-12), training=True
+            )
         else:
-            per_token = -self.head.log_likelihood(h, y)
-        loss, count = self._token_mean(per_token, sample_weight)
+            if training:
+                per_token = self.head.training_loss(h, y, training=True)
+            else:
+                per_token = -self.head.log_likelihood(h, y)
+            loss, count = self._token_mean(per_token, sample_weight)
         if training and self.losses:
             loss = loss + ops.sum(
                 ops.stack([ops.cast(l, "float32") for l in self.losses])
             )
         self._nll_tracker.update_state(loss, sample_weight=count)
-        return _per_replica(loss)
+        return per_replica(loss)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         logs = {}
@@ -142,12 +155,7 @@ class HeadModel(keras.Model):
 
     def _token_mean(self, per_token, sample_weight):
         per_token = ops.cast(per_token, "float32")
-        if sample_weight is None:
-            weight = ops.ones_like(per_token)
-        else:
-            weight = ops.broadcast_to(
-                ops.cast(sample_weight, "float32"), ops.shape(per_token)
-            )
+        weight = token_weights(per_token, sample_weight)
         total = ops.sum(per_token * weight)
         count = ops.sum(weight)
         return total / ops.maximum(count, 1e-12), count
@@ -295,15 +303,3 @@ def find_layer(root, path):
         if layer is None:
             return None
     return layer
-
-
-def _per_replica(loss):
-    """`loss` divided by the replicas of the current `tf.distribute`
-    strategy (TensorFlow sums per-replica gradients); unchanged on the other
-    backends, whose distribution computes the global mean directly."""
-    if keras.backend.backend() != "tensorflow":
-        return loss
-    import tensorflow as tf
-
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    return loss / replicas if replicas > 1 else loss

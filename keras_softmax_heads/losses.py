@@ -12,6 +12,13 @@ from keras_softmax_heads.fused import LinearCrossEntropy  # noqa: F401 (re-expor
 from keras_softmax_heads.fused import linear_cross_entropy  # noqa: F401 (re-export)
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.softmax_head import context_output_heads
+from keras_softmax_heads.heads.head_utils import per_replica
+from keras_softmax_heads.heads.head_utils import token_weights
+
+#: The reductions under which `HeadLoss` trains a `gradient_in_forward`
+#: head through its summed objective (Keras' weighted sum, or that sum over
+#: the token count); with another reduction, or a Keras mask, per token.
+SUMMED_REDUCTIONS = ("sum", "sum_over_batch_size", "mean")
 
 
 # Heads already bound to a HeadLoss (weakly held): a restored HeadLoss takes
@@ -108,14 +115,39 @@ class HeadLoss(keras.losses.Loss):
             _BOUND_HEADS.add(self.head)
         return self.head
 
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        head = self._resolve_head()
+        if (
+            not head.gradient_in_forward
+            or head.last_output != "contexts"
+            or self.reduction not in SUMMED_REDUCTIONS
+            or head.last_output_masked
+        ):
+            return super().__call__(y_true, y_pred, sample_weight=sample_weight)
+        # The head's summed objective (its gradient computed in the forward
+        # pass) with the weights Keras' reduction gives each token.
+        h, targets = self._contexts_and_targets(head, y_true, y_pred)
+        weight = token_weights(targets, sample_weight)
+        if self.reduction != "sum":
+            weight = weight / ops.cast(ops.size(targets), "float32")
+        loss = head.summed_training_loss(h, targets, weight, training=True)
+        if self.reduction != "sum":
+            loss = per_replica(loss)
+        return ops.cast(loss, self.dtype)
+
+    def _contexts_and_targets(self, head, y_true, y_pred):
+        targets = ops.convert_to_tensor(y_true)
+        h = ops.squeeze(y_pred, axis=-2)
+        if len(targets.shape) == len(h.shape):  # targets [..., 1]
+            targets = ops.squeeze(targets, axis=-1)
+        return h, targets
+
     def call(self, y_true, y_pred):
         head = self._resolve_head()
-        targets = ops.convert_to_tensor(y_true)
         if head.last_output == "contexts":
-            h = ops.squeeze(y_pred, axis=-2)
-            if len(targets.shape) == len(h.shape):  # targets [..., 1]
-                targets = ops.squeeze(targets, axis=-1)
+            h, targets = self._contexts_and_targets(head, y_true, y_pred)
             return head.training_loss(h, targets, training=True)
+        targets = ops.convert_to_tensor(y_true)
         if len(targets.shape) == len(y_pred.shape):
             targets = ops.squeeze(targets, axis=-1)
         log_p = ops.log(y_pred) if head.return_probabilities else y_pred

@@ -367,6 +367,7 @@ def test_fused_causal_lm_benchmark_smoke(tmp_path):
     assert [c["max_seq_len_under_cap"] for c in result["memory_cap"]] == [8, 8]
 
 
+@pytest.mark.slow  # 17 s; the GPU study's script (docs/benchmarks.md)
 def test_filter_eps_study_smoke(tmp_path):
     """`bench_filter_eps.py` on the synthetic corpus, two steps, resuming a
     results file whose exact row is done: that row is kept as it was and
@@ -383,3 +384,20 @@ def test_filter_eps_study_smoke(tmp_path):
     assert runs[0] == done and runs[1]["valid_perplexity"] > 1
     probe = runs[1]["probes"]["0"]
     assert 0 < probe["skipped_fraction"] < 1 and probe["dh_relative_change"] > 0
+
+
+def test_mixture_summed_benchmark_smoke(monkeypatch):
+    """`bench_mixture_summed.py` in process at tiny sizes: every row timed,
+    and the two losses of a mixture's first step (the same seed, with and
+    without `gradient_in_forward`) equal."""
+    monkeypatch.syspath_prepend(BENCH)
+    import bench_mixture_summed
+
+    args = bench_mixture_summed.parse_args(
+        ["--batch=2", "--length=3", "--dim=4", "--vocab=20", "--components=2",
+         "--rounds=1", "--warmup=0", "--jit_compile=false"])
+    rows = {r["head"]: r for r in bench_mixture_summed.run(args)["rows"]}
+    assert list(rows) == ["full", "mos2", "mos2_summed"]
+    assert all(r["step_s"] > 0 for r in rows.values())
+    assert abs(rows["mos2"]["first_loss"] - rows["mos2_summed"]["first_loss"]) < 1e-5
+    assert rows["mos2_summed"]["ratio_to_tiled"] > 0

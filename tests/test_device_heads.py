@@ -31,7 +31,7 @@ def test_device_heads_and_mixture_memory_in_process(monkeypatch):
 
     args = bench_device_heads.parse_args(
         ["--tokens=16", "--dim=8", "--vocab_sizes=40", "--rounds=1", "--warmup=0",
-         "--heads=full,mos4"])
+         "--heads=full,mos4,mos4_summed"])
     saved = []
     result = bench_device_heads.run(
         args, save=lambda partial: saved.append(
@@ -39,9 +39,9 @@ def test_device_heads_and_mixture_memory_in_process(monkeypatch):
     rows = {r["head"]: r for r in result["rows"]}
     # Saved after each head is compiled, then after the timed rounds (a
     # device call's limit keeps what was done).
-    assert saved == [(1, False), (2, False), (2, True)]
+    assert saved == [(1, False), (2, False), (3, False), (3, True)]
     assert result["complete"]
-    assert list(rows) == ["full", "mos4"]
+    assert list(rows) == ["full", "mos4", "mos4_summed"]
     assert rows["full"]["ratio_to_full"] == 1.0
     for row in rows.values():
         assert row["step_s"] > 0 and row["compiled_memory"]["temp"] >= 0, row
@@ -66,6 +66,7 @@ def test_device_heads_script_end_to_end(tmp_path):
     assert all("error" not in r for r in rows), rows
 
 
+@pytest.mark.slow  # 45 s; run before a device session (docs/benchmarks.md)
 @pytest.mark.skipif(not PALLAS, reason="counts the Pallas (Triton) kernels")
 def test_every_head_step_lowers_for_a_gpu(monkeypatch):
     """The device call's steps as a GPU runs them, at its shape (N = 8,192,

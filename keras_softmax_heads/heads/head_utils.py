@@ -196,3 +196,27 @@ def check_static_shapes(static_shapes, dynamic_work):
             "static_shapes=False. Received: static_shapes=False with KERAS_BACKEND='jax'"
         )
     return static_shapes
+
+
+def token_weights(tokens, sample_weight):
+    """float32 weights of the shape of `tokens`: ones, or `sample_weight`
+    broadcast (a per-sequence `[B]` weight over the sequence's tokens)."""
+    shape = ops.shape(tokens)
+    if sample_weight is None:
+        return ops.ones(shape, "float32")
+    weight = ops.cast(sample_weight, "float32")
+    while len(weight.shape) < len(shape):
+        weight = ops.expand_dims(weight, -1)
+    return ops.broadcast_to(weight, shape)
+
+
+def per_replica(loss):
+    """`loss` divided by the replicas of the current `tf.distribute`
+    strategy (TensorFlow sums per-replica gradients); unchanged on the other
+    backends, whose distribution computes the global mean directly."""
+    if keras.backend.backend() != "tensorflow":
+        return loss
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss / replicas if replicas > 1 else loss

@@ -7,7 +7,9 @@ from keras import ops
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.chunked import chunked_mixture_nll
+from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
 from keras_softmax_heads.heads.mixture_head import MixtureHead
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_positive
@@ -88,6 +90,16 @@ class MixtureOfSoftmaxes(MixtureHead):
             (`chunked_mixture_nll`: tiles `[K * N, width]`); `None`
             (default): the width chosen for the platform and `K`
             (`chunked.platform.chunk_size_for`).
+        gradient_in_forward: bool, or `None` (default): `True` for
+            softmax and sigsoftmax components, `False` with PLIF
+            (`num_knots`, which refuses `True`). With `True` the training
+            objective as `HeadModel` and `HeadLoss` reduce it
+            (`summed_training_loss`) computes its gradient in the forward
+            pass, token chunk by token chunk (`chunked.summed_mixture`):
+            three `N K L V` products where the tiled loss runs four, and a
+            float32 `[L, V]` gradient buffer; the same value and gradients
+            (to float32 rounding). `False`: the tiled per-token loss.
+            Measurements: `docs/mixtures.md`.
         return_probabilities: bool, `call` returns probabilities.
 
     Call arguments:
@@ -130,7 +142,7 @@ class MixtureOfSoftmaxes(MixtureHead):
     """
 
     def __init__(self, *args, component="softmax", num_knots=None, knot_bound=10.0,
-                 bias_initializer="unigram", **kwargs):
+                 bias_initializer="unigram", gradient_in_forward=None, **kwargs):
         component = check_choice("component", component, COMPONENTS)
         if bias_initializer is None:  # the default before MoSS had its unigram start
             bias_initializer = "unigram"
@@ -138,6 +150,16 @@ class MixtureOfSoftmaxes(MixtureHead):
         self.component = component
         self.num_knots = check_int("num_knots", num_knots, minimum=1, allow_none=True)
         self.knot_bound = check_positive("knot_bound", knot_bound)
+        if gradient_in_forward is None:
+            gradient_in_forward = self.num_knots is None
+        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
+        if self.gradient_in_forward and self.num_knots is not None:
+            raise ValueError(
+                "`gradient_in_forward=True` computes the gradient of softmax and "
+                "sigsoftmax components; a PLIF head (`num_knots`) trains with the "
+                "tiled loss (gradient_in_forward=False). Received: "
+                f"gradient_in_forward=True, num_knots={self.num_knots}"
+            )
 
     def named_bias_values(self, name):
         """`"unigram"`: the bias whose component distribution is the
@@ -268,6 +290,39 @@ class MixtureOfSoftmaxes(MixtureHead):
         )
         return nan_if_invalid(-nll, targets, self.vocab_size)
 
+    def summed_training_loss(self, inputs, targets, weights, training=True):
+        """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar.
+
+        With `gradient_in_forward=True` one pass over token chunks computes
+        it and its gradient (`chunked.summed_mixture.summed_mixture_nll`);
+        otherwise `training_loss` weighted and summed. `weights` has the
+        shape of `targets`; a weight-0 token adds nothing, a word id outside
+        `[0, V)` with a non-zero weight makes the sum NaN.
+        """
+        if not self.gradient_in_forward:
+            return super().summed_training_loss(inputs, targets, weights, training)
+        inputs = self._check_inputs(inputs)
+        targets = check_targets(targets, self.vocab_size)
+        weights = ops.cast(ops.reshape(weights, (-1,)), "float32")
+        flat_t = ops.reshape(ops.cast(targets, "int32"), (-1,))
+        bad = ops.logical_and(
+            ops.logical_or(flat_t < 0, flat_t >= self.vocab_size), weights != 0
+        )
+        log_priors, latent = self._priors_and_latents(inputs, training)
+        kernel, transposed = self.chunked_projection()
+        total = summed_mixture_nll(
+            latent,
+            log_priors,
+            kernel,
+            self.bias,
+            ops.clip(flat_t, 0, self.vocab_size - 1),
+            weights,
+            sigsoftmax=self.component == "sigsoftmax",
+            kernel_transposed=transposed,
+        )
+        total = ops.cast(total, "float32")
+        return ops.where(ops.any(bad), ops.full_like(total, float("nan")), total)
+
     def dense_log_likelihood(self, inputs, targets, training=None):
         """`log_likelihood` from the `[N, K, V]` component scores (the
         reference of the tiled path; memory `O(N K V)`).
@@ -297,6 +352,7 @@ class MixtureOfSoftmaxes(MixtureHead):
                 "component": self.component,
                 "num_knots": self.num_knots,
                 "knot_bound": self.knot_bound,
+                "gradient_in_forward": self.gradient_in_forward,
             }
         )
         return config

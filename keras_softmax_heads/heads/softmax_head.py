@@ -167,6 +167,7 @@ class SoftmaxHead(keras.layers.Layer):
         self.return_probabilities = bool(return_probabilities)
         self.training_output = training_output
         self.last_output = None
+        self.last_output_masked = False
         self.supports_masking = True
 
     @property
@@ -392,6 +393,25 @@ class SoftmaxHead(keras.layers.Layer):
         del training
         return -self.log_likelihood(inputs, targets)
 
+    #: Whether `summed_training_loss` computes its gradient in the forward
+    #: pass (`HeadModel` and `HeadLoss` then train through it); heads with
+    #: such a path set it from their `gradient_in_forward` option.
+    gradient_in_forward = False
+
+    def summed_training_loss(self, inputs, targets, weights, training=True):
+        """`sum_i weights_i training_loss_i`, a float32 scalar.
+
+        The training objective as `HeadModel` and `HeadLoss` reduce it
+        (`weights` `[...]`, shape `targets.shape`: sample weights over the
+        token count). Here `training_loss` weighted and summed; a head with
+        `gradient_in_forward=True` overrides it with a pass that computes
+        the gradient while it computes the loss (three `N d V` products in
+        place of four, `docs/mixtures.md`).
+        """
+        per_token = ops.cast(self.training_loss(inputs, targets, training=training),
+                             "float32")
+        return ops.sum(per_token * ops.cast(weights, "float32"))
+
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.vocab_size,)
 
@@ -402,6 +422,10 @@ class SoftmaxHead(keras.layers.Layer):
         )
 
     def compute_mask(self, inputs, mask=None):
+        # Keras asks after every call: whether the last call's output
+        # carries a Keras mask (`HeadLoss` then reduces per token, as Keras
+        # weighs a masked loss).
+        self.last_output_masked = mask is not None
         return mask
 
     # ------------------------------------------------- data-derived structure

@@ -1,0 +1,113 @@
+"""The mixtures' Keras training step with and without `gradient_in_forward`.
+
+`MixtureOfSoftmaxes(K)` as the last layer of a `Sequential` (`Embedding`
+then the head) compiled with `HeadLoss` (SGD; `jit_compile` as Keras'
+default picks it unless `--jit_compile` is given), one `train_on_batch` on
+the same `[B, T]` tokens per call: the per-token tiled loss
+(`gradient_in_forward=False`, the default) against the summed objective
+with its gradient in the forward pass (`docs/mixtures.md`), timed in
+interleaved rounds (`measure.interleaved`) on the backend `KERAS_BACKEND`
+names, with FullSoftmax's step in the same rounds. Raw JSON to `--out`.
+
+Usage:
+    KERAS_BACKEND=tensorflow python benchmarks/bench_mixture_summed.py \
+        --batch 32 --length 64 --dim 256 --vocab 10000 --components 4,15
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import measure  # benchmarks/measure.py (the script's own folder)
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def make_model(head, length, vocab, dim, jit_compile):
+    import keras
+
+    import keras_softmax_heads as ksh
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((length,), dtype="int32"),
+                              keras.layers.Embedding(vocab, dim), head])
+    model.compile(keras.optimizers.SGD(0.1), loss=ksh.HeadLoss(head),
+                  jit_compile=jit_compile)
+    return model
+
+
+def heads(components, vocab):
+    import keras_softmax_heads as ksh
+
+    out = {"full": lambda: ksh.FullSoftmax(vocab)}
+    for k in components:
+        for flag in (False, True):
+            name = f"mos{k}" + ("_summed" if flag else "")
+            out[name] = (lambda k=k, flag=flag: ksh.MixtureOfSoftmaxes(
+                vocab, num_components=k, gradient_in_forward=flag))
+    return out
+
+
+def run(args):
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, args.vocab, (args.batch, args.length)).astype("int32")
+    y = rng.integers(0, args.vocab, (args.batch, args.length)).astype("int32")
+    jit = "auto" if args.jit_compile is None else args.jit_compile == "true"
+    rows, calls = {}, {}
+    for name, make in heads(args.components, args.vocab).items():
+        keras.utils.set_random_seed(0)  # the head's initializers draw their seeds
+        model = make_model(make(), args.length, args.vocab, args.dim, jit)
+        start = time.perf_counter()
+        loss = float(model.train_on_batch(x, y))
+        rows[name] = {"head": name, "first_call_s": time.perf_counter() - start,
+                      "first_loss": loss}
+        for _ in range(args.warmup):
+            model.train_on_batch(x, y)
+        calls[name] = lambda model=model: model.train_on_batch(x, y)
+    wall, _ = measure.interleaved(calls, args.rounds)
+    for name, times in wall.items():
+        rows[name]["step_s"] = statistics.median(times)
+        rows[name]["step_s_all"] = times
+        rows[name]["ratio_to_full"] = statistics.median(
+            t / f for t, f in zip(times, wall["full"]))
+        base = name.removesuffix("_summed")
+        if base != name:
+            rows[name]["ratio_to_tiled"] = statistics.median(
+                t / f for t, f in zip(times, wall[base]))
+    return {"script": "benchmarks/bench_mixture_summed.py", "args": vars(args),
+            "backend": keras.backend.backend(), "keras": keras.__version__,
+            "machine": measure.machine(), "loadavg": os.getloadavg(),
+            "rows": list(rows.values())}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=10000)
+    parser.add_argument("--components", type=str, default="4,15")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--jit_compile", choices=("true", "false"), default=None)
+    parser.add_argument("--out", type=str, default=None, help="raw JSON here")
+    args = parser.parse_args(argv)
+    args.components = [int(k) for k in args.components.split(",")]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    result = run(args)
+    for row in result["rows"]:
+        print(row["head"], {k: row.get(k) for k in (
+            "first_loss", "step_s", "ratio_to_full", "ratio_to_tiled")})
+    measure.save(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The summed mixture-of-softmaxes NLL over token chunks, its gradient taken
+in the forward pass: `sum_i w_i (-log p_i)` of a mixture head.
+
+`chunked_mixture_nll` folds the `K` components into `N * K` rows of the
+tiled pass, whose backward pass recomputes every score: four `N K d V`
+products where the dense mixture does three. In training the loss is summed
+with known weights (`HeadModel`'s token mean, `HeadLoss`'s reductions), so
+every token's cotangent is the one upstream scalar times its weight, and the
+gradient can be finished in the forward pass, as
+`chunked.summed_cross_entropy` does for one softmax: `token_chunk_size`
+tokens at a time, the chunk's `[size * K, V]` component scores over the
+whole vocabulary, per component the log-sum-exp and the target's score, the
+mixture's log-likelihood and its posterior responsibilities
+`r_k = softmax_k(log pi_k + log p_k(t))`, and from them the component
+score gradients `w r_k (p_k - onehot_t)` (times `1 + sigmoid(-z)` for
+sigsoftmax components), the chunk's rows of the latents' gradient, its term
+of the kernel's (one vocabulary tile at a time on a CPU) and the bias's,
+and the priors' gradient `-w r`. Three products, as dense; the backward
+pass only scales the stored gradients by the upstream scalar.
+
+The price: a call whose gradient is not taken still computes it, and a
+float32 `[L, V]` kernel-gradient buffer. Design and measurements:
+`docs/mixtures.md`, "The gradient in the forward pass".
+"""
+
+from keras import ops
+
+from keras_softmax_heads.chunked import dispatch
+from keras_softmax_heads.chunked.core import accumulation_dtype
+from keras_softmax_heads.chunked.core import tile_loop
+from keras_softmax_heads.chunked.divergence import OutputLayer
+from keras_softmax_heads.chunked.divergence import upstream_of
+from keras_softmax_heads.chunked.losses import as_tensor
+from keras_softmax_heads.chunked.summed_divergence import Side
+from keras_softmax_heads.chunked.summed_divergence import TokenChunks
+from keras_softmax_heads.chunked.summed_divergence import default_token_chunk
+from keras_softmax_heads.chunked.summed_divergence import float_weights
+from keras_softmax_heads.chunked.summed_divergence import kernel_tile_width
+from keras_softmax_heads.chunked.summed_divergence import padded
+from keras_softmax_heads.chunked.summed_divergence import unpadded
+from keras_softmax_heads.chunked.tiling import kernel_geometry
+from keras_softmax_heads.platforms import current_platform
+
+
+def component_scores(z, sigsoftmax):
+    """`(s, ds/dz)` of linear scores `z`: `z` and 1 (softmax components),
+    or `z - softplus(-z)` and `1 + sigmoid(-z)` (sigsoftmax)."""
+    if not sigsoftmax:
+        return z, None
+    return z - ops.softplus(-z), 1.0 + ops.sigmoid(-z)
+
+
+def chunk_mixture(s, log_priors, targets, weights, num_components):
+    """`(nll, ds, dlog_priors)` of a chunk: `s` `[size * K, V]` component
+    scores (rows token-major), `log_priors` `[size, K]`, `targets` and
+    `weights` `[size]`. Per token `-log p(t)` `[size]`; the gradients of
+    `sum_i w_i (-log p(t_i))` with respect to `s` and to the log-priors (a
+    weight-0 token's, even with NaN responsibilities, are 0)."""
+    rows, vocab = s.shape
+    size = rows // num_components
+    row_targets = ops.repeat(targets, num_components)
+    lse = ops.logsumexp(s, axis=1)
+    target_score = ops.take_along_axis(s, row_targets[:, None], axis=1)[:, 0]
+    joint = log_priors + ops.reshape(target_score - lse, (size, num_components))
+    ll = ops.logsumexp(joint, axis=1)
+    resp = ops.exp(joint - ll[:, None])  # posterior responsibilities [size, K]
+    keep = (weights != 0)[:, None]
+    scale = ops.where(keep, weights[:, None] * resp, ops.zeros_like(resp))
+    row_scale = ops.reshape(scale, (rows, 1))
+    # w r_k (p_k - onehot_t): one pass for p, one for the scale, one for
+    # the target's column (eager PyTorch materialises each).
+    ds = ops.exp(s - lse[:, None]) * row_scale
+    hit = ops.equal(ops.arange(vocab, dtype="int32")[None, :], row_targets[:, None])
+    ds = ops.where(hit, ds - row_scale, ds)
+    return -ll, ds, -scale
+
+
+def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
+                       sigsoftmax=False, kernel_transposed=False,
+                       token_chunk_size=None, implementation="auto"):
+    """`sum_i w_i (-log p(t_i))` of a mixture of softmaxes, its gradient
+    computed in the forward pass.
+
+    The core behind the mixture heads' `summed_training_loss` with
+    `gradient_in_forward=True` (which checks the arguments): `log p(t) =
+    logsumexp_k(log pi_k + log_softmax(g(z_k))_t)`, `z_k = latent_k W + b`,
+    `g` the identity (MoS) or `z - softplus(-z)` (MoSS). `latents`
+    `[N, K, L]`, `log_priors` `[N, K]` (normalised), `kernel` `[L, V]`
+    (`[V, L]` with `kernel_transposed`), `bias` `[V]` or None, `targets`
+    `[N]` int ids in `[0, V)` (not checked), `weights` `[N]` (0: the token
+    adds nothing, even a non-finite loss). At most `token_chunk_size`
+    tokens a chunk (default: the platform's
+    `summed_divergence.default_token_chunk(V) // K`, so a chunk holds as
+    many scores as one softmax's). `implementation`: as in
+    `chunked.chunked_pointwise_nll`.
+
+    Returns:
+        The weighted sum, a float32 scalar (float64 for float64 inputs),
+        with gradients for `latents`, `log_priors`, `kernel`, `bias` and
+        `weights`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> rng = np.random.default_rng(0)
+    >>> lat = rng.normal(size=(5, 3, 4)).astype("float32")
+    >>> log_pi = ops.log_softmax(rng.normal(size=(5, 3)).astype("float32"))
+    >>> w = rng.normal(size=(4, 20)).astype("float32")
+    >>> t = np.array([0, 3, 19, 5, 5], "int32")
+    >>> weights = np.array([1.0, 0.5, 0.0, 2.0, 1.0], "float32")
+    >>> total = summed_mixture_nll(lat, log_pi, w, None, t, weights, token_chunk_size=2)
+    >>> comp = ops.log_softmax(ops.einsum("nkd,dv->nkv", lat, w), axis=-1)
+    >>> log_p = ops.convert_to_numpy(ops.logsumexp(log_pi[..., None] + comp, axis=1))
+    >>> nll = -log_p[np.arange(5), t]
+    >>> bool(np.isclose(float(total), (weights * nll).sum(), rtol=1e-5))
+    True
+    """
+    latents = as_tensor(latents)
+    n, num_components, latent_dim = latents.shape
+    if num_components is None or latent_dim is None:
+        raise ValueError(
+            "`latents` needs static last two dimensions [K, L]. "
+            f"Received: latents.shape={latents.shape}"
+        )
+    if n is None:
+        n = ops.shape(latents)[0]
+    kernel = as_tensor(kernel)
+    _, vocab = kernel_geometry(latents, kernel, kernel_transposed)
+    platform = current_platform(latents)
+    chunk_tokens = token_chunk_size or max(
+        1, default_token_chunk(vocab, platform=platform) // num_components
+    )
+    chunks = TokenChunks(n, chunk_tokens, kernel_tile_width(vocab, platform))
+    acc = accumulation_dtype(latents, kernel)
+    has_bias = bias is not None
+    rows = ops.reshape(latents, (-1, latent_dim))
+    args = [rows, as_tensor(log_priors), kernel]
+    if has_bias:
+        args.append(as_tensor(bias))
+    k = num_components
+
+    @ops.custom_gradient
+    def summed_fn(targets, weights, *args):
+        layer = OutputLayer(args[0], args[2], args[3] if has_bias else None,
+                            kernel_transposed)
+        side = Side(layer, acc, chunks.pad * k, chunks.kernel_tile)
+        lp_all = padded(ops.cast(args[1], acc), chunks.pad)
+        t_all = padded(targets, chunks.pad)
+        w_all = padded(ops.cast(weights, acc), chunks.pad)
+
+        def body(i, state):
+            total, per_token, dlp, grads = state
+            start = i * chunks.size
+            h = side.rows(start * k, chunks.size * k)
+            z, _ = side.scores(h, 1.0)
+            s, ds_dz = component_scores(z, sigsoftmax)
+            t = ops.slice(t_all, [start], [chunks.size])
+            w = ops.slice(w_all, [start], [chunks.size])
+            lp = ops.slice(lp_all, [start, 0], [chunks.size, k])
+            nll, ds, dlp_rows = chunk_mixture(s, lp, t, w, k)
+            total = total + ops.sum(ops.where(w != 0, w * nll, ops.zeros_like(nll)))
+            per_token = ops.slice_update(per_token, [start], nll)
+            dz = ds if ds_dz is None else ds * ds_dz
+            dlp = ops.slice_update(dlp, [start, 0], dlp_rows)
+            grads = side.gradients(h, dz, grads, start * k)
+            return total, per_token, dlp, grads
+
+        def forward():
+            state = (ops.zeros((), acc), ops.zeros_like(w_all), ops.zeros_like(lp_all),
+                     side.zeros(implementation))
+            # `chunks.count` is a tensor when `N` is known only when the step runs.
+            total, per_token, dlp, grads = tile_loop(chunks.count, body, state)
+            dh, dkernel, dbias = grads
+            return (total, unpadded(per_token, n), unpadded(dlp, n),
+                    (unpadded(dh, n * k), dkernel, dbias))
+
+        total, per_token, dlp, grads = dispatch.run_pass(forward, implementation)
+
+        def grad_fn(*args, upstream=None, variables=None):
+            u = ops.cast(upstream_of(args, upstream, variables, "summed_mixture_nll"), acc)
+            dh, dkernel, dbias = grads
+            out = [ops.cast(u * dh, inputs[0].dtype), ops.cast(u * dlp, inputs[1].dtype),
+                   ops.cast(u * dkernel, inputs[2].dtype)]
+            if has_bias:
+                out.append(ops.cast(u * dbias, inputs[3].dtype))
+            return (None, ops.cast(u * per_token, weights.dtype), *out)
+
+        inputs = args
+        return total, grad_fn
+
+    targets = ops.cast(ops.reshape(ops.convert_to_tensor(targets), (-1,)), "int32")
+    return summed_fn(targets, float_weights(weights, acc), *args)

@@ -1,0 +1,169 @@
+"""The mixtures' summed training objective with its gradient in the forward
+pass (`gradient_in_forward=True`, `chunked.summed_mixture`): equal to the
+tiled per-token loss in value and gradients, and the same training step
+through `HeadModel` and `HeadLoss`, on every backend."""
+
+import keras
+import numpy as np
+import pytest
+from backends import BACKEND
+from backends import jit
+from backends import to_numpy
+from backends import value_and_grad
+
+from keras_softmax_heads import HeadLoss
+from keras_softmax_heads import HeadModel
+from keras_softmax_heads import MixtureOfSoftmaxes
+from keras_softmax_heads.chunked import chunked_mixture_nll
+from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
+
+pytestmark = pytest.mark.multibackend
+
+V = 13
+
+
+def numpy_nll(lat, log_pi, w, b, t, sigsoftmax=False):
+    """The mixture NLL per token from the `[N, K, V]` scores, in float64."""
+    z = np.einsum("nkd,dv->nkv", lat.astype("float64"), w.astype("float64"))
+    if b is not None:
+        z = z + b
+    if sigsoftmax:
+        z = z - np.logaddexp(0.0, -z)
+    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    joint = log_pi[:, :, None] + log_p
+    m = joint.max(1)
+    mix = m + np.log(np.exp(joint - m[:, None]).sum(1))
+    return -mix[np.arange(len(t)), t]
+
+
+@pytest.mark.parametrize("sigsoftmax,transposed,bias", [
+    (False, False, True), (True, True, False)])
+def test_core_matches_numpy_and_tiled_gradients(sigsoftmax, transposed, bias):
+    """`summed_mixture_nll` over chunks of 4 tokens (11 tokens: a padded
+    last chunk) equals the NumPy oracle, and its gradients (latents,
+    priors, kernel, bias, weights) equal those of the tiled per-token
+    `chunked_mixture_nll` weighted and summed; weight-0 tokens add nothing."""
+    rng = np.random.default_rng(0)
+    n, k, d = 11, 3, 5
+    lat = np.tanh(rng.normal(size=(n, k, d))).astype("float32")
+    prior_logits = rng.normal(size=(n, k))
+    log_pi = (prior_logits - np.log(np.exp(prior_logits).sum(1, keepdims=True)))
+    log_pi = log_pi.astype("float32")
+    w = rng.normal(size=(d, V)).astype("float32")
+    b = rng.normal(size=(V,)).astype("float32") if bias else None
+    t = rng.integers(0, V, size=n).astype("int32")
+    weights = rng.uniform(0.2, 2.0, size=n).astype("float32")
+    weights[3] = 0.0
+    kernel = w.T.copy() if transposed else w
+    transform = None
+    if sigsoftmax:
+        def transform(z):
+            return z - keras.ops.softplus(-z)
+
+    oracle = (weights * numpy_nll(lat, log_pi, w, b, t, sigsoftmax)).sum()
+    variables = [keras.Variable(kernel)] + ([keras.Variable(b)] if bias else [])
+
+    def summed(lat, log_pi, weights):
+        return summed_mixture_nll(lat, log_pi, variables[0], variables[1] if bias else None,
+                                  t, weights, sigsoftmax=sigsoftmax,
+                                  kernel_transposed=transposed, token_chunk_size=4)
+
+    def tiled(lat, log_pi, weights):
+        nll = chunked_mixture_nll(lat, log_pi, variables[0], variables[1] if bias else None,
+                                  t, transform_fn=transform, chunk_size=5,
+                                  kernel_transposed=transposed)
+        return keras.ops.sum(nll * weights)
+
+    results = []
+    for fn in (summed, tiled):
+        fn = jit(fn) if BACKEND == "jax" else fn
+        results.append(value_and_grad(fn, [lat, log_pi, weights], variables))
+    (value, grads_in, grads_w), (ref, ref_in, ref_w) = results
+    np.testing.assert_allclose(value, oracle, rtol=1e-5)
+    np.testing.assert_allclose(value, ref, rtol=1e-5)
+    for a, r in zip(list(grads_in) + list(grads_w), list(ref_in) + list(ref_w)):
+        np.testing.assert_allclose(a, r, atol=2e-5, rtol=1e-5)
+    np.testing.assert_array_equal(to_numpy(grads_in[0])[3], 0.0)  # weight 0
+
+
+def built(like=None, **kwargs):
+    head = MixtureOfSoftmaxes(V, num_components=3, use_prior_bias=True, **kwargs)
+    head.build((None, 6))
+    if like is not None:
+        head.set_weights(like.get_weights())
+    return head
+
+
+def test_head_summed_loss_matches_per_token_loss():
+    """`summed_training_loss` with and without `gradient_in_forward` (a
+    sigsoftmax mixture under jit on JAX): the same value and gradients with
+    respect to the inputs and every weight."""
+    rng = np.random.default_rng(1)
+    h = rng.normal(size=(2, 5, 6)).astype("float32")
+    t = rng.integers(0, V, size=(2, 5)).astype("int32")
+    weights = rng.uniform(0.0, 1.0, size=(2, 5)).astype("float32")
+    base = built(component="sigsoftmax")
+    results = []
+    for flag in (False, True):
+        head = built(like=base, component="sigsoftmax", gradient_in_forward=flag)
+
+        def loss(x, head=head):
+            return head.summed_training_loss(x, t, weights)
+
+        fn = jit(loss) if BACKEND == "jax" else loss
+        results.append(value_and_grad(fn, [h], head.trainable_weights))
+    (ref, ref_in, ref_w), (value, grads_in, grads_w) = results
+    np.testing.assert_allclose(value, ref, rtol=1e-5)
+    for a, r in zip(list(grads_in) + list(grads_w), list(ref_in) + list(ref_w)):
+        np.testing.assert_allclose(a, r, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["head_loss", "head_model", "masked"])
+def test_training_step_matches_per_token_path(kind):
+    """One compiled SGD step through `HeadLoss` (sum-over-batch-size
+    reduction, per-token sample weights) or `HeadModel` (per-sequence
+    weights) moves every weight as the per-token path's step does, and
+    reports the same loss; with a Keras mask (`mask_zero`) `HeadLoss`
+    reduces per token as Keras weighs a masked loss."""
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, V, size=(4, 6)).astype("int32")
+    y = np.roll(x, -1, axis=1)
+    x[:, -2:] = 0  # padding, masked with mask_zero
+    sample_weight = (rng.uniform(0.0, 2.0, size=(4,)) if kind == "head_model"
+                     else rng.uniform(0.0, 2.0, size=(4, 6))).astype("float32")
+    outcomes = []
+    for flag in (False, True):
+        keras.utils.set_random_seed(0)
+        embed = keras.layers.Embedding(V, 6, mask_zero=kind == "masked")
+        head = MixtureOfSoftmaxes(V, num_components=3, gradient_in_forward=flag)
+        if kind != "head_model":
+            model = keras.Sequential([keras.Input((6,), dtype="int32"), embed, head])
+            model.compile(keras.optimizers.SGD(0.5), loss=HeadLoss(head))
+        else:
+            backbone = keras.Sequential([keras.Input((6,), dtype="int32"), embed])
+            model = HeadModel(backbone, head)
+            model.compile(keras.optimizers.SGD(0.5))
+        loss = model.train_on_batch(x, y, sample_weight=sample_weight)
+        outcomes.append((loss, [to_numpy(v) for v in model.trainable_weights]))
+    (ref_loss, ref_w), (loss, weights) = outcomes
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    for a, r in zip(weights, ref_w):
+        np.testing.assert_allclose(a, r, atol=1e-5)
+
+
+def test_refusals_config_and_invalid_targets():
+    """PLIF refuses the option (its slopes train with the tiled loss); the
+    option round-trips through the config; a word id outside `[0, V)` with
+    a non-zero weight makes the sum NaN, as the per-token loss's NaN."""
+    with pytest.raises(ValueError, match="num_knots=4"):
+        MixtureOfSoftmaxes(V, num_knots=4, gradient_in_forward=True)
+    with pytest.raises(ValueError, match="gradient_in_forward"):
+        MixtureOfSoftmaxes(V, gradient_in_forward="yes")
+    head = built(gradient_in_forward=True)
+    assert MixtureOfSoftmaxes.from_config(head.get_config()).gradient_in_forward
+    h = np.zeros((3, 6), "float32")
+    total = head.summed_training_loss(h, np.array([1, 2, 3]), np.ones(3, "float32"))
+    assert np.isfinite(to_numpy(total))
+    if BACKEND == "jax":  # eager TensorFlow / PyTorch check the ids and raise
+        bad = jit(lambda t: head.summed_training_loss(h, t, np.ones(3, "float32")))
+        assert np.isnan(to_numpy(bad(np.array([1, V, 3], "int32"))))
