@@ -118,13 +118,14 @@ def test_head_summed_loss_matches_per_token_loss():
         np.testing.assert_allclose(a, r, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["head_loss", "head_model", "masked"])
+@pytest.mark.parametrize("kind", ["head_loss", "head_model", "masked", "sum"])
 def test_training_step_matches_per_token_path(kind):
     """One compiled SGD step through `HeadLoss` (sum-over-batch-size
     reduction, per-token sample weights) or `HeadModel` (per-sequence
     weights) moves every weight as the per-token path's step does, and
     reports the same loss; with a Keras mask (`mask_zero`) `HeadLoss`
-    reduces per token as Keras weighs a masked loss."""
+    reduces per token as Keras weighs a masked loss; `"sum"` (the
+    reduction's weights without the token count) too."""
     rng = np.random.default_rng(2)
     x = rng.integers(0, V, size=(4, 6)).astype("int32")
     y = np.roll(x, -1, axis=1)
@@ -138,7 +139,9 @@ def test_training_step_matches_per_token_path(kind):
         head = MixtureOfSoftmaxes(V, num_components=3, gradient_in_forward=flag)
         if kind != "head_model":
             model = keras.Sequential([keras.Input((6,), dtype="int32"), embed, head])
-            model.compile(keras.optimizers.SGD(0.5), loss=HeadLoss(head))
+            reduction = "sum" if kind == "sum" else "sum_over_batch_size"
+            model.compile(keras.optimizers.SGD(0.5 / (24 if kind == "sum" else 1)),
+                          loss=HeadLoss(head, reduction=reduction))
         else:
             backbone = keras.Sequential([keras.Input((6,), dtype="int32"), embed])
             model = HeadModel(backbone, head)
