@@ -7,7 +7,9 @@ the same `[B, T]` tokens per call: the per-token tiled loss
 (`gradient_in_forward=False`, the default) against the summed objective
 with its gradient in the forward pass (`docs/mixtures.md`), timed in
 interleaved rounds (`measure.interleaved`) on the backend `KERAS_BACKEND`
-names, with FullSoftmax's step in the same rounds. Raw JSON to `--out`.
+names, with FullSoftmax's step in the same rounds, and the chunked
+FullSoftmax (`chunk_size=4096`) without and with the option (`full_chunked`,
+`full_chunked_summed`). Raw JSON to `--out`.
 
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/bench_mixture_summed.py \
@@ -38,9 +40,15 @@ def make_model(head, length, vocab, dim, jit_compile):
 
 
 def heads(components, vocab):
+    """`{name: make}`: FullSoftmax (dense), FullSoftmax(chunk_size=4096)
+    without / with `gradient_in_forward`, and each mixture without / with it."""
     import keras_softmax_heads as ksh
 
     out = {"full": lambda: ksh.FullSoftmax(vocab)}
+    for flag in (False, True):  # the chunked full softmax (4,096-word tiles)
+        out["full_chunked" + ("_summed" if flag else "")] = (
+            lambda flag=flag: ksh.FullSoftmax(vocab, chunk_size=4096,
+                                              gradient_in_forward=flag))
     for k in components:
         for flag in (False, True):
             name = f"mos{k}" + ("_summed" if flag else "")
@@ -96,7 +104,7 @@ def parse_args(argv=None):
     parser.add_argument("--jit_compile", choices=("true", "false"), default=None)
     parser.add_argument("--out", type=str, default=None, help="raw JSON here")
     args = parser.parse_args(argv)
-    args.components = [int(k) for k in args.components.split(",")]
+    args.components = [int(k) for k in args.components.split(",") if k]
     return args
 
 

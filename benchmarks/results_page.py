@@ -1454,6 +1454,9 @@ def build(make_figures=True):
         "mixture_summed_step_time": section_device_heads(
             "mixture_summed/step_time_cpu_n2048_v10000.json"),
         "mixture_summed_keras": section_mixture_summed(),
+        "full_chunked_summed_keras": section_mixture_summed(tuple(
+            f"mixture_summed/keras_step_{b}_full_chunked_n2048_v32768.json"
+            for b in ("tensorflow", "jax", "torch"))),
         "plif_histogram": section_plif_histogram(),
         "plif_tile_memory": section_plif_tile_memory(),
         "device_heads_v33278": section_device_heads(

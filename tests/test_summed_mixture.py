@@ -170,3 +170,40 @@ def test_refusals_config_and_invalid_targets():
     if BACKEND == "jax":  # eager TensorFlow / PyTorch check the ids and raise
         bad = jit(lambda t: head.summed_training_loss(h, t, np.ones(3, "float32")))
         assert np.isnan(to_numpy(bad(np.array([1, V, 3], "int32"))))
+
+
+@pytest.mark.parametrize("options", [
+    {"logit_soft_cap": 3.0}, {"tied": True, "use_bias": False}])
+def test_chunked_full_softmax_summed_matches_chunked_loss(options):
+    """`FullSoftmax(chunk_size=...)` trains through the summed cross-entropy
+    by default (`gradient_in_forward` on with `chunk_size`): its summed
+    objective equals the chunked per-token loss's, weighted and summed, in
+    value and in the gradients of the inputs and every weight (soft cap; a
+    tied `[V, d]` embedding); off without `chunk_size`."""
+    from keras_softmax_heads import FullSoftmax
+
+    options = dict(options)
+    tied = options.pop("tied", False)
+    rng = np.random.default_rng(4)
+    h = rng.normal(size=(3, 4, 6)).astype("float32")
+    t = rng.integers(0, V, size=(3, 4)).astype("int32")
+    weights = rng.uniform(0.0, 1.0, size=(3, 4)).astype("float32")
+    assert not FullSoftmax(V).gradient_in_forward
+    results, base = [], None
+    for flag in (False, True):
+        keras.utils.set_random_seed(0)
+        embedding = keras.layers.Embedding(V, 6) if tied else None
+        head = FullSoftmax(V, chunk_size=5, gradient_in_forward=flag,
+                           token_embedding=embedding, **options)
+        head.build((None, 6))
+        if base is None:
+            base = [to_numpy(w) for w in head.weights]
+        for w, b in zip(head.weights, base):
+            w.assign(b + 0.3)
+        fn = (lambda x, head=head: head.summed_training_loss(x, t, weights))
+        fn = jit(fn) if BACKEND == "jax" else fn
+        results.append(value_and_grad(fn, [h], head.trainable_weights))
+    (ref, ref_in, ref_w), (value, grads_in, grads_w) = results
+    np.testing.assert_allclose(value, ref, rtol=1e-5)
+    for a, r in zip(list(grads_in) + list(grads_w), list(ref_in) + list(ref_w)):
+        np.testing.assert_allclose(a, r, atol=2e-5, rtol=1e-5)

@@ -1,10 +1,16 @@
 """Linear-Softmax: the baseline head."""
 
 import keras
+from keras import ops
 
+from keras_softmax_heads.chunked.divergence import OutputLayer
+from keras_softmax_heads.chunked.losses import as_tensor
+from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
 from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_positive
+from keras_softmax_heads.validation import check_targets
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
@@ -21,6 +27,13 @@ class FullSoftmax(PointwiseSoftmaxHead):
         vocab_size: int `V >= 2` (or omit and pass `token_embedding`).
         logit_soft_cap: optional float > 0: soft-cap the scores at this
             value (`None`, the default: no capping).
+        gradient_in_forward: bool, or `None` (default: `True` with
+            `chunk_size`, `False` without). With `True` the training
+            objective as `HeadModel` and `HeadLoss` reduce it
+            (`summed_training_loss`) is computed over token chunks with its
+            gradient, in the forward pass (`chunked.summed_cross_entropy`:
+            three `N d V` products where the chunked loss runs four, never
+            the `[N, V]` scores). `docs/chunked.md`.
         token_embedding, use_bias, kernel_initializer, bias_initializer,
         return_probabilities, chunk_size: see `PointwiseSoftmaxHead` and
             `SoftmaxHead`.
@@ -48,11 +61,37 @@ class FullSoftmax(PointwiseSoftmaxHead):
         - Final-logit soft-capping: Gemma Team, 2024. https://arxiv.org/abs/2408.00118
     """
 
-    def __init__(self, *args, logit_soft_cap=None, **kwargs):
+    def __init__(self, *args, logit_soft_cap=None, gradient_in_forward=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.logit_soft_cap = check_positive(
             "logit_soft_cap", logit_soft_cap, allow_none=True
         )
+        if gradient_in_forward is None:
+            gradient_in_forward = self.chunk_size is not None
+        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
+
+    def summed_training_loss(self, inputs, targets, weights, training=True):
+        """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar;
+        with `gradient_in_forward=True` computed with its gradient over
+        token chunks (`chunked.summed_cross_entropy`), otherwise
+        `training_loss` weighted and summed. A word id outside `[0, V)`
+        with a non-zero weight makes the sum NaN."""
+        if not self.gradient_in_forward:
+            return super().summed_training_loss(inputs, targets, weights, training)
+        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
+        targets = check_targets(targets, self.vocab_size)
+        flat_h = ops.reshape(inputs, (-1, self.input_dim))
+        flat_t = ops.reshape(ops.cast(targets, "int32"), (-1,))
+        weights = ops.cast(ops.reshape(weights, (-1,)), "float32")
+        bad = ops.logical_and(
+            ops.logical_or(flat_t < 0, flat_t >= self.vocab_size), weights != 0
+        )
+        kernel, transposed = self.chunked_projection()
+        bias = None if self.bias is None else as_tensor(self.bias)
+        layer = OutputLayer(flat_h, as_tensor(kernel), bias, transposed, self.logit_soft_cap)
+        total = ops.cast(summed_cross_entropy(
+            layer, ops.clip(flat_t, 0, self.vocab_size - 1), weights), "float32")
+        return ops.where(ops.any(bad), ops.full_like(total, float("nan")), total)
 
     def score_transform(self, z):
         if self.logit_soft_cap is None:
@@ -65,4 +104,5 @@ class FullSoftmax(PointwiseSoftmaxHead):
     def get_config(self):
         config = super().get_config()
         config["logit_soft_cap"] = self.logit_soft_cap
+        config["gradient_in_forward"] = self.gradient_in_forward
         return config
