@@ -86,6 +86,14 @@ def test_core_matches_numpy_and_tiled_gradients(sigsoftmax, transposed, bias):
     np.testing.assert_array_equal(to_numpy(grads_in[0])[3], 0.0)  # weight 0
 
 
+def assert_same_values_and_gradients(reference, result):
+    """Two `value_and_grad` results agree: the value and every gradient."""
+    (ref, ref_in, ref_w), (value, grads_in, grads_w) = reference, result
+    np.testing.assert_allclose(value, ref, rtol=1e-5)
+    for a, r in zip(list(grads_in) + list(grads_w), list(ref_in) + list(ref_w)):
+        np.testing.assert_allclose(a, r, atol=2e-5, rtol=1e-5)
+
+
 def built(like=None, **kwargs):
     head = MixtureOfSoftmaxes(V, num_components=3, use_prior_bias=True, **kwargs)
     head.build((None, 6))
@@ -112,10 +120,7 @@ def test_head_summed_loss_matches_per_token_loss():
 
         fn = jit(loss) if BACKEND == "jax" else loss
         results.append(value_and_grad(fn, [h], head.trainable_weights))
-    (ref, ref_in, ref_w), (value, grads_in, grads_w) = results
-    np.testing.assert_allclose(value, ref, rtol=1e-5)
-    for a, r in zip(list(grads_in) + list(grads_w), list(ref_in) + list(ref_w)):
-        np.testing.assert_allclose(a, r, atol=2e-5, rtol=1e-5)
+    assert_same_values_and_gradients(*results)
 
 
 @pytest.mark.parametrize("kind", ["head_loss", "head_model", "masked", "sum"])
@@ -203,7 +208,4 @@ def test_chunked_full_softmax_summed_matches_chunked_loss(options):
         fn = (lambda x, head=head: head.summed_training_loss(x, t, weights))
         fn = jit(fn) if BACKEND == "jax" else fn
         results.append(value_and_grad(fn, [h], head.trainable_weights))
-    (ref, ref_in, ref_w), (value, grads_in, grads_w) = results
-    np.testing.assert_allclose(value, ref, rtol=1e-5)
-    for a, r in zip(list(grads_in) + list(grads_w), list(ref_in) + list(ref_w)):
-        np.testing.assert_allclose(a, r, atol=2e-5, rtol=1e-5)
+    assert_same_values_and_gradients(*results)
