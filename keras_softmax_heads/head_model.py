@@ -119,8 +119,9 @@ class HeadModel(keras.Model):
         covers its sequence's tokens), and the mean is what `loss` reports.
         A head with `gradient_in_forward` on trains through
         `head.summed_training_loss(h, y, weights)` with those weights over
-        their sum: the same mean, its gradient computed with it. Under a `tf.distribute` strategy the returned value
-        is divided by the number of replicas (Keras sums their gradients).
+        their sum: the same mean, its gradient computed with it. Under a
+        `tf.distribute` strategy the returned value is divided by the number
+        of replicas (Keras sums their gradients).
         """
         self._check_compiled_loss()
         h = y_pred["contexts"]

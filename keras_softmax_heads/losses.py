@@ -126,7 +126,7 @@ class HeadLoss(keras.losses.Loss):
             return super().__call__(y_true, y_pred, sample_weight=sample_weight)
         # The head's summed objective (its gradient computed in the forward
         # pass) with the weights Keras' reduction gives each token.
-        h, targets = self._contexts_and_targets(head, y_true, y_pred)
+        h, targets = contexts_and_targets(y_true, y_pred)
         weight = token_weights(targets, sample_weight)
         if self.reduction != "sum":
             weight = weight / ops.cast(ops.size(targets), "float32")
@@ -135,17 +135,10 @@ class HeadLoss(keras.losses.Loss):
             loss = per_replica(loss)
         return ops.cast(loss, self.dtype)
 
-    def _contexts_and_targets(self, head, y_true, y_pred):
-        targets = ops.convert_to_tensor(y_true)
-        h = ops.squeeze(y_pred, axis=-2)
-        if len(targets.shape) == len(h.shape):  # targets [..., 1]
-            targets = ops.squeeze(targets, axis=-1)
-        return h, targets
-
     def call(self, y_true, y_pred):
         head = self._resolve_head()
         if head.last_output == "contexts":
-            h, targets = self._contexts_and_targets(head, y_true, y_pred)
+            h, targets = contexts_and_targets(y_true, y_pred)
             return head.training_loss(h, targets, training=True)
         targets = ops.convert_to_tensor(y_true)
         if len(targets.shape) == len(y_pred.shape):
@@ -157,6 +150,16 @@ class HeadLoss(keras.losses.Loss):
         config = super().get_config()
         config["head_name"] = self.head_name
         return config
+
+
+def contexts_and_targets(y_true, y_pred):
+    """`(h, targets)` of a head's training output `h[..., None, :]` and its
+    targets (`[...]` or `[..., 1]`)."""
+    targets = ops.convert_to_tensor(y_true)
+    h = ops.squeeze(y_pred, axis=-2)
+    if len(targets.shape) == len(h.shape):  # targets [..., 1]
+        targets = ops.squeeze(targets, axis=-1)
+    return h, targets
 
 
 def nll_terms(log_probs, targets):

@@ -204,16 +204,17 @@ class TokenChunks:
         self.kernel_tile = kernel_tile
 
     @classmethod
-    def of(cls, hidden, vocab, token_chunk_size=None):
-        """The chunks of `hidden`'s rows `[N, d]` for `vocab` words: at most
-        `token_chunk_size` tokens (default `default_token_chunk`) and the
-        kernel tile, both for the platform that computes `hidden`."""
+    def of(cls, hidden, vocab, token_chunk_size=None, components=1):
+        """The chunks of `hidden`'s rows `[N, ...]` for `vocab` words: at
+        most `token_chunk_size` tokens (default `default_token_chunk`, over
+        `components` score rows a token: a mixture's `K`) and the kernel
+        tile, both for the platform that computes `hidden`."""
         n = hidden.shape[0]
         if n is None:
             n = ops.shape(hidden)[0]
         platform = current_platform(hidden)
-        return cls(n, token_chunk_size or default_token_chunk(vocab, platform=platform),
-                   kernel_tile_width(vocab, platform))
+        default = max(1, default_token_chunk(vocab, platform=platform) // components)
+        return cls(n, token_chunk_size or default, kernel_tile_width(vocab, platform))
 
 
 def float_weights(weights, acc):

@@ -33,13 +33,10 @@ from keras_softmax_heads.chunked.divergence import upstream_of
 from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.chunked.summed_divergence import Side
 from keras_softmax_heads.chunked.summed_divergence import TokenChunks
-from keras_softmax_heads.chunked.summed_divergence import default_token_chunk
 from keras_softmax_heads.chunked.summed_divergence import float_weights
-from keras_softmax_heads.chunked.summed_divergence import kernel_tile_width
 from keras_softmax_heads.chunked.summed_divergence import padded
 from keras_softmax_heads.chunked.summed_divergence import unpadded
 from keras_softmax_heads.chunked.tiling import kernel_geometry
-from keras_softmax_heads.platforms import current_platform
 
 
 def component_scores(z, sigsoftmax):
@@ -117,21 +114,16 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
     True
     """
     latents = as_tensor(latents)
-    n, num_components, latent_dim = latents.shape
+    _, num_components, latent_dim = latents.shape
     if num_components is None or latent_dim is None:
         raise ValueError(
             "`latents` needs static last two dimensions [K, L]. "
             f"Received: latents.shape={latents.shape}"
         )
-    if n is None:
-        n = ops.shape(latents)[0]
     kernel = as_tensor(kernel)
     _, vocab = kernel_geometry(latents, kernel, kernel_transposed)
-    platform = current_platform(latents)
-    chunk_tokens = token_chunk_size or max(
-        1, default_token_chunk(vocab, platform=platform) // num_components
-    )
-    chunks = TokenChunks(n, chunk_tokens, kernel_tile_width(vocab, platform))
+    chunks = TokenChunks.of(latents, vocab, token_chunk_size, components=num_components)
+    n = chunks.n
     acc = accumulation_dtype(latents, kernel)
     has_bias = bias is not None
     rows = ops.reshape(latents, (-1, latent_dim))

@@ -7,6 +7,7 @@ from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
 from keras_softmax_heads.functional import soft_cap
+from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_positive
@@ -80,18 +81,13 @@ class FullSoftmax(PointwiseSoftmaxHead):
             return super().summed_training_loss(inputs, targets, weights, training)
         inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
         targets = check_targets(targets, self.vocab_size)
-        flat_h = ops.reshape(inputs, (-1, self.input_dim))
-        flat_t = ops.reshape(ops.cast(targets, "int32"), (-1,))
-        weights = ops.cast(ops.reshape(weights, (-1,)), "float32")
-        bad = ops.logical_and(
-            ops.logical_or(flat_t < 0, flat_t >= self.vocab_size), weights != 0
-        )
         kernel, transposed = self.chunked_projection()
         bias = None if self.bias is None else as_tensor(self.bias)
-        layer = OutputLayer(flat_h, as_tensor(kernel), bias, transposed, self.logit_soft_cap)
-        total = ops.cast(summed_cross_entropy(
-            layer, ops.clip(flat_t, 0, self.vocab_size - 1), weights), "float32")
-        return ops.where(ops.any(bad), ops.full_like(total, float("nan")), total)
+        layer = OutputLayer(ops.reshape(inputs, (-1, self.input_dim)), as_tensor(kernel),
+                            bias, transposed, self.logit_soft_cap)
+        return summed_over_valid_targets(
+            targets, weights, self.vocab_size,
+            lambda ids, weights: summed_cross_entropy(layer, ids, weights))
 
     def score_transform(self, z):
         if self.logit_soft_cap is None:

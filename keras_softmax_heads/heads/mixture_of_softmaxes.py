@@ -8,6 +8,7 @@ from keras import ops
 from keras_softmax_heads import functional
 from keras_softmax_heads.chunked import chunked_mixture_nll
 from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
+from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.mixture_head import MixtureHead
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
@@ -303,25 +304,16 @@ class MixtureOfSoftmaxes(MixtureHead):
             return super().summed_training_loss(inputs, targets, weights, training)
         inputs = self._check_inputs(inputs)
         targets = check_targets(targets, self.vocab_size)
-        weights = ops.cast(ops.reshape(weights, (-1,)), "float32")
-        flat_t = ops.reshape(ops.cast(targets, "int32"), (-1,))
-        bad = ops.logical_and(
-            ops.logical_or(flat_t < 0, flat_t >= self.vocab_size), weights != 0
-        )
         log_priors, latent = self._priors_and_latents(inputs, training)
         kernel, transposed = self.chunked_projection()
-        total = summed_mixture_nll(
-            latent,
-            log_priors,
-            kernel,
-            self.bias,
-            ops.clip(flat_t, 0, self.vocab_size - 1),
-            weights,
-            sigsoftmax=self.component == "sigsoftmax",
-            kernel_transposed=transposed,
-        )
-        total = ops.cast(total, "float32")
-        return ops.where(ops.any(bad), ops.full_like(total, float("nan")), total)
+
+        def summed(ids, weights):
+            return summed_mixture_nll(
+                latent, log_priors, kernel, self.bias, ids, weights,
+                sigsoftmax=self.component == "sigsoftmax", kernel_transposed=transposed,
+            )
+
+        return summed_over_valid_targets(targets, weights, self.vocab_size, summed)
 
     def dense_log_likelihood(self, inputs, targets, training=None):
         """`log_likelihood` from the `[N, K, V]` component scores (the
