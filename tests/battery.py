@@ -12,9 +12,10 @@ Usage, in a head's test module::
 Each case is a factory `(vocab_size, input_dim) -> fresh head`. The battery
 checks: shapes and normalisation, `log_likelihood`/`training_loss` shapes and
 consistency, a directional finite-difference gradient check in float64,
-`get_config` round trip, `.keras` save/load, a `jit_compile=True` fit step,
-`mixed_float16` / `mixed_bfloat16`, that `fit` lowers the loss, extreme
-inputs, and clear errors for bad inputs.
+`get_config` round trip, `.keras` save/load, `jit_compile=True`,
+`mixed_float16` / `mixed_bfloat16`, that `fit` lowers the loss (compiled with
+XLA where the head compiles), `HeadLoss` in a `Sequential`, extreme inputs,
+and clear errors for bad inputs.
 
 Class attributes a subclass may set:
     cases: dict name -> factory.
@@ -26,9 +27,9 @@ Class attributes a subclass may set:
     fit_epochs: epochs of the "loss goes down" test.
     extreme_scale: |logit| scale reached by the extreme-input test.
     torch_compile_by_default: on PyTorch, where `jit_compile=True` means
-        `torch.compile` (tens of seconds per model), the default run fits
-        with it only for batteries that set this (conftest marks the others
-        `slow`).
+        `torch.compile` (tens of seconds per model), the default run's
+        `test_jit_compile_fit_step` fits with it only for batteries that set
+        this (conftest marks the others `slow`).
     jit_compatible: the head compiles with XLA. False for a head with
         data-dependent shapes by design (`supports_jit = False`): Keras must
         then fall back from `jit_compile=True` to graph mode.
@@ -179,6 +180,12 @@ class HeadBattery:
         the data repeated: the same optimizer steps without Keras' per-epoch
         overhead (about half the time of a small fit on TensorFlow)."""
         repeats = (self.fit_epochs,) + (1,) * (np.ndim(x) - 1)
+        # Keras on TensorFlow creates the optimizer's variables in the first
+        # trace of the train step, then traces the step again; built first,
+        # the step is traced once (a third less time). Keras' own lazy build
+        # is what the battery's other fits run.
+        if model.built and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
         model.fit(np.tile(x, repeats), np.tile(y, repeats), batch_size=8,
                   epochs=1, verbose=0)
 
@@ -187,11 +194,25 @@ class HeadBattery:
         x = rng.integers(0, self.vocab_size, size=(n, length)).astype("int32")
         return x, np.roll(x, -1, axis=1)
 
+    def _compiles(self):
+        """`jit_compile=True` compiles this head's training step with XLA:
+        a jit-compatible head on TensorFlow or JAX (on PyTorch it would be
+        `torch.compile`)."""
+        return self.jit_compatible and BACKEND != "torch"
+
     def test_jit_compile_fit_step(self, case):
+        """`compile(jit_compile=True)`: a head that cannot compile falls back
+        with a warning and trains; on PyTorch (`torch.compile`) the step
+        trains. A jit-compatible head's XLA fit and evaluation on TensorFlow
+        and JAX are `test_fit_reduces_loss`'s (it compiles with
+        `jit_compile=True`): here only the setting is checked."""
         keras.utils.set_random_seed(0)
         model = self._head_model(self.make(case))
         if self.jit_compatible:
             model.compile(optimizer="adam", jit_compile=True)
+            assert model.jit_compile
+            if self._compiles():
+                return
         else:
             with pytest.warns(UserWarning, match="jit_compile"):
                 model.compile(optimizer="adam", jit_compile=True)
@@ -204,6 +225,10 @@ class HeadBattery:
 
     @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
     def test_mixed_precision(self, case, policy):
+        """float32 log-probabilities and log-likelihoods from a float16 or
+        bfloat16 compute type; a `fit` under `mixed_float16` (Keras' loss
+        scaling) stays finite (under `mixed_bfloat16`:
+        `test_mixed_bfloat16_fit`, `-m slow`)."""
         keras.config.set_dtype_policy(policy)
         keras.utils.set_random_seed(0)
         head = self.make(case)
@@ -215,6 +240,16 @@ class HeadBattery:
         np.testing.assert_allclose(lse, 0.0, atol=1e-4)
         ll = to_numpy(head.log_likelihood(h, self.targets()))
         assert ll.dtype == np.float32 and np.all(np.isfinite(ll))
+        if policy == "mixed_float16":
+            self._fit_stays_finite(head)
+
+    @pytest.mark.slow
+    def test_mixed_bfloat16_fit(self, case):
+        keras.config.set_dtype_policy("mixed_bfloat16")
+        keras.utils.set_random_seed(0)
+        self._fit_stays_finite(self.make(case))
+
+    def _fit_stays_finite(self, head):
         model = self._head_model(head)
         model.compile(optimizer="adam")
         x, y = self._tokens()
@@ -228,7 +263,11 @@ class HeadBattery:
         x = (np.arange(6)[None, :] + np.arange(32)[:, None]) % self.vocab_size
         y = (x + 1) % self.vocab_size
         model = self._head_model(self.make(case))
-        model.compile(optimizer=keras.optimizers.Adam(0.05))
+        # XLA where the head compiles (TensorFlow, JAX): the compiled fit
+        # and evaluation `test_jit_compile_fit_step` leaves to this test.
+        model.compile(optimizer=keras.optimizers.Adam(0.05),
+                      jit_compile=True if self._compiles() else "auto")
+        assert model.jit_compile == self._compiles()
         before = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
         self._fit_passes(model, x, y)
         after = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
@@ -259,12 +298,10 @@ class HeadBattery:
         if type(head).exact_training_objective and not self.avoids_full_scores_in_training:
             return
         seq = self._sequential(head)
-        # Compiled where the head compiles; on PyTorch (`torch.compile`, tens
-        # of seconds a model) only for batteries that ask for it, as in
-        # `test_jit_compile_fit_step` (conftest).
-        jit = self.jit_compatible and (keras.backend.backend() != "torch"
-                                       or self.torch_compile_by_default)
-        seq.compile(keras.optimizers.Adam(0.05), loss=ksh.HeadLoss(head), jit_compile=jit)
+        # Compiled where the head compiles; eager on PyTorch (`torch.compile`,
+        # tens of seconds a model, is `test_jit_compile_fit_step`'s).
+        seq.compile(keras.optimizers.Adam(0.05), loss=ksh.HeadLoss(head),
+                    jit_compile=self._compiles())
         first = seq.evaluate(x, y, verbose=0)
         self._fit_passes(seq, x, y)
         last = seq.evaluate(x, y, verbose=0)
