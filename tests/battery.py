@@ -183,7 +183,8 @@ class HeadBattery:
         # Keras on TensorFlow creates the optimizer's variables in the first
         # trace of the train step, then traces the step again; built first,
         # the step is traced once (a third less time). Keras' own lazy build
-        # is what the battery's other fits run.
+        # is what `test_mixed_precision`'s and `test_jit_compile_fit_step`'s
+        # fits run.
         if model.built and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         model.fit(np.tile(x, repeats), np.tile(y, repeats), batch_size=8,
@@ -327,6 +328,7 @@ class HeadBattery:
         seq.compile("adam", loss=ksh.HeadLoss(head), metrics=[ksh.Perplexity()])
         contexts = seq(x, training=True)
         assert tuple(contexts.shape) == (16, 6, 1, self.input_dim)
+        seq.optimizer.build(seq.trainable_variables)  # one trace (`_fit_passes`)
         if self.avoids_full_scores_in_training:
             # Keras builds the model and its metrics first (on JAX with a
             # symbolic inference call, which may use the full scores).

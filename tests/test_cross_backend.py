@@ -70,6 +70,10 @@ def saved(tmp_path_factory):
         )
         model = ksh.HeadModel(backbone, head)
         model.compile(optimizer="adam")
+        # Built first, the optimizer's variables are not created in the
+        # train step's first trace, which TensorFlow then traces once.
+        model.build(x.shape)
+        model.optimizer.build(model.trainable_variables)
         model.fit(x, y, batch_size=4, epochs=2, verbose=0)
         model.save(str(directory / f"{name}.keras"))
         arrays[name] = keras.ops.convert_to_numpy(model.predict(x, verbose=0))
