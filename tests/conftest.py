@@ -146,3 +146,7 @@ def pytest_collection_modifyitems(config, items):
         if (torch and item.originalname == "test_jit_compile_fit_step"
                 and not getattr(cls, "torch_compile_by_default", False)):
             item.add_marker(pytest.mark.slow)
+    if torch:
+        # The torch.compile fit steps (over a minute each) first: xdist then
+        # runs the rest on the other worker instead of waiting for them last.
+        items.sort(key=lambda item: item.originalname != "test_jit_compile_fit_step")
