@@ -15,7 +15,9 @@ public function for are dispatched here, once, on `keras.backend.backend()`:
 * `lower_for(jitted, args, platform)`: a jitted JAX function lowered for another
   platform (`"cuda"`, `"tpu"`) without that device;
 * `sparse_gradient_rows(fn, x, variable)` (TensorFlow only): the rows of
-  `variable`'s gradient, asserting it is a `tf.IndexedSlices`.
+  `variable`'s gradient, asserting it is a `tf.IndexedSlices`;
+* `build_optimizer(model)`: a compiled, built model's optimizer built before
+  `fit`, so that TensorFlow traces the train step once.
 """
 
 import keras
@@ -48,6 +50,17 @@ def to_numpy(x):
         if isinstance(x, tf.IndexedSlices):
             x = tf.convert_to_tensor(x)
     return keras.ops.convert_to_numpy(x)
+
+
+def build_optimizer(model):
+    """Builds the optimizer of a compiled, built `model` for its trainable
+    variables (once). Keras on TensorFlow otherwise creates the optimizer's
+    variables in the first trace of the train step and then traces the step
+    again; built first, `fit` traces it once (a third less time for a small
+    fit). The battery's mixed-precision and `jit_compile` fits keep Keras'
+    own lazy build."""
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
 
 
 def sparse_gradient_rows(fn, x, variable):

@@ -43,6 +43,7 @@ import numpy as np
 import pytest
 import keras_softmax_heads as ksh
 from backends import BACKEND
+from backends import build_optimizer
 from backends import is_target_error
 from backends import jit
 from backends import to_numpy
@@ -180,13 +181,8 @@ class HeadBattery:
         the data repeated: the same optimizer steps without Keras' per-epoch
         overhead (about half the time of a small fit on TensorFlow)."""
         repeats = (self.fit_epochs,) + (1,) * (np.ndim(x) - 1)
-        # Keras on TensorFlow creates the optimizer's variables in the first
-        # trace of the train step, then traces the step again; built first,
-        # the step is traced once (a third less time). Keras' own lazy build
-        # is what `test_mixed_precision`'s and `test_jit_compile_fit_step`'s
-        # fits run.
-        if model.built and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+        if model.built:
+            build_optimizer(model)  # one trace of the step on TensorFlow
         model.fit(np.tile(x, repeats), np.tile(y, repeats), batch_size=8,
                   epochs=1, verbose=0)
 
@@ -328,7 +324,7 @@ class HeadBattery:
         seq.compile("adam", loss=ksh.HeadLoss(head), metrics=[ksh.Perplexity()])
         contexts = seq(x, training=True)
         assert tuple(contexts.shape) == (16, 6, 1, self.input_dim)
-        seq.optimizer.build(seq.trainable_variables)  # one trace (`_fit_passes`)
+        build_optimizer(seq)
         if self.avoids_full_scores_in_training:
             # Keras builds the model and its metrics first (on JAX with a
             # symbolic inference call, which may use the full scores).

@@ -131,9 +131,10 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
     torch = keras.backend.backend() == "torch"
+    jax = keras.backend.backend() == "jax"
     seen = set()
     for item in items:
-        if not torch and item.originalname in SLOW_ON_JAX_BATTERY_TESTS:
+        if jax and item.originalname in SLOW_ON_JAX_BATTERY_TESTS:
             item.add_marker(pytest.mark.slow)
         cls = getattr(item, "cls", None)
         function = (item.module.__name__, getattr(cls, "__name__", None), item.originalname)
