@@ -26,10 +26,6 @@ Class attributes a subclass may set:
     grad_rtol: tolerance of the float64 finite-difference check.
     fit_epochs: epochs of the "loss goes down" test.
     extreme_scale: |logit| scale reached by the extreme-input test.
-    torch_compile_by_default: on PyTorch, where `jit_compile=True` means
-        `torch.compile` (tens of seconds per model), the default run's
-        `test_jit_compile_fit_step` fits with it only for batteries that set
-        this (conftest marks the others `slow`).
     jit_compatible: the head compiles with XLA. False for a head with
         data-dependent shapes by design (`supports_jit = False`): Keras must
         then fall back from `jit_compile=True` to graph mode.
@@ -64,7 +60,6 @@ class HeadBattery:
     fit_epochs = 30
     extreme_scale = 1e4
     jit_compatible = True
-    torch_compile_by_default = False
 
     # ------------------------------------------------------------ utilities
     def make(self, case, **overrides):
@@ -223,9 +218,8 @@ class HeadBattery:
     @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
     def test_mixed_precision(self, case, policy):
         """float32 log-probabilities and log-likelihoods from a float16 or
-        bfloat16 compute type; a `fit` under `mixed_float16` (Keras' loss
-        scaling) stays finite (under `mixed_bfloat16`:
-        `test_mixed_bfloat16_fit`, `-m slow`)."""
+        bfloat16 compute type (the fits: `test_mixed_float16_fit`,
+        `test_mixed_bfloat16_fit`)."""
         keras.config.set_dtype_policy(policy)
         keras.utils.set_random_seed(0)
         head = self.make(case)
@@ -237,8 +231,12 @@ class HeadBattery:
         np.testing.assert_allclose(lse, 0.0, atol=1e-4)
         ll = to_numpy(head.log_likelihood(h, self.targets()))
         assert ll.dtype == np.float32 and np.all(np.isfinite(ll))
-        if policy == "mixed_float16":
-            self._fit_stays_finite(head)
+
+    def test_mixed_float16_fit(self, case):
+        """A `fit` under `mixed_float16` (Keras' loss scaling) stays finite."""
+        keras.config.set_dtype_policy("mixed_float16")
+        keras.utils.set_random_seed(0)
+        self._fit_stays_finite(self.make(case))
 
     @pytest.mark.slow
     def test_mixed_bfloat16_fit(self, case):
@@ -295,10 +293,10 @@ class HeadBattery:
         if type(head).exact_training_objective and not self.avoids_full_scores_in_training:
             return
         seq = self._sequential(head)
-        # Compiled where the head compiles; eager on PyTorch (`torch.compile`,
-        # tens of seconds a model, is `test_jit_compile_fit_step`'s).
-        seq.compile(keras.optimizers.Adam(0.05), loss=ksh.HeadLoss(head),
-                    jit_compile=self._compiles())
+        # Keras' default `jit_compile`: XLA on JAX, graph mode on a CPU-only
+        # TensorFlow (the HeadModel above compiled with XLA there), eager on
+        # PyTorch (`torch.compile` is `test_jit_compile_fit_step`'s).
+        seq.compile(keras.optimizers.Adam(0.05), loss=ksh.HeadLoss(head))
         first = seq.evaluate(x, y, verbose=0)
         self._fit_passes(seq, x, y)
         last = seq.evaluate(x, y, verbose=0)

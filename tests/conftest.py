@@ -78,16 +78,26 @@ def pytest_generate_tests(metafunc):
 #: on each battery's first case (every other battery test runs every case).
 HEAVY_BATTERY_TESTS = (
     "test_fit_reduces_loss", "test_sequential_head_loss",
-    "test_mixed_precision", "test_jit_compile_fit_step",
+    "test_mixed_float16_fit", "test_jit_compile_fit_step",
 )
 
-#: Battery tests under `-m slow` on JAX (by default on TensorFlow and
-#: PyTorch): `HeadLoss` in a `Sequential`, its exact evaluation and `.keras`
-#: resume, 3-7 s a battery on JAX, which compiles each model's train, test
-#: and predict steps. There `test_fit_reduces_loss` still trains each
-#: battery's first case through `HeadLoss` where the head has its own
-#: objective, and `test_keras_save_load` checks the saved outputs.
-SLOW_ON_JAX_BATTERY_TESTS = ("test_sequential_head_loss",)
+#: Battery tests under `-m slow` on a backend, by default on the others
+#: (each battery's first case), so that the three runs fit their budget:
+#: * `test_sequential_head_loss` (`HeadLoss` in a `Sequential`, its exact
+#:   evaluation, `.keras` resume): by default on PyTorch (0.3 s a battery).
+#:   On JAX (3-7 s a battery: each model's train, test and predict steps
+#:   compiled) and TensorFlow (2-12 s) `test_fit_reduces_loss` still trains
+#:   each battery's first case through `HeadLoss` where the head has its own
+#:   objective, `test_keras_save_load` checks the saved outputs, and
+#:   `tests/test_readme.py` runs the README's `Sequential` + `HeadLoss`.
+#: * `test_mixed_float16_fit` on TensorFlow (2-9 s a battery, tracing a
+#:   float16 graph): Keras' loss scaling is the same code on every backend;
+#:   `test_mixed_precision` checks the float16 numerics there.
+SLOW_BATTERY_TESTS = {
+    "tensorflow": ("test_sequential_head_loss", "test_mixed_float16_fit"),
+    "jax": ("test_sequential_head_loss",),
+    "torch": (),
+}
 
 
 def _first_case_only(items, names):
@@ -105,23 +115,28 @@ def pytest_collection_modifyitems(config, items):
 
     The suite runs on TensorFlow (the default backend), the battery's
     training tests (`HEAVY_BATTERY_TESTS`) on each battery's first case (the
-    other cases under `-m slow`). A test module
-    whose tests hold on every backend sets
-    `pytestmark = pytest.mark.multibackend`; under `KERAS_BACKEND=jax` or
-    `torch` the other tests (tf.data pipelines, tf.distribute, the training
-    script's TensorFlow-only parts) are deselected, not skipped one by one.
-    There, a parametrised test runs its first parametrisation by default (a
-    battery its first case) and the others are marked `slow`
-    (`-m "slow or not slow"` runs them all), as are
-    `SLOW_ON_JAX_BATTERY_TESTS` on JAX and, on PyTorch, the
-    `torch.compile` fit step of batteries that do not set
-    `torch_compile_by_default`, so that the three backends fit the default
-    run's time budget. Runs first, so
-    that `-m` sees the added marks.
+    other cases under `-m slow`). A test module whose tests hold on every
+    backend sets `pytestmark = pytest.mark.multibackend`; under
+    `KERAS_BACKEND=jax` or `torch` the other tests (tf.data pipelines,
+    tf.distribute, the training script's TensorFlow-only parts) are
+    deselected, not skipped one by one. There, a parametrised test runs its
+    first parametrisation by default (a battery its first case) and the
+    others are marked `slow` (`-m "slow or not slow"` runs them all), as
+    are, on PyTorch, the battery's `torch.compile` fit steps
+    (`test_jit_compile_fit_step` of a jit-compatible head: 45-80 s each,
+    nearly all of it TorchDynamo tracing Keras' train step). On every
+    backend `SLOW_BATTERY_TESTS` are marked `slow`. All so that the three
+    backends fit the default run's time budget. Runs first, so that `-m`
+    sees the added marks.
     """
     import keras
 
-    if keras.backend.backend() == "tensorflow":
+    backend = keras.backend.backend()
+    for item in items:
+        if (item.originalname in SLOW_BATTERY_TESTS[backend]
+                and getattr(item, "cls", None) is not None):
+            item.add_marker(pytest.mark.slow)
+    if backend == "tensorflow":
         _first_case_only(items, HEAVY_BATTERY_TESTS)
         return
     keep, drop = [], []
@@ -130,24 +145,22 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    torch = keras.backend.backend() == "torch"
-    jax = keras.backend.backend() == "jax"
+    torch = backend == "torch"
     seen = set()
     for item in items:
-        if jax and item.originalname in SLOW_ON_JAX_BATTERY_TESTS:
-            item.add_marker(pytest.mark.slow)
         cls = getattr(item, "cls", None)
         function = (item.module.__name__, getattr(cls, "__name__", None), item.originalname)
         if hasattr(item, "callspec"):
             if function in seen:
                 item.add_marker(pytest.mark.slow)
             seen.add(function)
-        # `jit_compile=True` is torch.compile on PyTorch (tens of seconds a
-        # model): by default only the batteries that ask for it.
+        # `jit_compile=True` is torch.compile on PyTorch: under `-m slow`
+        # (the fall-back fit of a head that cannot compile stays).
         if (torch and item.originalname == "test_jit_compile_fit_step"
-                and not getattr(cls, "torch_compile_by_default", False)):
+                and getattr(cls, "jit_compatible", True)):
             item.add_marker(pytest.mark.slow)
     if torch:
-        # The torch.compile fit steps (over a minute each) first: xdist then
-        # runs the rest on the other worker instead of waiting for them last.
+        # With `-m slow`, the torch.compile fit steps (about a minute each)
+        # first: xdist then runs the rest on the other worker instead of
+        # waiting for them last.
         items.sort(key=lambda item: item.originalname != "test_jit_compile_fit_step")

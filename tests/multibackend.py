@@ -3,7 +3,9 @@
 * `jit_with_state(layer, fn)`: compile a function that advances a layer's
   random state;
 * the `float64` fixture and `RTOL64`, for float64 checks on every backend;
-* `slow_off_tensorflow`, a mark for long tests run by default on TensorFlow only.
+* `slow_off_tensorflow`, a mark for long tests run by default on TensorFlow only,
+  and `slow_on(backend)`, `slow` in that backend's run only;
+* `sweep(values, keep)`, a parametrisation whose other values run under `-m slow`.
 
 `backends.jit` compiles a pure function. A head that samples (sampled
 softmax, NCE, self-normalisation) draws with `keras.random` and its
@@ -32,6 +34,34 @@ RTOL64 = 1e-10 if BACKEND == "tensorflow" else 1e-5
 #: whose logic is backend-neutral; keeps the three backends in the time budget).
 slow_off_tensorflow = (pytest.mark.slow if BACKEND != "tensorflow"
                        else pytest.mark.skipif(False, reason="runs on TensorFlow"))
+
+
+def sweep(values, keep):
+    """`values` for `pytest.mark.parametrize`, those not in `keep` marked
+    `slow`: the default run takes the representative values (each code path
+    once), `-m slow` the rest of the sweep. The first value is kept (off
+    TensorFlow, conftest runs a test's first parametrisation by default).
+    A tuple value is one parametrisation of several arguments."""
+    values = list(values)
+    if values[0] not in keep or any(k not in values for k in keep):
+        raise ValueError(f"keep must hold the first value and only values; "
+                         f"Received: keep={keep!r}, values={values!r}")
+
+    def param(value):
+        args = value if isinstance(value, tuple) else (value,)
+        return pytest.param(*args, marks=() if value in keep else pytest.mark.slow)
+    return [param(v) for v in values]
+
+
+def slow_on(backend):
+    """`slow` in one backend's run only: a test whose logic holds on every
+    backend, long in that run, whose backend-specific path other tests of
+    that run cover by default; the other runs check it by default."""
+    if BACKEND == backend:
+        return pytest.mark.slow
+    return pytest.mark.skipif(False, reason=f"slow on {backend} only")
+
+
 # `assert_directional_gradients` keywords for float64 objectives.
 FD64 = (
     dict(eps=1e-6, rtol=1e-6, atol=1e-7)

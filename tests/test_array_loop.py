@@ -10,6 +10,8 @@ import keras
 import numpy as np
 import pytest
 
+from multibackend import slow_on
+
 from keras_softmax_heads import data as ksh_data
 from keras_softmax_heads import training
 from keras_softmax_heads.training import studies
@@ -45,6 +47,9 @@ def test_stream_windows_are_the_stream_dataset_batches():
         np.testing.assert_array_equal(np.stack([b for _, b in ds]), y)
 
 
+# On TensorFlow (15 s) under `-m slow`: there test_arrays_loop_is_the_tf_data_run
+# runs the loop, and the JAX and PyTorch runs check its resume.
+@slow_on("tensorflow")
 def test_arrays_loop_trains_evaluates_and_resumes(tmp_path):
     """`run_study(loop="arrays")` trains a row; more epochs resume it."""
     out = tmp_path / "study.json"
@@ -106,7 +111,9 @@ def test_arrays_loop_is_the_tf_data_run(tmp_path):
 
 
 def test_the_arrays_loop_imports_no_tensorflow():
-    pytest.importorskip("jax")
+    # A JAX subprocess whatever this run's backend: checked once, in the JAX run.
+    if keras.backend.backend() != "jax":
+        pytest.skip("a JAX subprocess: checked in the JAX run")
     code = (
         "import sys; sys.modules['tensorflow'] = None\n"
         "from keras_softmax_heads.training import studies, train_and_evaluate_arrays\n"

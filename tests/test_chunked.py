@@ -29,6 +29,8 @@ from backends import to_numpy
 from backends import value_and_grad
 from multibackend import float64_enabled
 from multibackend import slow_off_tensorflow
+from multibackend import sweep
+from multibackend import slow_on
 from battery import HeadBattery
 from keras import ops
 from references import numpy_log_sigmoid
@@ -252,13 +254,22 @@ def compare_one(h, kernel, bias, targets, weights, name, transform, params,
 TRANSFORMS = ["identity", "sigsoftmax", "plif", "mlp"]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize(
-    "transform,use_bias,chunk_size",
-    [(t, True, 8) for t in TRANSFORMS]
+_MATCHES_DENSE = [
+    (*case, dtype)
+    for case in [(t, True, 8) for t in TRANSFORMS]
     + [(t, False, 1) for t in TRANSFORMS]
     + [("identity", True, 64), ("plif", False, 64), ("identity", True, 5),
-       ("mlp", True, 36), ("library_plif", True, 8)],
+       ("mlp", True, 36), ("library_plif", True, 8)]
+    for dtype in ("float32", "float64")
+]
+
+
+# One word per tile (37 eager tiles, 3-5 s each on TensorFlow): PLIF in
+# float64 by default, the other transforms under `-m slow`.
+@pytest.mark.parametrize(
+    "transform,use_bias,chunk_size,dtype",
+    sweep(_MATCHES_DENSE, keep=[c for c in _MATCHES_DENSE
+                                if c[2] != 1 or c[0::3] == ("plif", "float64")]),
 )
 def test_matches_dense(transform, use_bias, chunk_size, dtype):
     """N=13 and V=37: 8 gives 4 full tiles and an overlapping last tile
@@ -298,8 +309,9 @@ def test_tile_width():
 @slow_off_tensorflow  # JAX / PyTorch: test_linear_cross_entropy's token-block cases
 @pytest.mark.parametrize(
     "transform,transposed,token_chunk_size,mode",
-    [("plif", True, 4, "eager"), ("identity", False, 6, "eager"), ("mlp", False, 5, "eager"),
-     pytest.param("sigsoftmax", True, 1, "jit", marks=pytest.mark.slow)],
+    sweep([("plif", True, 4, "eager"), ("identity", False, 6, "eager"),
+           ("mlp", False, 5, "eager"), ("sigsoftmax", True, 1, "jit")],
+          keep=[("plif", True, 4, "eager")]),
 )
 def test_token_blocks_match_dense(transform, transposed, token_chunk_size, mode):
     """Token blocks (`token_chunk_size`) and the two-pass backward against
@@ -415,8 +427,9 @@ def test_bad_token_chunk_size(value):
 
 @pytest.mark.parametrize(
     "transform,chunk_size,transposed",
-    [("identity", 8, False), ("plif", 8, False), ("mlp", 6, True),
-     ("sigsoftmax", 29, False)],
+    sweep([("identity", 8, False), ("plif", 8, False), ("mlp", 6, True),
+           ("sigsoftmax", 29, False)],
+          keep=[("identity", 8, False), ("plif", 8, False), ("sigsoftmax", 29, False)]),
 )
 def test_compiled_equals_eager(transform, chunk_size, transposed):
     """XLA (TensorFlow, JAX; PyTorch runs eagerly): the same loss and
@@ -992,6 +1005,8 @@ def test_full_softmax_head_matches_dense(use_bias):
     assert tuple(chunked(h).shape) == (3, 4, 13)
 
 
+# JAX under `-m slow` (6 s): test_tied_layout checks the tied layout there.
+@slow_on("jax")
 def test_tied_head_matches_dense():
     emb = keras.layers.Embedding(13, 6, embeddings_initializer="normal")
     emb.build((None,))

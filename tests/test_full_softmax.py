@@ -12,9 +12,6 @@ pytestmark = pytest.mark.multibackend
 
 
 class TestFullSoftmaxBattery(HeadBattery):
-    # torch.compile of the fit step (about a minute here) runs by default
-    # for SampledSoftmax's battery only; this one's under `-m slow`.
-    torch_compile_by_default = False
     cases = {
         "bias": lambda v, d, **kw: ksh.FullSoftmax(v, **kw),
         "no_bias": lambda v, d, **kw: ksh.FullSoftmax(v, use_bias=False, **kw),

@@ -26,6 +26,7 @@ keras_hub = pytest.importorskip("keras_hub")
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 from multibackend import slow_off_tensorflow  # noqa: E402
+from multibackend import sweep  # noqa: E402
 
 import keras_softmax_heads as ksh  # noqa: E402
 
@@ -289,8 +290,11 @@ def test_fit_matches_stock_without_logits(name, monkeypatch, tmp_path):
 
 
 @slow_off_tensorflow
-@pytest.mark.parametrize("targets, in_forward", [
+# LoRA on the embedding by default; attention-only LoRA (the embedding
+# frozen) and the in-forward gradient under `-m slow` (10 s each).
+@pytest.mark.parametrize("targets, in_forward", sweep([
     (["token_embedding", "query"], False), (None, False), (["token_embedding", "query"], True)],
+    keep=[(["token_embedding", "query"], False)]),
     ids=["embedding", "default", "embedding-in-forward"])
 def test_lora_on_tied_embedding_uses_merged_matrix(targets, in_forward, monkeypatch):
     """`backbone.enable_lora(r, target_layer_names=[..., "token_embedding"])`:

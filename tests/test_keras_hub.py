@@ -63,6 +63,10 @@ def test_train_save_load_resume(tmp_path, head_class, tied, kwargs):
     model = _model(head_class, tied, **kwargs)
     x, y = _data()
     model.fit(x, y, epochs=2, verbose=0)
+    if tied and head_class is ksh.SigSoftmax:  # a tied head counts only its own
+        assert model.head.count_params() == V  # the bias; the embedding is the backbone's
+        assert model.count_params() == (model.backbone.count_params()
+                                         + model.head.count_params())
     path = os.path.join(tmp_path, "model.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
@@ -87,15 +91,10 @@ def test_train_save_load_resume(tmp_path, head_class, tied, kwargs):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_tied_head_counts_only_its_own_parameters():
-    model = _model(ksh.SigSoftmax, tied=True)
-    x, y = _data()
-    model.fit(x, y, epochs=1, verbose=0)
-    backbone, head = model.backbone, model.head
-    assert head.count_params() == V  # the bias; the embedding is the backbone's
-    assert model.count_params() == backbone.count_params() + head.count_params()
-
-
+# By default, test_fused_causal_lm.py's test_fit_matches_stock_without_logits
+# checks the same on GPT-2 (hidden states in training, the loss of the
+# logits, one step's gradients equal to the stock step's).
+@pytest.mark.slow
 def test_fused_causal_lm_trains_without_logits():
     """`fused_causal_lm(GPT2CausalLM)`: training calls return hidden states
     (no `[batch, seq, V]` logits), the fused training loss equals the dense

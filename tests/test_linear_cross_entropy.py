@@ -18,6 +18,8 @@ from backends import BACKEND
 from backends import jit
 from backends import to_numpy
 from backends import value_and_grad
+from multibackend import sweep
+from multibackend import slow_on
 from keras import ops
 
 import keras_softmax_heads as ksh
@@ -115,7 +117,9 @@ def _case_inputs(options, seed=0, dtype="float32"):
     return h, kernel, bias, targets, options
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# Each option alone under `-m slow`: "all" holds every option at once,
+# "none" and "sum" the reductions with weights, ignored targets, smoothing.
+@pytest.mark.parametrize("case", sweep(CASES, keep=["all", "plain", "transposed", "sum", "none"]))
 def test_matches_dense(case):
     h, kernel, bias, targets, options = _case_inputs(CASES[case])
     # "none": a random cotangent per token makes the per-token loss a scalar.
@@ -429,7 +433,9 @@ def _hidden_model(tied):
     return model, (emb if tied else out)
 
 
-@pytest.mark.parametrize("tied", [True, False, "in_forward"])
+# The untied `[d, V]` kernel's fit under `-m slow` (8 s on TensorFlow;
+# test_matches_dense checks that layout's loss and gradients).
+@pytest.mark.parametrize("tied", sweep([True, False, "in_forward"], keep=[True, "in_forward"]))
 def test_keras_loss_fit_and_config(tied):
     keras.utils.set_random_seed(0)
     in_forward = tied == "in_forward"
@@ -477,6 +483,8 @@ def test_keras_loss_fit_and_config(tied):
     assert_close(restored(y, hidden), loss(y, hidden), name="restored loss")
 
 
+# JAX under `-m slow` (8 s): Keras' reductions and the argument errors.
+@slow_on("jax")
 def test_keras_loss_reductions_and_errors():
     model, proj = _hidden_model(True)
     x = np.arange(1, 13, dtype="int32").reshape(2, 6)

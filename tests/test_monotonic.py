@@ -5,6 +5,7 @@ from backends import BACKEND
 from backends import jit
 from backends import to_numpy
 from backends import value_and_grad
+from multibackend import slow_on
 from battery import HeadBattery
 from keras import ops
 from references import numpy_log_softmax
@@ -53,6 +54,8 @@ class TestMonotonicSoftmaxBattery(HeadBattery):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
+# JAX under `-m slow` (6 s; no JAX-specific path).
+@slow_on("jax")
 def test_tabulated_matches_exact(compiled):
     """The default grid (4096 points) vs the K sigmoids at every score, with
     trained-looking weights: log-probabilities to 2e-5, every gradient to

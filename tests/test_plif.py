@@ -7,6 +7,7 @@ from backends import BACKEND
 from backends import jit
 from backends import to_numpy
 from backends import value_and_grad
+from multibackend import slow_on
 from battery import HeadBattery
 from keras import ops
 from references import numpy_log_softmax
@@ -61,9 +62,6 @@ def numpy_plif_grads(z, raw, knot_bound, w):
     return w * slopes[idx], d_slopes / (1.0 + np.exp(-raw))
 
 class TestPLIFBattery(HeadBattery):
-    # torch.compile of the PLIF fit step now really compiles (it fell back to
-    # eager before issue 27): 37 s, so under `-m slow` with the other heads'.
-    torch_compile_by_default = False
     cases = {"k64": lambda v, d, **kw: PLIFSoftmax(v, num_knots=64, knot_bound=5.0, **kw)}
 
 
@@ -479,6 +477,8 @@ def test_head_gradients_match_reference():
         assert_close(a, b, 1e-5)
 
 
+# JAX under `-m slow` (7 s): a property of the initial weights.
+@slow_on("jax")
 def test_identity_initialisation_equals_full_softmax():
     rng = np.random.default_rng(7)
     h = rng.normal(size=(4, 6, 8)).astype("float32") * 3

@@ -15,6 +15,7 @@ on PTB under `-m slow`.
 import numpy as np
 import pytest
 from backends import value_and_grad
+from multibackend import slow_on
 
 import keras
 from keras_softmax_heads.heads import registry
@@ -56,6 +57,8 @@ def _grads(head, scale=0.05):
     ("mixture_of_softmaxes", {"component": "sigsoftmax"}),
     ("mixture_of_contexts", {}),
 ])
+# JAX under `-m slow` (11 s): the mixtures' gradients are the battery's there.
+@slow_on("jax")
 def test_mixture_heads_pass_their_components_gradient_to_the_backbone(name, options):
     # The reference is the mixture's own component as a head of its own: a
     # sigsoftmax passes about 1.5x a softmax's gradient at this start, so

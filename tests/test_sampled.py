@@ -38,7 +38,6 @@ def _vocab(v, kw):
 
 
 class TestSampledSoftmaxBattery(HeadBattery):
-    torch_compile_by_default = True
     avoids_full_scores_in_training = True
     # One case (the battery costs ~13 s of CPU per case): "unigram" has the
     # sampling tables (saved weights, placeholder config); the "batch" and
