@@ -26,6 +26,9 @@ Class attributes a subclass may set:
     grad_rtol: tolerance of the float64 finite-difference check.
     fit_epochs: epochs of the "loss goes down" test.
     extreme_scale: |logit| scale reached by the extreme-input test.
+    slow_tests: names of battery tests this battery runs under `-m slow`
+        only (conftest marks them; a mark on an override would change the
+        shared battery for every subclass).
     jit_compatible: the head compiles with XLA. False for a head with
         data-dependent shapes by design (`supports_jit = False`): Keras must
         then fall back from `jit_compile=True` to graph mode.
@@ -60,6 +63,7 @@ class HeadBattery:
     fit_epochs = 30
     extreme_scale = 1e4
     jit_compatible = True
+    slow_tests = ()
 
     # ------------------------------------------------------------ utilities
     def make(self, case, **overrides):

@@ -91,13 +91,27 @@ HEAVY_BATTERY_TESTS = (
 #:   objective, `test_keras_save_load` checks the saved outputs, and
 #:   `tests/test_readme.py` runs the README's `Sequential` + `HeadLoss`.
 #: * `test_mixed_float16_fit` on TensorFlow (2-9 s a battery, tracing a
-#:   float16 graph): Keras' loss scaling is the same code on every backend;
-#:   `test_mixed_precision` checks the float16 numerics there.
+#:   float16 graph) and JAX (1-2 s): Keras' loss scaling is the same code on
+#:   every backend (by default on PyTorch); `test_mixed_precision` checks the
+#:   float16 numerics everywhere.
 SLOW_BATTERY_TESTS = {
     "tensorflow": ("test_sequential_head_loss", "test_mixed_float16_fit"),
-    "jax": ("test_sequential_head_loss",),
+    "jax": ("test_sequential_head_loss", "test_mixed_float16_fit"),
     "torch": (),
 }
+
+
+#: Test modules of heads written in `keras.ops` alone, no JAX-specific path
+#: (no `chunked` core, no dispatch): on JAX their battery and the tests whose
+#: name holds one of `JAX_KEEPS` (NumPy references, gradients, compiled or
+#: seeded paths, invalid targets under `jit`) run by default, the others under
+#: `-m slow`; they run by default on TensorFlow and PyTorch. JAX compiles
+#: each new eager operation (20-40 ms each here), so these properties cost
+#: 1-5 s a test there.
+JAX_SLOW_MODULES = ("test_adaptive", "test_hierarchical", "test_sampled", "test_nce",
+                    "test_self_normalized", "test_monotonic", "test_sigsoftmax")
+JAX_KEEPS = ("numpy_reference", "gradient", "finite_difference", "seeded", "xla", "jit",
+             "bad_targets")
 
 
 def _first_case_only(items, names):
@@ -125,7 +139,8 @@ def pytest_collection_modifyitems(config, items):
     are, on PyTorch, the battery's `torch.compile` fit steps
     (`test_jit_compile_fit_step` of a jit-compatible head: 45-80 s each,
     nearly all of it TorchDynamo tracing Keras' train step). On every
-    backend `SLOW_BATTERY_TESTS` are marked `slow`. All so that the three
+    backend `SLOW_BATTERY_TESTS` and a battery's own `slow_tests` are marked
+    `slow`, on JAX the other tests of `JAX_SLOW_MODULES`. All so that the three
     backends fit the default run's time budget. Runs first, so that `-m`
     sees the added marks.
     """
@@ -133,8 +148,9 @@ def pytest_collection_modifyitems(config, items):
 
     backend = keras.backend.backend()
     for item in items:
-        if (item.originalname in SLOW_BATTERY_TESTS[backend]
-                and getattr(item, "cls", None) is not None):
+        cls = getattr(item, "cls", None)
+        if cls is not None and (item.originalname in SLOW_BATTERY_TESTS[backend]
+                                or item.originalname in getattr(cls, "slow_tests", ())):
             item.add_marker(pytest.mark.slow)
     if backend == "tensorflow":
         _first_case_only(items, HEAVY_BATTERY_TESTS)
@@ -149,6 +165,10 @@ def pytest_collection_modifyitems(config, items):
     seen = set()
     for item in items:
         cls = getattr(item, "cls", None)
+        if (backend == "jax" and cls is None
+                and item.module.__name__ in JAX_SLOW_MODULES
+                and not any(k in item.originalname for k in JAX_KEEPS)):
+            item.add_marker(pytest.mark.slow)
         function = (item.module.__name__, getattr(cls, "__name__", None), item.originalname)
         if hasattr(item, "callspec"):
             if function in seen:

@@ -65,18 +65,7 @@ class TestAdaptiveDynamicBattery(HeadBattery):
     fit_epochs = 12
     # The dynamic path trains like the static one (tested against it below):
     # its training tests run under `-m slow` only, to keep the default run short.
-    # (Overridden, not re-marked: a mark would change the shared battery.)
-    @pytest.mark.slow
-    def test_fit_reduces_loss(self, case):
-        super().test_fit_reduces_loss(case)
-
-    @pytest.mark.slow
-    def test_mixed_float16_fit(self, case):
-        super().test_mixed_float16_fit(case)
-
-    @pytest.mark.slow
-    def test_sequential_head_loss(self, case, tmp_path, monkeypatch):
-        super().test_sequential_head_loss(case, tmp_path, monkeypatch)
+    slow_tests = ("test_fit_reduces_loss", "test_mixed_float16_fit", "test_sequential_head_loss")
 
     cases = {
         "dynamic": lambda v, d: AdaptiveSoftmax(

@@ -76,19 +76,8 @@ class TestHierarchicalDynamicBattery(HeadBattery):
     # loss-goes-down fit on TensorFlow) under `-m slow`; by default
     # `test_jit_compile_fit_step` fits it (graph mode) and
     # `test_dynamic_tiles_equal_static_tiles` checks its gradients against
-    # the static path's. (Overridden, not re-marked: a mark would change the
-    # shared battery.)
-    @pytest.mark.slow
-    def test_fit_reduces_loss(self, case):
-        super().test_fit_reduces_loss(case)
-
-    @pytest.mark.slow
-    def test_mixed_float16_fit(self, case):
-        super().test_mixed_float16_fit(case)
-
-    @pytest.mark.slow
-    def test_sequential_head_loss(self, case, tmp_path, monkeypatch):
-        super().test_sequential_head_loss(case, tmp_path, monkeypatch)
+    # the static path's.
+    slow_tests = ("test_fit_reduces_loss", "test_mixed_float16_fit", "test_sequential_head_loss")
     cases = {
         "dynamic": lambda v, d, **kw: HierarchicalSoftmax(
             v, counts=COUNTS[: _vocab(v, kw)], static_shapes=False, **kw

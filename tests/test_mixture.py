@@ -8,6 +8,7 @@ from backends import jit
 from backends import to_numpy
 from backends import value_and_grad
 from multibackend import slow_off_tensorflow
+from multibackend import sweep
 from battery import HeadBattery
 from references import numpy_plif
 
@@ -149,22 +150,15 @@ class TestMixtureVariantsBattery(TestMixtureBattery):
         ),
     }
 
-    @pytest.mark.slow
-    def test_fit_reduces_loss(self, case):
-        super().test_fit_reduces_loss(case)
-
-    @pytest.mark.slow
-    def test_jit_compile_fit_step(self, case):
-        super().test_jit_compile_fit_step(case)
+    slow_tests = ("test_fit_reduces_loss", "test_jit_compile_fit_step")
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"component": "sigsoftmax", "num_knots": 8, "latent_dropout": 0.2},
-        {"num_knots": 8, "chunk_size": 4},
-    ],
-)
+# The chunked MoS+PLIF under `-m slow` (7-10 s on TensorFlow): the chunked
+# mixture's compiled gradients are test_chunked's by default.
+@pytest.mark.parametrize("kwargs", sweep(
+    [{"component": "sigsoftmax", "num_knots": 8, "latent_dropout": 0.2},
+     {"num_knots": 8, "chunk_size": 4}],
+    keep=[{"component": "sigsoftmax", "num_knots": 8, "latent_dropout": 0.2}]))
 @slow_off_tensorflow
 def test_jit_compiled_gradients(kwargs):
     """Loss and gradients under XLA match the eager ones (dropout off)."""

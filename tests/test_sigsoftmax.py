@@ -37,17 +37,7 @@ class TestSigSoftmaxVariantsBattery(HeadBattery):
         "relu": lambda v, d, **kw: SigSoftmax(v, output_fn="relu", **kw),
     }
 
-    @pytest.mark.slow
-    def test_fit_reduces_loss(self, case):
-        super().test_fit_reduces_loss(case)
-
-    @pytest.mark.slow
-    def test_jit_compile_fit_step(self, case):
-        super().test_jit_compile_fit_step(case)
-
-    @pytest.mark.slow
-    def test_mixed_float16_fit(self, case):
-        super().test_mixed_float16_fit(case)
+    slow_tests = ("test_fit_reduces_loss", "test_jit_compile_fit_step", "test_mixed_float16_fit")
 
 
 @pytest.mark.parametrize("output_fn", ["sigsoftmax", "sigmoid", "relu"])
