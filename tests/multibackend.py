@@ -3,8 +3,9 @@
 * `jit_with_state(layer, fn)`: compile a function that advances a layer's
   random state;
 * the `float64` fixture and `RTOL64`, for float64 checks on every backend;
-* `slow_off_tensorflow`, a mark for long tests run by default on TensorFlow only,
-  and `slow_on(backend)`, `slow` in that backend's run only;
+* `slow_on(*backends)`, `slow` in those backends' runs only, and
+  `slow_off_tensorflow` (`slow_on("jax", "torch")`) for long tests run by
+  default on TensorFlow only;
 * `sweep(values, keep)`, a parametrisation whose other values run under `-m slow`.
 
 `backends.jit` compiles a pure function. A head that samples (sampled
@@ -29,12 +30,6 @@ from backends import jit
 # rounding only, and finite differences need a float32-sized step.
 RTOL64 = 1e-10 if BACKEND == "tensorflow" else 1e-5
 
-#: `slow` off TensorFlow: in TensorFlow's default run, and on JAX and
-#: PyTorch under `-m slow` (a test whose other backends' runs are long and
-#: whose logic is backend-neutral; keeps the three backends in the time budget).
-slow_off_tensorflow = (pytest.mark.slow if BACKEND != "tensorflow"
-                       else pytest.mark.skipif(False, reason="runs on TensorFlow"))
-
 
 def sweep(values, keep):
     """`values` for `pytest.mark.parametrize`, those not in `keep` marked
@@ -53,13 +48,19 @@ def sweep(values, keep):
     return [param(v) for v in values]
 
 
-def slow_on(backend):
-    """`slow` in one backend's run only: a test whose logic holds on every
-    backend, long in that run, whose backend-specific path other tests of
-    that run cover by default; the other runs check it by default."""
-    if BACKEND == backend:
+def slow_on(*backends):
+    """`slow` in these backends' runs only: a test whose logic holds on every
+    backend, long in those runs, whose backend-specific paths other tests
+    there cover by default; the other runs check it by default."""
+    if BACKEND in backends:
         return pytest.mark.slow
-    return pytest.mark.skipif(False, reason=f"slow on {backend} only")
+    return pytest.mark.skipif(False, reason=f"slow on {', '.join(backends)} only")
+
+
+#: `slow` off TensorFlow: in TensorFlow's default run, and on JAX and
+#: PyTorch under `-m slow` (a test whose other backends' runs are long and
+#: whose logic is backend-neutral; keeps the three backends in the time budget).
+slow_off_tensorflow = slow_on("jax", "torch")
 
 
 # `assert_directional_gradients` keywords for float64 objectives.
