@@ -9,7 +9,9 @@ with its gradient in the forward pass (`docs/mixtures.md`), timed in
 interleaved rounds (`measure.interleaved`) on the backend `KERAS_BACKEND`
 names, with FullSoftmax's step in the same rounds, and the chunked
 FullSoftmax (`chunk_size=4096`) without and with the option (`full_chunked`,
-`full_chunked_summed`). Raw JSON to `--out`.
+`full_chunked_summed`); with `--sigsoftmax` also `SigSoftmax` dense
+(`sig`) and chunked without and with the option (`sig_chunked`,
+`sig_chunked_summed`: a mixture of one component). Raw JSON to `--out`.
 
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/bench_mixture_summed.py \
@@ -39,16 +41,22 @@ def make_model(head, length, vocab, dim, jit_compile):
     return model
 
 
-def heads(components, vocab):
+def heads(components, vocab, sigsoftmax=False):
     """`{name: make}`: FullSoftmax (dense), FullSoftmax(chunk_size=4096)
-    without / with `gradient_in_forward`, and each mixture without / with it."""
+    without / with `gradient_in_forward` (with `sigsoftmax` SigSoftmax's
+    three the same way), and each mixture without / with it."""
     import keras_softmax_heads as ksh
 
     out = {"full": lambda: ksh.FullSoftmax(vocab)}
-    for flag in (False, True):  # the chunked full softmax (4,096-word tiles)
-        out["full_chunked" + ("_summed" if flag else "")] = (
-            lambda flag=flag: ksh.FullSoftmax(vocab, chunk_size=4096,
-                                              gradient_in_forward=flag))
+    pointwise = {"full": ksh.FullSoftmax}
+    if sigsoftmax:
+        out["sig"] = lambda: ksh.SigSoftmax(vocab)
+        pointwise["sig"] = ksh.SigSoftmax
+    for prefix, cls in pointwise.items():
+        for flag in (False, True):  # chunked (4,096-word tiles)
+            out[prefix + "_chunked" + ("_summed" if flag else "")] = (
+                lambda cls=cls, flag=flag: cls(vocab, chunk_size=4096,
+                                               gradient_in_forward=flag))
     for k in components:
         for flag in (False, True):
             name = f"mos{k}" + ("_summed" if flag else "")
@@ -66,7 +74,7 @@ def run(args):
     y = rng.integers(0, args.vocab, (args.batch, args.length)).astype("int32")
     jit = "auto" if args.jit_compile is None else args.jit_compile == "true"
     rows, calls = {}, {}
-    for name, make in heads(args.components, args.vocab).items():
+    for name, make in heads(args.components, args.vocab, args.sigsoftmax).items():
         keras.utils.set_random_seed(0)  # the head's initializers draw their seeds
         model = make_model(make(), args.length, args.vocab, args.dim, jit)
         start = time.perf_counter()
@@ -102,6 +110,8 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--jit_compile", choices=("true", "false"), default=None)
+    parser.add_argument("--sigsoftmax", action="store_true",
+                        help="also SigSoftmax: dense, chunked, chunked with the option")
     parser.add_argument("--out", type=str, default=None, help="raw JSON here")
     args = parser.parse_args(argv)
     args.components = [int(k) for k in args.components.split(",") if k]

@@ -31,7 +31,7 @@ def test_device_heads_and_mixture_memory_in_process(monkeypatch):
 
     args = bench_device_heads.parse_args(
         ["--tokens=16", "--dim=8", "--vocab_sizes=40", "--rounds=1", "--warmup=0",
-         "--heads=full,mos4,mos4_summed"])
+         "--heads=full,mos4,mos4_summed,sigsoftmax_summed"])
     saved = []
     result = bench_device_heads.run(
         args, save=lambda partial: saved.append(
@@ -39,9 +39,9 @@ def test_device_heads_and_mixture_memory_in_process(monkeypatch):
     rows = {r["head"]: r for r in result["rows"]}
     # Saved after each head is compiled, then after the timed rounds (a
     # device call's limit keeps what was done).
-    assert saved == [(1, False), (2, False), (3, False), (3, True)]
+    assert saved == [(1, False), (2, False), (3, False), (4, False), (4, True)]
     assert result["complete"]
-    assert list(rows) == ["full", "mos4", "mos4_summed"]
+    assert list(rows) == ["full", "mos4", "mos4_summed", "sigsoftmax_summed"]
     assert rows["full"]["ratio_to_full"] == 1.0
     for row in rows.values():
         assert row["step_s"] > 0 and row["compiled_memory"]["temp"] >= 0, row

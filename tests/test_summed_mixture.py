@@ -65,7 +65,8 @@ def test_core_matches_numpy_and_tiled_gradients(sigsoftmax, transposed, bias):
 
     def summed(lat, log_pi, weights):
         return summed_mixture_nll(lat, log_pi, variables[0], variables[1] if bias else None,
-                                  t, weights, sigsoftmax=sigsoftmax,
+                                  t, weights,
+                                  output_fn="sigsoftmax" if sigsoftmax else "softmax",
                                   kernel_transposed=transposed, token_chunk_size=4)
 
     def tiled(lat, log_pi, weights):
@@ -209,3 +210,39 @@ def test_chunked_full_softmax_summed_matches_chunked_loss(options):
         fn = jit(fn) if BACKEND == "jax" else fn
         results.append(value_and_grad(fn, [h], head.trainable_weights))
     assert_same_values_and_gradients(*results)
+
+
+@pytest.mark.parametrize("output_fn,tied", [
+    ("sigsoftmax", False), ("sigmoid", True), ("relu", False)])
+def test_chunked_sigsoftmax_summed_matches_chunked_loss(output_fn, tied):
+    """`SigSoftmax(chunk_size=...)` trains through the summed mixture core
+    with one component by default: its summed objective equals the chunked
+    per-token loss's, weighted and summed, in value and in the gradients of
+    the inputs and every weight, for each output function (a tied `[V, d]`
+    embedding without a bias for g:sigmoid); off without `chunk_size`, and
+    the option round-trips through the config."""
+    from keras_softmax_heads import SigSoftmax
+
+    rng = np.random.default_rng(5)
+    h = rng.normal(size=(3, 4, 6)).astype("float32")
+    t = rng.integers(0, V, size=(3, 4)).astype("int32")
+    weights = rng.uniform(0.0, 1.0, size=(3, 4)).astype("float32")
+    weights[0, 1] = 0.0
+    assert not SigSoftmax(V).gradient_in_forward
+    results, base = [], None
+    for flag in (False, True):
+        embedding = keras.layers.Embedding(V, 6) if tied else None
+        head = SigSoftmax(V, output_fn=output_fn, chunk_size=5, gradient_in_forward=flag,
+                          token_embedding=embedding, use_bias=not tied)
+        head.build((None, 6))
+        if base is None:
+            base = [rng.normal(size=w.shape).astype("float32") for w in head.weights]
+        for w, b in zip(head.weights, base):
+            w.assign(b)
+        fn = (lambda x, head=head: head.summed_training_loss(x, t, weights))
+        fn = jit(fn) if BACKEND == "jax" else fn
+        results.append(value_and_grad(fn, [h], head.trainable_weights))
+    assert_same_values_and_gradients(*results)
+    assert SigSoftmax.from_config(head.get_config()).gradient_in_forward
+    with pytest.raises(ValueError, match="gradient_in_forward"):
+        SigSoftmax(V, gradient_in_forward=1)

@@ -12,8 +12,9 @@ tokens at a time, the chunk's `[size * K, V]` component scores over the
 whole vocabulary, per component the log-sum-exp and the target's score, the
 mixture's log-likelihood and its posterior responsibilities
 `r_k = softmax_k(log pi_k + log p_k(t))`, and from them the component
-score gradients `w r_k (p_k - onehot_t)` (times `1 + sigmoid(-z)` for
-sigsoftmax components), the chunk's rows of the latents' gradient, its term
+score gradients `w r_k (p_k - onehot_t)` (times `ds/dz` when the
+components normalise `log g(z)`, not `z`: MoSS, and `SigSoftmax` as a
+mixture of one component), the chunk's rows of the latents' gradient, its term
 of the kernel's (one vocabulary tile at a time on a CPU) and the bias's,
 and the priors' gradient `-w r`. Three products, as dense; the backward
 pass only scales the stored gradients by the upstream scalar.
@@ -25,6 +26,7 @@ float32 `[L, V]` kernel-gradient buffer. Design and measurements:
 
 from keras import ops
 
+from keras_softmax_heads import functional
 from keras_softmax_heads.chunked import dispatch
 from keras_softmax_heads.chunked.core import accumulation_dtype
 from keras_softmax_heads.chunked.core import tile_loop
@@ -37,14 +39,28 @@ from keras_softmax_heads.chunked.summed_divergence import float_weights
 from keras_softmax_heads.chunked.summed_divergence import padded
 from keras_softmax_heads.chunked.summed_divergence import unpadded
 from keras_softmax_heads.chunked.tiling import kernel_geometry
+from keras_softmax_heads.validation import check_choice
 
 
-def component_scores(z, sigsoftmax):
-    """`(s, ds/dz)` of linear scores `z`: `z` and 1 (softmax components),
-    or `z - softplus(-z)` and `1 + sigmoid(-z)` (sigsoftmax)."""
-    if not sigsoftmax:
+#: The component output functions `summed_mixture_nll` differentiates in
+#: the forward pass: `g` of `log_softmax(log g(z))`, as in `SigSoftmax`.
+OUTPUT_FUNCTIONS = ("softmax", "sigsoftmax", "sigmoid", "relu")
+
+
+def component_scores(z, output_fn="softmax", epsilon=1e-6):
+    """`(s, ds/dz)` of linear scores `z`, `s = log g(z)`: `z` and 1
+    (softmax components, `ds/dz` None), `z - softplus(-z)` and
+    `1 + sigmoid(-z)` (sigsoftmax), `-softplus(-z)` and `sigmoid(-z)`
+    (sigmoid), `log(relu(z) + epsilon)` and `[z > 0] / (relu(z) + epsilon)`
+    (ReLU)."""
+    if output_fn == "softmax":
         return z, None
-    return z - ops.softplus(-z), 1.0 + ops.sigmoid(-z)
+    if output_fn == "sigsoftmax":
+        return functional.log_sigmoid_scores(z), 1.0 + ops.sigmoid(-z)
+    if output_fn == "sigmoid":
+        return functional.log_sigmoid_output_scores(z), ops.sigmoid(-z)
+    g = ops.relu(z) + ops.cast(epsilon, z.dtype)  # "relu"
+    return ops.log(g), ops.where(z > 0, 1.0 / g, ops.zeros_like(g))
 
 
 def chunk_mixture(s, log_priors, targets, weights, num_components):
@@ -73,7 +89,7 @@ def chunk_mixture(s, log_priors, targets, weights, num_components):
 
 
 def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
-                       sigsoftmax=False, kernel_transposed=False,
+                       output_fn="softmax", epsilon=1e-6, kernel_transposed=False,
                        token_chunk_size=None, implementation="auto"):
     """`sum_i w_i (-log p(t_i))` of a mixture of softmaxes, its gradient
     computed in the forward pass.
@@ -81,7 +97,9 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
     The core behind the mixture heads' `summed_training_loss` with
     `gradient_in_forward=True` (which checks the arguments): `log p(t) =
     logsumexp_k(log pi_k + log_softmax(g(z_k))_t)`, `z_k = latent_k W + b`,
-    `g` the identity (MoS) or `z - softplus(-z)` (MoSS). `latents`
+    `log g` the identity (`output_fn="softmax"`: MoS) or one of
+    `SigSoftmax`'s output functions (`"sigsoftmax"`: MoSS; `"sigmoid"`,
+    `"relu"` with `epsilon`; with `K = 1` the `SigSoftmax` head). `latents`
     `[N, K, L]`, `log_priors` `[N, K]` (normalised), `kernel` `[L, V]`
     (`[V, L]` with `kernel_transposed`), `bias` `[V]` or None, `targets`
     `[N]` int ids in `[0, V)` (not checked), `weights` `[N]` (0: the token
@@ -113,6 +131,7 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
     >>> bool(np.isclose(float(total), (weights * nll).sum(), rtol=1e-5))
     True
     """
+    output_fn = check_choice("output_fn", output_fn, OUTPUT_FUNCTIONS)
     latents = as_tensor(latents)
     _, num_components, latent_dim = latents.shape
     if num_components is None or latent_dim is None:
@@ -146,7 +165,7 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
             start = i * chunks.size
             h = side.rows(start * k, chunks.size * k)
             z, _ = side.scores(h, 1.0)
-            s, ds_dz = component_scores(z, sigsoftmax)
+            s, ds_dz = component_scores(z, output_fn, epsilon)
             t = ops.slice(t_all, [start], [chunks.size])
             w = ops.slice(w_all, [start], [chunks.size])
             lp = ops.slice(lp_all, [start, 0], [chunks.size, k])

@@ -310,7 +310,7 @@ class MixtureOfSoftmaxes(MixtureHead):
         def summed(ids, weights):
             return summed_mixture_nll(
                 latent, log_priors, kernel, self.bias, ids, weights,
-                sigsoftmax=self.component == "sigsoftmax", kernel_transposed=transposed,
+                output_fn=self.component, kernel_transposed=transposed,
             )
 
         return summed_over_valid_targets(targets, weights, self.vocab_size, summed)

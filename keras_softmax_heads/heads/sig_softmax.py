@@ -1,11 +1,17 @@
 """Sigsoftmax and the other output functions of Kanai et al. (2018)."""
 
 import keras
+from keras import ops
 
 from keras_softmax_heads import functional
+from keras_softmax_heads.chunked.losses import as_tensor
+from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
+from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_positive
+from keras_softmax_heads.validation import check_targets
 
 OUTPUT_FUNCTIONS = ("sigsoftmax", "sigmoid", "relu")
 
@@ -35,6 +41,13 @@ class SigSoftmax(PointwiseSoftmaxHead):
         output_fn: one of `"sigsoftmax"` (default), `"sigmoid"`, `"relu"`.
         epsilon: float > 0 added to `ReLU(z)` for `output_fn="relu"`
             (default `1e-6`; ignored otherwise).
+        gradient_in_forward: bool, or `None` (default: `True` with
+            `chunk_size`, `False` without). With `True` the training
+            objective as `HeadModel` and `HeadLoss` reduce it
+            (`summed_training_loss`) is computed over token chunks with its
+            gradient, in the forward pass (`chunked.summed_mixture`, a
+            mixture of one component: three `N d V` products where the
+            chunked loss runs four, never the `[N, V]` scores).
         token_embedding, use_bias, kernel_initializer, bias_initializer,
             return_probabilities, chunk_size: as in `PointwiseSoftmaxHead`.
 
@@ -63,12 +76,40 @@ class SigSoftmax(PointwiseSoftmaxHead):
           Softmax Bottleneck. NeurIPS 2018. https://arxiv.org/abs/1805.10829
     """
 
-    def __init__(self, vocab_size=None, output_fn="sigsoftmax", epsilon=1e-6, **kwargs):
+    def __init__(self, vocab_size=None, output_fn="sigsoftmax", epsilon=1e-6,
+                 gradient_in_forward=None, **kwargs):
         output_fn = check_choice("output_fn", output_fn, OUTPUT_FUNCTIONS)
         epsilon = check_positive("epsilon", epsilon)
         super().__init__(vocab_size, **kwargs)
         self.output_fn = output_fn
         self.epsilon = epsilon
+        if gradient_in_forward is None:
+            gradient_in_forward = self.chunk_size is not None
+        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
+
+    def summed_training_loss(self, inputs, targets, weights, training=True):
+        """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar;
+        with `gradient_in_forward=True` computed with its gradient over
+        token chunks (`chunked.summed_mixture.summed_mixture_nll` with one
+        component), otherwise `training_loss` weighted and summed. A word
+        id outside `[0, V)` with a non-zero weight makes the sum NaN."""
+        if not self.gradient_in_forward:
+            return super().summed_training_loss(inputs, targets, weights, training)
+        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
+        targets = check_targets(targets, self.vocab_size)
+        latents = ops.reshape(inputs, (-1, 1, self.input_dim))
+        log_priors = ops.zeros_like(latents[:, :, 0])  # [N, 1]: one component
+        kernel, transposed = self.chunked_projection()
+        bias = None if self.bias is None else as_tensor(self.bias)
+
+        def summed(ids, weights):
+            return summed_mixture_nll(
+                latents, log_priors, kernel, bias, ids, weights,
+                output_fn=self.output_fn, epsilon=self.epsilon,
+                kernel_transposed=transposed,
+            )
+
+        return summed_over_valid_targets(targets, weights, self.vocab_size, summed)
 
     def score_transform(self, z):
         """`log g(z)`: the log of the chosen non-negative output function."""
@@ -80,5 +121,6 @@ class SigSoftmax(PointwiseSoftmaxHead):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"output_fn": self.output_fn, "epsilon": self.epsilon})
+        config.update({"output_fn": self.output_fn, "epsilon": self.epsilon,
+                       "gradient_in_forward": self.gradient_in_forward})
         return config
