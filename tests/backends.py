@@ -6,10 +6,10 @@ public function for are dispatched here, once, on `keras.backend.backend()`:
 
 * `value_and_grad(fn, inputs, variables)`: the gradient of a scalar
   `fn(*inputs)` with respect to the input tensors and Keras variables
-  (`tf.GradientTape`; `jax.value_and_grad` over a `keras.StatelessScope`;
-  `torch.autograd.grad`);
-* `jit(fn)`: `fn` compiled with XLA (`tf.function(jit_compile=True)`,
-  `jax.jit`) or, on PyTorch, `fn` itself (PyTorch has no XLA here);
+  (`tf.GradientTape`; `jax.value_and_grad` over a `keras.StatelessScope`,
+  under `jax.jit`; `torch.autograd.grad`);
+* `jit(fn)`: `fn` compiled with XLA (`tf.function(jit_compile=True,
+  autograph=False)`, `jax.jit`) or, on PyTorch, `fn` itself (PyTorch has no XLA here);
 * `to_numpy(x)`;
 * `PALLAS`: whether the Pallas kernels run (JAX with Pallas' Triton backend);
 * `lower_for(jitted, args, platform)`: a jitted JAX function lowered for another
@@ -81,7 +81,10 @@ def value_and_grad(fn, inputs=(), variables=()):
 
     `inputs` are array-likes (converted to tensors of their dtype) and
     `variables` Keras variables `fn` reads. Gradients come back as NumPy
-    arrays, in order; a gradient that does not exist is `None`.
+    arrays, in order; a gradient that does not exist is `None`. On JAX the
+    value and gradients are computed under `jax.jit` (`fn` is traced either
+    way: `jax.value_and_grad` sees tracers); eager JAX forward passes are
+    the other tests' (`head(h)`, `log_likelihood`).
     """
     inputs = [keras.ops.convert_to_tensor(x) for x in inputs]
     variables = list(variables)
@@ -100,9 +103,10 @@ def value_and_grad(fn, inputs=(), variables=()):
             with keras.StatelessScope(state_mapping=mapping):
                 return fn(*input_values)
 
-        value, (gi, gv) = jax.value_and_grad(pure, argnums=(0, 1))(
-            inputs, [v.value for v in variables]
-        )
+        # Under `jax.jit`, as JAX trains (Keras' JAX trainer compiles its
+        # steps): one compilation, where eager JAX compiles every operation.
+        step = jax.jit(jax.value_and_grad(pure, argnums=(0, 1)))
+        value, (gi, gv) = step(inputs, [v.value for v in variables])
         grads = list(gi) + list(gv)
     elif BACKEND == "torch":
         import torch
@@ -123,7 +127,7 @@ def jit(fn):
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(fn, jit_compile=True)
+        return tf.function(fn, jit_compile=True, autograph=False)
     if BACKEND == "jax":
         import jax
 

@@ -74,11 +74,13 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("case", sorted(getattr(metafunc.cls, "cases", {})))
 
 
-#: Battery tests that train models: on TensorFlow the default run takes them
-#: on each battery's first case (every other battery test runs every case).
+#: Battery tests that train models, and the invalid-input checks (shared
+#: `SoftmaxHead` validation; an XLA compilation per case for the NaN of an
+#: out-of-range target): on TensorFlow the default run takes them on each
+#: battery's first case (every other battery test runs every case).
 HEAVY_BATTERY_TESTS = (
     "test_fit_reduces_loss", "test_sequential_head_loss",
-    "test_mixed_float16_fit", "test_jit_compile_fit_step",
+    "test_mixed_float16_fit", "test_jit_compile_fit_step", "test_bad_inputs",
 )
 
 #: Battery tests under `-m slow` on a backend, by default on the others

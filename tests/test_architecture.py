@@ -247,3 +247,26 @@ def test_every_module_states_its_job_and_is_in_the_architecture_page():
             unnamed.append(f"{path.relative_to(ROOT)}")
     assert not undocumented, "modules without a docstring: " + ", ".join(undocumented)
     assert not unnamed, "modules docs/architecture.md does not name: " + ", ".join(unnamed)
+
+
+def test_tf_functions_without_autograph():
+    """Every `tf.function` of the package and the tests is built with
+    `autograph=False`, as Keras' trainer runs a model: the code is
+    `keras.ops` without Python control flow on tensors, and AutoGraph's
+    source conversion costs seconds of tracing per graph."""
+    missing = []
+    paths = sorted((ROOT / PACKAGE).rglob("*.py")) + sorted((ROOT / "tests").glob("*.py"))
+    for path in paths:
+        nodes = list(ast.walk(ast.parse(path.read_text(), filename=str(path))))
+        called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
+        for node in nodes:
+            if id(node) in called:
+                continue  # its call is checked
+            target = node.func if isinstance(node, ast.Call) else node
+            if not (isinstance(target, ast.Attribute) and target.attr == "function"
+                    and isinstance(target.value, ast.Name) and target.value.id == "tf"):
+                continue
+            keywords = node.keywords if isinstance(node, ast.Call) else []
+            if not any(k.arg == "autograph" for k in keywords):
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not missing, "tf.function without autograph=False: " + ", ".join(sorted(set(missing)))

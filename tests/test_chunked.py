@@ -371,7 +371,7 @@ def test_token_blocks_with_an_unknown_number_of_rows(implementation):
     params = [np.asarray(x, "float32") for x in params]
 
     def step(token_chunk_size, jit_compile):
-        @tf.function(jit_compile=jit_compile, input_signature=[
+        @tf.function(autograph=False, jit_compile=jit_compile, input_signature=[
             tf.TensorSpec([None, 6], "float32"), tf.TensorSpec([None], "int32")])
         def run(h_in, t_in):
             sources = [tf.constant(kernel), tf.constant(bias)] + [tf.constant(x) for x in params]
@@ -671,7 +671,7 @@ def _compiled_hlo(fn, *args):
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(fn, jit_compile=True).experimental_get_compiler_ir(*args)(
+        return tf.function(fn, autograph=False, jit_compile=True).experimental_get_compiler_ir(*args)(
             stage="hlo"
         )
     import jax
@@ -747,7 +747,7 @@ def _optimized_step_hlo(loss, h, kernel):
                 value = loss(h, kernel)
             return value, tape.gradient(value, [h, kernel])
 
-        return tf.function(step, jit_compile=True).experimental_get_compiler_ir(
+        return tf.function(step, autograph=False, jit_compile=True).experimental_get_compiler_ir(
             h, kernel)(stage="optimized_hlo")
     import jax
 
@@ -809,7 +809,7 @@ def test_gradient_buffers_are_not_compile_time_constants(dtype):
     kernel = tf.cast(rng.normal(size=(d, v)).astype("float32") * 0.1, dtype)
     targets = tf.constant(rng.integers(0, v, size=(n,)).astype("int32"))
 
-    @tf.function(jit_compile=True)
+    @tf.function(autograph=False, jit_compile=True)
     def step(h, kernel):
         with tf.GradientTape() as tape:
             tape.watch([h, kernel])
@@ -1030,7 +1030,7 @@ def test_head_invalid_targets():
     h = np.zeros((2, 6), "float32")
     with pytest.raises(ValueError, match="vocab_size"):
         head.training_loss(h, np.array([0, 13]))
-    jitted = tf.function(head.training_loss, jit_compile=True)
+    jitted = tf.function(head.training_loss, autograph=False, jit_compile=True)
     out = np.asarray(jitted(h, np.array([0, 13])))
     assert np.isfinite(out[0]) and np.isnan(out[1])
 

@@ -337,7 +337,7 @@ def test_stream_dataset_continuity_and_shapes():
 def test_stream_dataset_compiles_with_xla():
     ds = data.make_stream_dataset(np.arange(200) % 13, batch_size=2, bptt=5)
 
-    @tf.function(jit_compile=True)
+    @tf.function(autograph=False, jit_compile=True)
     def step(x, y):
         return tf.reduce_sum(x * y)
 

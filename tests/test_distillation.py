@@ -181,7 +181,7 @@ def _jit_value_and_grads(fn, args):
                 value = fn(*a)
             return value, tape.gradient(value, a)
 
-        value, grads = tf.function(step, jit_compile=True)(*args)
+        value, grads = tf.function(step, autograph=False, jit_compile=True)(*args)
         return to_numpy(value), [to_numpy(g) for g in grads]
     value, grads, _ = value_and_grad(fn, args)
     return value, grads
@@ -233,7 +233,7 @@ def test_summed_with_a_token_count_known_when_run():
     inputs, targets, weights = make_inputs(seed=13)
     hs, ws, bs, ht, wt, bt = inputs
 
-    @tf.function(input_signature=[tf.TensorSpec([None, DS], "float32"),
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None, DS], "float32"),
                                   tf.TensorSpec([None, DT], "float32")])
     def step(h_s, h_t):
         with tf.GradientTape() as tape:

@@ -100,7 +100,7 @@ def test_inference_graph_holds_no_xla_function():
     import tensorflow as tf
 
     def compiled_functions(fn, spec):
-        graph = tf.function(fn).get_concrete_function(spec).graph
+        graph = tf.function(fn, autograph=False).get_concrete_function(spec).graph
         library = graph.as_graph_def().library.function
         return [f.signature.name for f in library if f.attr["_XlaMustCompile"].b]
 

@@ -212,7 +212,7 @@ def test_unknown_batch_size_in_a_graph():
     h = rng.normal(size=(37, 8)).astype("float32")
     t = rng.integers(0, 57, size=37).astype("int32")
     spec = [tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None], tf.int32)]
-    dynamic = tf.function(head.log_likelihood, input_signature=spec)
+    dynamic = tf.function(head.log_likelihood, autograph=False, input_signature=spec)
     np.testing.assert_allclose(
         to_numpy(dynamic(h, t)), to_numpy(head.log_likelihood(h, t)), atol=1e-5
     )
@@ -224,7 +224,7 @@ def intermediate_sizes(fn, *args):
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
-        graph = tf.function(fn).get_concrete_function(*args).graph
+        graph = tf.function(fn, autograph=False).get_concrete_function(*args).graph
         return [
             int(np.prod(op.outputs[0].shape))
             for op in graph.get_operations()
@@ -464,7 +464,7 @@ def test_bad_targets_in_a_tensorflow_graph():
     head = HierarchicalSoftmax(V, counts=COUNTS)
     h = np.zeros((2, D), "float32")
     with pytest.raises(Exception, match=r"vocab_size=13\)\. Received: targets at index") as info:
-        tf.function(head.log_likelihood)(h, np.array([0, 13], "int32"))
+        tf.function(head.log_likelihood, autograph=False)(h, np.array([0, 13], "int32"))
     assert is_target_error(info.value)
 
 
@@ -480,7 +480,7 @@ def _nll_and_grads(head, h, t, weights, compile=False):
     if compile == "graph":
         import tensorflow as tf
 
-        fn = tf.function(loss)
+        fn = tf.function(loss, autograph=False)
     else:
         fn = jit(loss) if compile else loss
     _, (grad_h,), grad_vars = value_and_grad(fn, [h], head.trainable_weights)
@@ -535,7 +535,7 @@ def test_dynamic_tiles_equal_static_tiles(kwargs):
         import tensorflow as tf
 
         spec = [tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None], tf.int32)]
-        unknown = tf.function(dynamic.log_likelihood, input_signature=spec)
+        unknown = tf.function(dynamic.log_likelihood, input_signature=spec, autograph=False)
         np.testing.assert_allclose(to_numpy(unknown(h, t)), ll, atol=1e-5)
     # One token, and every token in the same cluster.
     np.testing.assert_allclose(

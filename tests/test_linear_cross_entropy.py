@@ -203,7 +203,7 @@ def _jit_value_and_grads(fn, args):
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
-        @tf.function(jit_compile=True)
+        @tf.function(autograph=False, jit_compile=True)
         def step(*a):
             with tf.GradientTape() as tape:
                 tape.watch(a)

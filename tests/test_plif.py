@@ -263,7 +263,7 @@ def test_graph_mode_gradients(monkeypatch, tile_elements):
         return loss, tape.gradient(loss, [z, raw])
 
     eager = values_and_grads(z, raw)
-    graph = tf.function(values_and_grads)(z, raw)
+    graph = tf.function(values_and_grads, autograph=False)(z, raw)
     for a, b in zip(tf.nest.flatten(graph), tf.nest.flatten(eager)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-12)
 
@@ -330,7 +330,7 @@ def test_fused_log_likelihood_unknown_rows():
     rng = np.random.default_rng(4)
     raw = tf.constant(rng.normal(size=(24,)), tf.float32)
 
-    @tf.function(input_signature=[
+    @tf.function(autograph=False, input_signature=[
         tf.TensorSpec([None, None, 7], tf.float32), tf.TensorSpec([None, None], tf.int32)
     ])
     def loss_and_grad(z, t):
@@ -411,10 +411,10 @@ def test_memory_does_not_scale_with_knots_times_batch(monkeypatch, path):
         return loss, tape.gradient(loss, [z, raw])
 
     z, raw = tf.constant(z), tf.constant(raw)
-    graph_sizes = _tensor_sizes_in_graph(tf.function(step), z, raw)
+    graph_sizes = _tensor_sizes_in_graph(tf.function(step, autograph=False), z, raw)
     assert max(graph_sizes) <= limit
     if path == "fused":  # the training path, also after XLA's optimisations
-        compiled = tf.function(step, jit_compile=True)
+        compiled = tf.function(step, autograph=False, jit_compile=True)
         hlo = compiled.experimental_get_compiler_ir(z, raw)(stage="optimized_hlo")
         assert max(_tensor_sizes_in_hlo(hlo)) <= limit
     # Sanity: the check sees the [K] tables and the [N, V] scores.

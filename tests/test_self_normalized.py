@@ -146,6 +146,7 @@ def test_dynamic_batch_size_in_graph_mode():
     head = built_head(gamma=0.3, seed=0)
     fn = tf.function(
         head.training_loss,
+        autograph=False,
         input_signature=[
             tf.TensorSpec([None, None, 5], tf.float32),
             tf.TensorSpec([None, None], tf.int32),

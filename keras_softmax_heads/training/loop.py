@@ -439,10 +439,12 @@ class MultiWorkerEpochRunner:
         if self._step_fn is None:
             train_step = self.model.train_step
             if self.config.jit_compile is True:
-                train_step = tf.function(train_step, jit_compile=True)
+                # Without AutoGraph, as Keras' own trainer: the step is
+                # `keras.ops` code, with no Python control flow on tensors.
+                train_step = tf.function(train_step, jit_compile=True, autograph=False)
             strategy = self.strategy
 
-            @tf.function
+            @tf.function(autograph=False)
             def step_fn(iterator):
                 return strategy.run(train_step, args=(next(iterator),))
 
