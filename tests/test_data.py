@@ -77,6 +77,9 @@ def test_parent_data_dir_is_accepted(shared_data_dir, ptb):
     np.testing.assert_array_equal(corpus.test, ptb.test)
 
 
+# 15-20 s (TFDS prepares all of PTB); the builder's split generators, checksums
+# and errors are checked by default below.
+@pytest.mark.slow
 def test_ptb_tfds_builder_matches_fast_path(shared_data_dir, tmp_path, ptb):
     builder = tfds.builder("ptb_lm", data_dir=str(tmp_path / "tfds"))
     assert isinstance(builder, data.PtbLm)
