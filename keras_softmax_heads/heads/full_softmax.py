@@ -1,17 +1,14 @@
 """Linear-Softmax: the baseline head."""
 
 import keras
-from keras import ops
 
 from keras_softmax_heads.chunked.divergence import OutputLayer
-from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
 from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_positive
-from keras_softmax_heads.validation import check_targets
 
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
@@ -79,12 +76,8 @@ class FullSoftmax(PointwiseSoftmaxHead):
         with a non-zero weight makes the sum NaN."""
         if not self.gradient_in_forward:
             return super().summed_training_loss(inputs, targets, weights, training)
-        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
-        targets = check_targets(targets, self.vocab_size)
-        kernel, transposed = self.chunked_projection()
-        bias = None if self.bias is None else as_tensor(self.bias)
-        layer = OutputLayer(ops.reshape(inputs, (-1, self.input_dim)), as_tensor(kernel),
-                            bias, transposed, self.logit_soft_cap)
+        rows, targets, kernel, transposed, bias = self._summed_loss_operands(inputs, targets)
+        layer = OutputLayer(rows, kernel, bias, transposed, self.logit_soft_cap)
         return summed_over_valid_targets(
             targets, weights, self.vocab_size,
             lambda ids, weights: summed_cross_entropy(layer, ids, weights))

@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
+from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
@@ -106,6 +107,19 @@ class PointwiseSoftmaxHead(SoftmaxHead):
             transform_params=variables, chunk_size=self.chunk_size,
             kernel_transposed=transposed,
         )
+
+    def _summed_loss_operands(self, inputs, targets):
+        """`(rows, targets, kernel, transposed, bias)` of a summed training
+        loss computed over token chunks (`gradient_in_forward`): the checked
+        inputs as `[N, d]` rows in the compute dtype, the checked targets,
+        the projection as `chunked_projection` gives it and the bias (None
+        without one)."""
+        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
+        targets = check_targets(targets, self.vocab_size)
+        kernel, transposed = self.chunked_projection()
+        bias = None if self.bias is None else as_tensor(self.bias)
+        return (ops.reshape(inputs, (-1, self.input_dim)), targets, as_tensor(kernel),
+                transposed, bias)
 
     def log_likelihood(self, inputs, targets):
         if self.chunk_size is None:

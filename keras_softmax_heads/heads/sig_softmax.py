@@ -4,14 +4,12 @@ import keras
 from keras import ops
 
 from keras_softmax_heads import functional
-from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_positive
-from keras_softmax_heads.validation import check_targets
 
 OUTPUT_FUNCTIONS = ("sigsoftmax", "sigmoid", "relu")
 
@@ -95,12 +93,9 @@ class SigSoftmax(PointwiseSoftmaxHead):
         id outside `[0, V)` with a non-zero weight makes the sum NaN."""
         if not self.gradient_in_forward:
             return super().summed_training_loss(inputs, targets, weights, training)
-        inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
-        targets = check_targets(targets, self.vocab_size)
-        latents = ops.reshape(inputs, (-1, 1, self.input_dim))
-        log_priors = ops.zeros_like(latents[:, :, 0])  # [N, 1]: one component
-        kernel, transposed = self.chunked_projection()
-        bias = None if self.bias is None else as_tensor(self.bias)
+        rows, targets, kernel, transposed, bias = self._summed_loss_operands(inputs, targets)
+        latents = rows[:, None, :]  # [N, 1, d]: one component
+        log_priors = ops.zeros_like(rows[:, :1])
 
         def summed(ids, weights):
             return summed_mixture_nll(
