@@ -16,10 +16,17 @@ and `W` in that dtype). Rows (`--rows`), each in a fresh process:
 * `ours_summed`: the same with `gradient_in_forward=True` (the gradient
   computed in the forward pass over chunks of tokens, three products:
   `chunked.summed_cross_entropy`; its default token chunk);
+* `ours_frozen`: `ours` with `W` frozen (the gradient with respect to `h`
+  only, as for LoRA's base output matrix or a frozen embedding: on
+  PyTorch the loss sees `W` needs no gradient and skips its products, on
+  JAX and under TensorFlow's XLA the compiler drops them;
+  `docs/chunked.md`, "Frozen inputs");
 * `torch_chunked`: `torch.nn.functional.linear_cross_entropy(h, W.T, t,
   options=torch.nn.LinearCrossEntropyOptions())`, PyTorch's chunked
   implementation (`W.T`: PyTorch's `[V, d]` weight layout, built as such);
-* `torch_dense`: `F.cross_entropy(h @ W.T, t)` (eager PyTorch).
+* `torch_dense`: `F.cross_entropy(h @ W.T, t)` (eager PyTorch);
+* `torch_chunked_frozen`: `torch_chunked` with `W` frozen (no
+  `requires_grad`).
 
 The PyTorch rows import no Keras; gradients by `loss.backward()` (the
 chunked op supports only that), `.grad` cleared before every call. Every
@@ -100,8 +107,11 @@ import select_backend  # benchmarks/select_backend.py
 from absl import app
 from absl import flags
 
-ROWS = ("keras_dense", "ours", "ours_summed", "torch_chunked", "torch_dense")
-TORCH_ROWS = ("torch_chunked", "torch_dense")
+ROWS = ("keras_dense", "ours", "ours_summed", "ours_frozen", "torch_chunked", "torch_dense",
+        "torch_chunked_frozen")
+TORCH_ROWS = ("torch_chunked", "torch_dense", "torch_chunked_frozen")
+#: Rows with `W` frozen: the gradient with respect to `h` only.
+FROZEN_ROWS = ("ours_frozen", "torch_chunked_frozen")
 DTYPES = ("float32", "bfloat16")
 #: float32 `[N, V]` buffers alive at the dense rows' peak (estimate, for
 #: the memory-budget skip), with a margin over the measured extra memory at
@@ -110,8 +120,8 @@ DTYPES = ("float32", "bfloat16")
 DENSE_COPIES = {"keras_dense": 2.5, "torch_dense": 3.5}
 #: Flops of a step per `N d V`: the logits and the two gradient products;
 #: the fused rows recompute the logits in the backward pass.
-FLOPS_PER_NDV = {"keras_dense": 6, "ours": 8, "ours_summed": 6, "torch_chunked": 6,
-                 "torch_dense": 6}
+FLOPS_PER_NDV = {"keras_dense": 6, "ours": 8, "ours_summed": 6, "ours_frozen": 6,
+                 "torch_chunked": 6, "torch_dense": 6, "torch_chunked_frozen": 4}
 BLOCK = 4096  # columns of W drawn at a time
 
 flags.DEFINE_enum("backend", select_backend.default_backend(), select_backend.BACKENDS,
@@ -237,7 +247,7 @@ def keras_step(row, mode, chunk_size, device="cpu"):
         return linear_cross_entropy(h, w, t, chunk_size=chunk_size,
                                     gradient_in_forward=row == "ours_summed")
 
-    step = steps.grad_step(loss_fn, [], mode, wrt=(0, 1))
+    step = steps.grad_step(loss_fn, [], mode, wrt=(0,) if row in FROZEN_ROWS else (0, 1))
 
     def make_inputs(n, d, v, dtype):
         arrays = numpy_inputs(n, d, v, dtype)
@@ -264,9 +274,9 @@ def torch_step(row, device="cpu"):
         h, w, t = torch_inputs(n, d, v, dtype)
         if device == "gpu":
             h, w, t = h.cuda(), w.cuda(), t.cuda()
-        return [h.requires_grad_(True), w.requires_grad_(True), t], None
+        return [h.requires_grad_(True), w.requires_grad_(row not in FROZEN_ROWS), t], None
 
-    return torch_heads.linear_cross_entropy_step(row), make_inputs
+    return torch_heads.linear_cross_entropy_step(row.removesuffix("_frozen")), make_inputs
 
 
 def memory_reader(row, device):
@@ -296,7 +306,7 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None,
         chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
         step, make_inputs = keras_step(row, mode, chunk_size, device)
         result.update(framework=f"keras {keras.__version__} ({backend})", mode=mode)
-        if row == "ours":
+        if row in ("ours", "ours_frozen"):
             result["chunk_size"] = chunk_size
         if row == "ours_summed":
             from keras_softmax_heads.chunked.summed_divergence import default_token_chunk
@@ -318,7 +328,7 @@ def run_row(row, n, d, v, dtype, repeats, threads, mode=None, chunk_size=None,
     baseline, peak = memory.baseline, memory.peak_bytes()
     del keep
     itemsize = 2 if dtype == "bfloat16" else 4
-    grad_bytes = (n * d + d * v) * itemsize
+    grad_bytes = (n * d + (0 if row in FROZEN_ROWS else d * v)) * itemsize
     mib = measure.MIB
     result.update(
         loss=t.value, first_s=t.first_s, step_s=t.median_s, best_s=t.best_s, times_s=t.wall,
@@ -365,6 +375,8 @@ def ratios_of(rows):
             return a[key] / b[key] if a and b and b[key] > 0 else None
 
         summed = by.get((v, dtype, "ours_summed"))
+        frozen = by.get((v, dtype, "ours_frozen"))
+        chunked_frozen = by.get((v, dtype, "torch_chunked_frozen"))
         entry = {
             "v": v, "dtype": dtype,
             "time_ours_over_keras_dense": over(ours, dense, "step_s"),
@@ -377,6 +389,12 @@ def ratios_of(rows):
                 time_ours_summed_over_ours=over(summed, ours, "step_s"),
                 time_ours_summed_over_torch_chunked=over(summed, chunked, "step_s"),
                 extra_memory_ours_summed_over_keras_dense=over(summed, dense, "extra_mib"),
+            )
+        if frozen:
+            entry.update(
+                time_ours_frozen_over_ours=over(frozen, ours, "step_s"),
+                time_ours_frozen_over_torch_chunked_frozen=over(frozen, chunked_frozen,
+                                                                "step_s"),
             )
         out.append(entry)
     return out

@@ -698,6 +698,45 @@ def section_fused_lce(name="bench_linear_cross_entropy.json"):
         provenance(name, _machine_text(data))])
 
 
+FROZEN_KERNEL_FILES = tuple(f"frozen_kernel/bench_lce_frozen_{b}.json"
+                            for b in ("torch", "tensorflow", "jax"))
+
+
+def section_fused_lce_frozen(names=FROZEN_KERNEL_FILES):
+    """The fused loss with a frozen output matrix: the gradient with respect
+    to `h` only, beside the same step with `W`'s (`ours_frozen`, `ours`)
+    and PyTorch's chunked loss both ways, one file per backend."""
+    out, sources = [], []
+    for name in names:
+        data = load(name)
+        if data is None:
+            sources.append(missing(name))
+            continue
+        settings = data.get("settings", {})
+        backend = settings.get("backend", "tensorflow")
+        mode = settings.get("mode") or {"tensorflow": "graph", "jax": "xla"}.get(backend, "eager")
+        by = {(r["v"], r["dtype"], r["row"]): r for r in data["rows"]}
+        ratios = {(e["v"], e["dtype"]): e for e in data.get("ratios", [])}
+        for (v, dtype), e in ratios.items():
+            def step(row):
+                r = by.get((v, dtype, row), {})
+                return fmt(r.get("step_s"), 3) if "step_s" in r else "–"
+
+            out.append([f"{backend} ({mode})", f"{v:,}", dtype, step("ours"), step("ours_frozen"),
+                        fmt(e.get("time_ours_frozen_over_ours")), step("torch_chunked"),
+                        step("torch_chunked_frozen"),
+                        fmt(e.get("time_ours_frozen_over_torch_chunked_frozen"))])
+        sources.append(provenance(name, _machine_text(data)))
+    if not out:
+        return "\n\n".join(sources)
+    return "\n\n".join([
+        "Seconds a step (median of the timed calls, each row in a fresh process); `_frozen`: "
+        "`W` frozen, the gradient with respect to `h` only.",
+        table(["Keras backend", "V", "dtype", "ours", "ours_frozen", "frozen / ours",
+               "torch_chunked", "torch_chunked_frozen", "ours_frozen / torch_chunked_frozen"],
+              out)] + sources)
+
+
 def _gpu_name(data):
     names = {r.get("device") for r in data.get("rows", []) if r.get("device")}
     return " / ".join(sorted(names)) or "GPU"
@@ -1444,6 +1483,7 @@ def build(make_figures=True):
         "fused_lce_summed_tf": section_fused_lce("bench_linear_cross_entropy_summed_tf.json"),
         "fused_lce_summed_jax_v131072": section_fused_lce(
             "bench_linear_cross_entropy_summed_jax_v131072.json"),
+        "fused_lce_frozen": section_fused_lce_frozen(),
         "fused_lce_gpu": section_fused_lce_gpu(),
         "fused_causal_lm": section_fused_causal_lm(),
         "token_scores": section_token_scores(),

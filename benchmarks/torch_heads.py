@@ -201,7 +201,7 @@ def linear_cross_entropy_step(row):
     gradients by `loss.backward()` (`.grad` cleared first); `row` is
     `torch_chunked` (`F.linear_cross_entropy`) or `torch_dense`."""
 
-    def step(h, w, t):
+    def step(h, w, t):  # `w` may be frozen (no `requires_grad`)
         h.grad = w.grad = None
         if row == "torch_chunked":
             loss = F.linear_cross_entropy(h, w, t, options=torch.nn.LinearCrossEntropyOptions())

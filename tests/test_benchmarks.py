@@ -323,8 +323,9 @@ def test_results_page_is_generated_from_the_committed_results(monkeypatch, capsy
 
 @pytest.mark.slow
 def test_linear_cross_entropy_benchmark_smoke(tmp_path):
-    """The four rows at tiny sizes, in one process (`--in_process`): each is
-    timed and measured, the rows compute the same loss, the ratios are set."""
+    """Every row at tiny sizes, in one process (`--in_process`): each is
+    timed and measured, the rows compute the same loss, the ratios are set;
+    the frozen rows return `h`'s gradient only."""
     pytest.importorskip("torch")
     out = tmp_path / "lce.json"
     _run("bench_linear_cross_entropy.py", "--tokens=32", "--dim=8", "--vocab_sizes=96",
@@ -332,15 +333,20 @@ def test_linear_cross_entropy_benchmark_smoke(tmp_path):
          "--in_process", f"--out={out}", timeout=300)
     result = json.loads(out.read_text())
     rows = {r["row"]: r for r in result["rows"]}
-    assert set(rows) == {"keras_dense", "ours", "torch_chunked", "torch_dense"}
+    assert set(rows) == {"keras_dense", "ours", "ours_summed", "ours_frozen", "torch_chunked",
+                         "torch_dense", "torch_chunked_frozen"}
     for r in rows.values():
         assert "error" not in r, r
         assert r["step_s"] > 0 and r["grad_mib"] > 0 and r["dtype"] == "bfloat16", r
+    assert rows["ours_frozen"]["grad_mib"] < rows["ours"]["grad_mib"]
+    assert rows["ours_frozen"]["loss"] == pytest.approx(rows["ours"]["loss"], rel=1e-6)
     # bfloat16 inputs; the fused rows accumulate in float32.
     assert rows["ours"]["loss"] == pytest.approx(rows["torch_chunked"]["loss"], rel=2e-2)
     assert rows["ours"]["loss"] == pytest.approx(rows["keras_dense"]["loss"], rel=2e-2)
     (ratio,) = result["ratios"]
     assert ratio["time_ours_over_keras_dense"] > 0 and ratio["time_ours_over_torch_chunked"] > 0
+    assert ratio["time_ours_frozen_over_ours"] > 0
+    assert ratio["time_ours_frozen_over_torch_chunked_frozen"] > 0
     assert result["command"].startswith("python ") and result["machine"]["cores"] >= 1
 
 

@@ -362,6 +362,72 @@ def test_gradient_in_forward_argmax_padding_and_errors():
         linear_cross_entropy(h, kernel, good, gradient_in_forward=1)
 
 
+# The matrix products of one gradient, per path: the tiled pass (scores,
+# their recomputation, dh, dW), the gradient in the forward pass (scores,
+# dh, dW) and token blocks (scores; pass 1: scores, dW; pass 2: scores, dh).
+FROZEN_PATHS = {
+    "tiled": ({}, 4, 3),
+    "in_forward": ({"gradient_in_forward": True}, 3, 2),
+    "token_blocks": ({"token_chunk_size": 5}, 5, 3),
+}
+
+
+def _flop_ratio(fn, args, frozen):
+    """FLOPs of `fn`'s gradients with input `frozen` (0: h, 1: the kernel)
+    left out, over those of all: PyTorch's `FlopCounterMode` (matrix
+    products) on the loss built with that input frozen; XLA's cost analysis
+    of the compiled gradients on JAX. None on TensorFlow."""
+    if BACKEND == "torch":
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode
+
+        def count(wanted):
+            tensors = [torch.tensor(x).requires_grad_(w) for x, w in zip(args, wanted)]
+            with FlopCounterMode(display=False) as counter:
+                fn(*tensors).backward()
+            return counter.get_total_flops()
+
+        return count([i != frozen for i in range(2)]) / count([True, True])
+    if BACKEND == "jax":
+        import jax
+
+        def count(argnums):
+            cost = jax.jit(jax.grad(fn, argnums=argnums)).lower(*args).compile().cost_analysis()
+            return (cost[0] if isinstance(cost, list) else cost)["flops"]
+
+        return count(1 - frozen) / count((0, 1))
+    return None
+
+
+@pytest.mark.parametrize("path", list(FROZEN_PATHS))
+def test_frozen_input_skips_its_products(path):
+    """A frozen output matrix (LoRA's base weights, a frozen embedding) or
+    frozen hidden states: the other input's gradient is the same, and its
+    products are not computed. PyTorch says which inputs need a gradient
+    while the loss is built (`dispatch.needs_gradient`); on JAX, XLA drops
+    the unused products under `jax.jit` by itself."""
+    options, products, without_one = FROZEN_PATHS[path]
+    h, kernel, bias, targets, _ = make_data(transposed=True)
+
+    def loss(h, kernel):
+        return linear_cross_entropy(h, kernel, targets, kernel_transposed=True,
+                                    ignore_index=IGNORE, chunk_size=16, **options)
+
+    _, (dh, dkernel), _ = value_and_grad(loss, (h, kernel))
+    frozen_kernel = keras.Variable(kernel, trainable=False)
+    _, (dh_alone,), _ = value_and_grad(lambda h: loss(h, frozen_kernel), (h,))
+    assert_close(dh_alone, dh, rtol=1e-6, name="dh")
+    _, (dkernel_alone,), _ = value_and_grad(lambda k: loss(ops.convert_to_tensor(h), k),
+                                            (kernel,))
+    assert_close(dkernel_alone, dkernel, rtol=1e-6, name="dkernel")
+    for frozen in (0, 1):
+        ratio = _flop_ratio(loss, (h, kernel), frozen)
+        if BACKEND == "torch":  # exactly the products left
+            assert ratio == pytest.approx(without_one / products), (frozen, ratio)
+        elif BACKEND == "jax":  # the products and what XLA fuses around them
+            assert ratio < (without_one + 0.25) / products, (frozen, ratio)
+
+
 def test_chunked_pointwise_stats_matches_dense():
     h, kernel, bias, targets, _ = make_data(7)
     targets = np.where(targets == IGNORE, 1, targets)

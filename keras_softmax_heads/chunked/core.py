@@ -126,8 +126,11 @@ class CoreSpec:
 
     def __init__(self, d, tiling, acc, low_matmul, transform_fn, variables,
                  kernel_transposed, has_bias, stats, implementation="auto",
-                 entropy=False, token_chunk_size=None):
+                 entropy=False, token_chunk_size=None, gradients=(True, True)):
         self.d = d
+        # Whether `h` and the kernel get gradients (`dispatch.needs_gradient`):
+        # the backward pass skips the products of one nobody asks for.
+        self.hidden_gradient, self.kernel_gradient = (bool(g) for g in gradients)
         self.tiling = tiling
         # At most this many rows per tile (None: every tile spans all rows).
         self.token_chunk_size = token_chunk_size
@@ -387,8 +390,10 @@ def project_tile_gradient(p, dz, w, start, dh, dkernel, dbias):
     `[N, size]`: `dh += dz W_tile^T`, and the tile's kernel and bias
     gradient columns written into place (`zero_gradients` made the
     buffers)."""
-    dh = dh + hidden_tile_gradient(p, dz, w)
-    dkernel = p.write_gradient(dkernel, kernel_begin(p, start), kernel_tile_gradient(p, dz))
+    if p.spec.hidden_gradient:
+        dh = dh + hidden_tile_gradient(p, dz, w)
+    if p.spec.kernel_gradient:
+        dkernel = p.write_gradient(dkernel, kernel_begin(p, start), kernel_tile_gradient(p, dz))
     if p.spec.has_bias:
         db = ops.cast(ops.sum(dz, axis=0), dbias.dtype)
         dbias = ops.slice_update(dbias, [start], db)
@@ -418,16 +423,22 @@ def kernel_begin(p, start):
 def zero_gradients(p):
     """`(dh, dkernel, dbias)`: the zero gradient buffers of `h` (a float32
     accumulator), the kernel and the bias (`kernel_gradient_buffers`)."""
-    dh = dispatch.zeros_like(p.h, p.acc, p.spec.implementation)
+    dh = ops.zeros((), p.acc)  # a placeholder without a gradient: loops carry no None
+    if p.spec.hidden_gradient:
+        dh = dispatch.zeros_like(p.h, p.acc, p.spec.implementation)
     return (dh,) + kernel_gradient_buffers(p)
 
 
 def kernel_gradient_buffers(p):
     """`(dkernel, dbias)`: the zero gradient buffers of the kernel
     (`dispatch.gradient_writer`'s, which also sets `p.write_gradient` and
-    `p.finish_gradient`) and the bias (a scalar without one)."""
-    dkernel, p.write_gradient, p.finish_gradient = dispatch.gradient_writer(
-        p.kernel, p.spec.implementation)
+    `p.finish_gradient`; a scalar placeholder without a kernel gradient)
+    and the bias (a scalar without one)."""
+    if p.spec.kernel_gradient:
+        dkernel, p.write_gradient, p.finish_gradient = dispatch.gradient_writer(
+            p.kernel, p.spec.implementation)
+    else:
+        dkernel = ops.zeros((), p.acc)
     dbias = ops.zeros((), p.acc)
     if p.spec.has_bias:
         dbias = ops.zeros((p.tiling.vocab,), p.bias.dtype)
@@ -436,9 +447,12 @@ def kernel_gradient_buffers(p):
 
 def projection_gradients(p, dh, dkernel, dbias):
     """The gradients of `h`, the kernel and the bias (if any), in their
-    dtypes, from the buffers of `zero_gradients`."""
-    grads = [ops.cast(dh, p.h.dtype),
-             ops.cast(p.finish_gradient(dkernel), p.kernel.dtype)]
+    dtypes, from the buffers of `zero_gradients` (None for one nobody asks
+    for: `CoreSpec.hidden_gradient`, `kernel_gradient`)."""
+    spec = p.spec
+    grads = [ops.cast(dh, p.h.dtype) if spec.hidden_gradient else None,
+             ops.cast(p.finish_gradient(dkernel), p.kernel.dtype)
+             if spec.kernel_gradient else None]
     if p.spec.has_bias:
         grads.append(ops.cast(dbias, p.bias.dtype))
     return grads
@@ -526,16 +540,15 @@ def blocked_backward(p, saved, upstream):
     (`[size, d]` accumulator); (2) per token block, its `h` gradient summed
     over the vocabulary tiles (`[rows, d]` accumulator), written into
     place. The scores are recomputed in each pass: five `N d V` products
-    per step instead of four."""
+    per step instead of four. A pass whose gradients nobody asks for
+    (`CoreSpec.hidden_gradient`; the kernel's, with no bias and no
+    transform parameters) is skipped, and so is a frozen kernel's product."""
     spec, tiling, rows = p.spec, p.tiling, p.token_tiling
     lse, mean = saved[0], (saved[1] if len(saved) > 1 else None)
     if p.rows is not None:  # no cotangent on the padding rows
         upstream = pad_rows(upstream, p.padding)
     cot = Cotangents(upstream, p.acc, spec.stats, spec.entropy, mean)
     dkernel, dbias = kernel_gradient_buffers(p)
-    # `h`'s gradient is written block by block in its own dtype (like the
-    # kernel's: a bfloat16 `h` has no float32 `[N, d]` buffer either).
-    dh, write_dh, finish_dh = dispatch.gradient_writer(p.h_blocks, spec.implementation)
     # The tail block's rows before `overlap` belong to another block.
     keep = ops.convert_to_tensor(np.arange(rows.size) >= rows.overlap)
 
@@ -550,17 +563,20 @@ def blocked_backward(p, saved, upstream):
             dw, db, dparams = acc_state
             q, lse_b, cot_b = block_views(t_start, tail)
             dz, _, dparams = tile_score_gradient(q, lse_b, cot_b, dparams, start, mask, skip)
-            dw = dw + kernel_tile_gradient(q, dz)
+            if spec.kernel_gradient:
+                dw = dw + kernel_tile_gradient(q, dz)
             if spec.has_bias:
                 db = db + ops.sum(dz, axis=0)
             return dw, db, dparams
 
         shape = (tiling.size, spec.d) if spec.kernel_transposed else (spec.d, tiling.size)
         db = ops.zeros((tiling.size,) if spec.has_bias else (), p.acc)
+        dw = ops.zeros(shape if spec.kernel_gradient else (), p.acc)
         dw, db, dparams = token_loop(
-            rows, add_block, (ops.zeros(shape, p.acc), db, dparams),
+            rows, add_block, (dw, db, dparams),
             tail=lambda t_start, acc_state: add_block(t_start, acc_state, tail=True))
-        dkernel = p.write_gradient(dkernel, kernel_begin(p, start), dw)
+        if spec.kernel_gradient:
+            dkernel = p.write_gradient(dkernel, kernel_begin(p, start), dw)
         if spec.has_bias:
             dbias = ops.slice_update(dbias, [start], ops.cast(db, dbias.dtype))
         return dparams, dkernel, dbias
@@ -575,11 +591,17 @@ def blocked_backward(p, saved, upstream):
         dh_b = vocabulary_loop(q, add_tile, ops.zeros((rows.size, spec.d), p.acc))
         return write_dh(dh, [t_start, 0], dh_b)
 
-    dparams, dkernel, dbias = vocabulary_loop(
-        p, vocab_tile, ([ops.zeros(x.shape, p.acc) for x in p.params], dkernel, dbias))
-    dh = finish_dh(token_loop(rows, hidden_block, dh))
-    if p.rows is not None:
-        dh = row_slice(dh, 0, p.rows)
+    dparams = [ops.zeros(x.shape, p.acc) for x in p.params]
+    if spec.kernel_gradient or spec.has_bias or p.params:
+        dparams, dkernel, dbias = vocabulary_loop(p, vocab_tile, (dparams, dkernel, dbias))
+    dh = None
+    if spec.hidden_gradient:
+        # `h`'s gradient is written block by block in its own dtype (like the
+        # kernel's: a bfloat16 `h` has no float32 `[N, d]` buffer either).
+        dh, write_dh, finish_dh = dispatch.gradient_writer(p.h_blocks, spec.implementation)
+        dh = finish_dh(token_loop(rows, hidden_block, dh))
+        if p.rows is not None:
+            dh = row_slice(dh, 0, p.rows)
     grads = projection_gradients(p, dh, dkernel, dbias)
     return grads + [ops.cast(g, x.dtype) for g, x in zip(dparams, p.params)]
 
@@ -628,6 +650,7 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
         implementation=implementation,
         entropy=bool(entropy),
         token_chunk_size=token_chunk_size,
+        gradients=(dispatch.needs_gradient(h), dispatch.needs_gradient(kernel)),
     )
     if spec.entropy and not stats:
         raise ValueError("`entropy=True` needs `stats=True` (the fifth column).")

@@ -16,7 +16,10 @@ what the backends do differently:
   accumulation dtype and how the kernel gradient is written tile by tile
   (TensorFlow handles a bfloat16 kernel as its bits: see there);
 * `zeros_like`: a pass's zero gradient buffers, made so that TensorFlow
-  cannot fold them into compile-time constants.
+  cannot fold them into compile-time constants;
+* `needs_gradient`: whether the caller's automatic differentiation will
+  ask for an input's gradient (PyTorch says so when the loss is built; the
+  passes then skip the products of the others).
 
 `implementation="ops"` runs the passes as they are on every backend (the
 reference the TensorFlow path is tested against).
@@ -99,6 +102,35 @@ def value_and_vjp(fn, primals):
         "The chunked losses need automatic differentiation: the TensorFlow, "
         f"JAX or PyTorch backend. Received: backend {backend!r}"
     )
+
+
+def needs_gradient(x):
+    """Whether the gradient of `x` can be asked for: False only where the
+    backend says so while the loss is built.
+
+    On PyTorch, `x.requires_grad` with gradients enabled: a frozen Keras
+    variable (`trainable=False`: LoRA's base weights, a frozen backbone)
+    and a tensor under `stop_gradient` do not require one, so the chunked
+    passes skip the products of its gradient (a frozen output matrix: one
+    `N d V` product of four; frozen hidden states: one more). TensorFlow's
+    and JAX's tapes do not say which inputs they differentiate: True there.
+    Under `jax.jit`, and TensorFlow's `jit_compile=True`, XLA removes the
+    products of a gradient nobody reads by itself (`docs/chunked.md`,
+    "Frozen inputs").
+
+    Example:
+
+    >>> import numpy as np
+    >>> frozen = keras.Variable(np.ones((2, 3), "float32"), trainable=False)
+    >>> needs_gradient(frozen) == (keras.backend.backend() != "torch")
+    True
+    """
+    if keras.backend.backend() != "torch":
+        return True
+    import torch
+
+    value = getattr(x, "value", x)  # a Keras variable: its tensor
+    return bool(torch.is_grad_enabled() and getattr(value, "requires_grad", False))
 
 
 def run_pass(fn, implementation="auto"):

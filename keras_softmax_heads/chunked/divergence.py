@@ -73,15 +73,16 @@ class OutputLayer(NamedTuple):
     soft_cap: object = None
 
 
-def _problem(layer, tiling, acc):
+def _problem(layer, tiling, acc, gradients=(True, True)):
     """The `chunked.core.TileProblem` of one side (no transform: the soft
-    cap and the temperature are applied here, after `linear_tile`)."""
+    cap and the temperature are applied here, after `linear_tile`);
+    `gradients`: whether its hidden states and kernel get gradients."""
     d, _ = kernel_geometry(layer.hidden, layer.kernel, layer.kernel_transposed)
     spec = CoreSpec(
         d=d, tiling=tiling, acc=acc,
         low_matmul=dispatch.low_precision_matmul(layer.hidden, layer.kernel),
         transform_fn=None, variables=[], kernel_transposed=layer.kernel_transposed,
-        has_bias=layer.bias is not None, stats=False,
+        has_bias=layer.bias is not None, stats=False, gradients=gradients,
     )
     return TileProblem(spec, layer.hidden, layer.kernel, layer.bias, None, [])
 
@@ -99,11 +100,13 @@ def tempered_scores(z, cap, inv_t, derivative=True):
 
 class Pair:
     """Both sides' tile problems and the scores' options (built inside the
-    custom-gradient function from its arguments)."""
+    custom-gradient function from its arguments); `gradients`: each side's
+    `(hidden, kernel)` flags (`dispatch.needs_gradient`)."""
 
-    def __init__(self, student, teacher, caps, temperature, tiling, acc):
-        self.s = _problem(student, tiling, acc)
-        self.t = _problem(teacher, tiling, acc)
+    def __init__(self, student, teacher, caps, temperature, tiling, acc,
+                 gradients=((True, True), (True, True))):
+        self.s = _problem(student, tiling, acc, gradients[0])
+        self.t = _problem(teacher, tiling, acc, gradients[1])
         self.caps = caps
         self.inv_t = 1.0 / temperature
         self.tiling = tiling
@@ -292,6 +295,15 @@ def flat_inputs(student, teacher, teacher_gradient):
     return s_args, t_args
 
 
+def wanted_gradients(s_args, t_args, teacher_gradient):
+    """`((student hidden, kernel), (teacher hidden, kernel))`: which of
+    them get gradients (`dispatch.needs_gradient`; the teacher's only with
+    `teacher_gradient`)."""
+    student = tuple(dispatch.needs_gradient(x) for x in s_args[:2])
+    teacher = tuple(bool(teacher_gradient) and dispatch.needs_gradient(x) for x in t_args[:2])
+    return student, teacher
+
+
 def upstream_of(args, upstream, variables, name):
     """The upstream cotangent a custom gradient's `grad_fn` received:
     TensorFlow and JAX call `grad_fn(upstream)`, PyTorch
@@ -349,6 +361,7 @@ def tiled_divergence(student, teacher, divergence="forward_kl", *, beta=0.5,
     s_bias, t_bias = student.bias is not None, teacher.bias is not None
     s_args, t_args = flat_inputs(student, teacher, teacher_gradient)
     n_s = len(s_args)
+    gradients = wanted_gradients(s_args, t_args, teacher_gradient)
 
     @ops.custom_gradient
     def divergence_fn(*args):
@@ -356,7 +369,7 @@ def tiled_divergence(student, teacher, divergence="forward_kl", *, beta=0.5,
                         student.kernel_transposed, caps[0])
         t = OutputLayer(args[n_s], args[n_s + 1], args[n_s + 2] if t_bias else None,
                         teacher.kernel_transposed, caps[1])
-        pair = Pair(s, t, caps, temperature, tiling, acc)
+        pair = Pair(s, t, caps, temperature, tiling, acc, gradients)
 
         def forward():
             if divergence == "jsd":

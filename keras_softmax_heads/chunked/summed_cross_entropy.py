@@ -111,13 +111,14 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
     acc = accumulation_dtype(hidden, layer.kernel)
     has_bias = layer.bias is not None
     args = [hidden, layer.kernel] + ([layer.bias] if has_bias else [])
+    gradients = (dispatch.needs_gradient(hidden), dispatch.needs_gradient(layer.kernel))
     eps, zl = float(label_smoothing), float(z_loss)
 
     @ops.custom_gradient
     def summed_fn(targets, weights, *args):
         side = Side(type(layer)(args[0], args[1], args[2] if has_bias else None,
                                 layer.kernel_transposed, layer.soft_cap), acc, chunks.pad,
-                    chunks.kernel_tile)
+                    chunks.kernel_tile, gradients)
         t_all = padded(targets, chunks.pad)
         w_all = padded(ops.cast(weights, acc), chunks.pad)
 
@@ -153,8 +154,7 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
         def grad_fn(*args, upstream=None, variables=None):
             u = upstream_of(args, upstream, variables, "summed_cross_entropy")
             u = ops.cast(u[0] if argmax else u, acc)
-            # zip drops the scalar bias placeholder without a bias.
-            out = [ops.cast(u * g, x.dtype) for g, x in zip(grads, inputs)]
+            out = side.scaled(u, grads, inputs)
             return (None, ops.cast(u * per_token, weights.dtype), *out)
 
         inputs = args

@@ -39,6 +39,7 @@ from keras_softmax_heads.chunked.divergence import score_gradients
 from keras_softmax_heads.chunked.divergence import shared_vocabulary
 from keras_softmax_heads.chunked.divergence import tempered_scores
 from keras_softmax_heads.chunked.divergence import upstream_of
+from keras_softmax_heads.chunked.divergence import wanted_gradients
 from keras_softmax_heads.chunked.platform import ACCELERATOR_TILE_ELEMENTS
 from keras_softmax_heads.chunked.tiling import Tiling
 from keras_softmax_heads.chunked.tiling import kernel_geometry
@@ -91,9 +92,12 @@ def kernel_tile_width(vocab, platform="cpu"):
 
 class Side:
     """One output layer's tensors inside the custom gradient, in the
-    accumulation dtype where the product needs it."""
+    accumulation dtype where the product needs it; `gradients`: whether
+    its hidden states and kernel get gradients (`dispatch.needs_gradient`:
+    the products of one nobody asks for are skipped)."""
 
-    def __init__(self, layer, acc, pad, kernel_tile=KERNEL_TILE):
+    def __init__(self, layer, acc, pad, kernel_tile=KERNEL_TILE, gradients=(True, True)):
+        self.hidden_gradient, self.kernel_gradient = (bool(g) for g in gradients)
         self.d, self.vocab = kernel_geometry(layer.hidden, layer.kernel,
                                              layer.kernel_transposed)
         self.low_matmul = dispatch.low_precision_matmul(layer.hidden, layer.kernel)
@@ -128,12 +132,14 @@ class Side:
         `dz` `[size, V]`: its `dh` rows written, its kernel / bias terms
         added."""
         dh, dkernel, dbias = state
-        if self.transposed:  # kernel [V, d]
-            dh_rows = self.product(dz, self.kernel)
-        else:
-            dh_rows = self.product(dz, ops.transpose(self.kernel))
-        dkernel = self.add_kernel_gradient(dkernel, h, dz)
-        dh = ops.slice_update(dh, [start, 0], dh_rows)
+        if self.hidden_gradient:
+            if self.transposed:  # kernel [V, d]
+                dh_rows = self.product(dz, self.kernel)
+            else:
+                dh_rows = self.product(dz, ops.transpose(self.kernel))
+            dh = ops.slice_update(dh, [start, 0], dh_rows)
+        if self.kernel_gradient:
+            dkernel = self.add_kernel_gradient(dkernel, h, dz)
         if self.bias is not None:
             dbias = dbias + ops.sum(dz, axis=0)
         return dh, dkernel, dbias
@@ -160,10 +166,23 @@ class Side:
 
     def zeros(self, implementation):
         """The zero gradient buffers of the (padded) hidden states, the
-        kernel and the bias (a scalar without one: loops carry no None)."""
+        kernel and the bias (a scalar for one without a gradient, or no
+        bias: loops carry no None)."""
         dbias = ops.zeros((self.vocab,) if self.bias is not None else (), self.acc)
-        return (dispatch.zeros_like(self.hidden, self.acc, implementation),
-                dispatch.zeros_like(self.kernel, self.acc, implementation), dbias)
+        dh = dkernel = ops.zeros((), self.acc)
+        if self.hidden_gradient:
+            dh = dispatch.zeros_like(self.hidden, self.acc, implementation)
+        if self.kernel_gradient:
+            dkernel = dispatch.zeros_like(self.kernel, self.acc, implementation)
+        return dh, dkernel, dbias
+
+    def scaled(self, u, grads, inputs):
+        """`u` times the gradients of `inputs` (`hidden, kernel[, bias]`) in
+        their dtypes, None for one without a gradient (zip drops the scalar
+        bias placeholder of a side without a bias)."""
+        wanted = (self.hidden_gradient, self.kernel_gradient, True)
+        return [ops.cast(u * g, x.dtype) if keep else None
+                for g, x, keep in zip(grads, inputs, wanted)]
 
 
 def padded(x, pad):
@@ -180,8 +199,8 @@ def unpadded(x, n):
 
 def unpadded_rows(grads, n):
     """`(dh, dkernel, dbias)` with `dh` cut to its first `n` rows (`()`
-    stays `()`)."""
-    if not grads:
+    stays `()`, and so does a scalar placeholder `dh`)."""
+    if not grads or len(grads[0].shape) == 0:
         return grads
     return (unpadded(grads[0], n), *grads[1:])
 
@@ -302,15 +321,16 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
     s_bias, t_bias = student.bias is not None, teacher.bias is not None
     s_args, t_args = flat_inputs(student, teacher, teacher_gradient)
     n_s = len(s_args)
+    gradients = wanted_gradients(s_args, t_args, teacher_gradient)
 
     @ops.custom_gradient
     def summed_fn(weights, *args):
         s = Side(OutputLayer(args[0], args[1], args[2] if s_bias else None,
                              student.kernel_transposed, student.soft_cap), acc, chunks.pad,
-                 chunks.kernel_tile)
+                 chunks.kernel_tile, gradients[0])
         t = Side(OutputLayer(args[n_s], args[n_s + 1], args[n_s + 2] if t_bias else None,
                              teacher.kernel_transposed, teacher.soft_cap), acc, chunks.pad,
-                 chunks.kernel_tile)
+                 chunks.kernel_tile, gradients[1])
         w_all = padded(ops.cast(weights, acc), chunks.pad)
 
         def body(i, state):
@@ -344,12 +364,8 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
         def grad_fn(*args, upstream=None, variables=None):
             u = ops.cast(upstream_of(args, upstream, variables, "summed_divergence"), acc)
 
-            def scaled(grads, inputs):
-                # zip drops the scalar bias placeholder of a side without one.
-                return [ops.cast(u * g, x.dtype) for g, x in zip(grads, inputs)]
-
-            s_out = scaled(s_grads, s_args)
-            t_out = (scaled(t_grads, t_args) if teacher_gradient
+            s_out = s.scaled(u, s_grads, s_args)
+            t_out = (t.scaled(u, t_grads, t_args) if teacher_gradient
                      else [None] * len(t_args))
             return (ops.cast(u * per_token, weights.dtype), *s_out, *t_out)
 

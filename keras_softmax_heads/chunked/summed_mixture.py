@@ -38,6 +38,7 @@ from keras_softmax_heads.chunked.summed_divergence import TokenChunks
 from keras_softmax_heads.chunked.summed_divergence import float_weights
 from keras_softmax_heads.chunked.summed_divergence import padded
 from keras_softmax_heads.chunked.summed_divergence import unpadded
+from keras_softmax_heads.chunked.summed_divergence import unpadded_rows
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 from keras_softmax_heads.validation import check_choice
 
@@ -149,13 +150,14 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
     args = [rows, as_tensor(log_priors), kernel]
     if has_bias:
         args.append(as_tensor(bias))
+    gradients = (dispatch.needs_gradient(latents), dispatch.needs_gradient(kernel))
     k = num_components
 
     @ops.custom_gradient
     def summed_fn(targets, weights, *args):
         layer = OutputLayer(args[0], args[2], args[3] if has_bias else None,
                             kernel_transposed)
-        side = Side(layer, acc, chunks.pad * k, chunks.kernel_tile)
+        side = Side(layer, acc, chunks.pad * k, chunks.kernel_tile, gradients)
         lp_all = padded(ops.cast(args[1], acc), chunks.pad)
         t_all = padded(targets, chunks.pad)
         w_all = padded(ops.cast(weights, acc), chunks.pad)
@@ -182,19 +184,15 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
                      side.zeros(implementation))
             # `chunks.count` is a tensor when `N` is known only when the step runs.
             total, per_token, dlp, grads = tile_loop(chunks.count, body, state)
-            dh, dkernel, dbias = grads
             return (total, unpadded(per_token, n), unpadded(dlp, n),
-                    (unpadded(dh, n * k), dkernel, dbias))
+                    unpadded_rows(grads, n * k))
 
         total, per_token, dlp, grads = dispatch.run_pass(forward, implementation)
 
         def grad_fn(*args, upstream=None, variables=None):
             u = ops.cast(upstream_of(args, upstream, variables, "summed_mixture_nll"), acc)
-            dh, dkernel, dbias = grads
-            out = [ops.cast(u * dh, inputs[0].dtype), ops.cast(u * dlp, inputs[1].dtype),
-                   ops.cast(u * dkernel, inputs[2].dtype)]
-            if has_bias:
-                out.append(ops.cast(u * dbias, inputs[3].dtype))
+            dh, dkernel, *dbias = side.scaled(u, grads, [inputs[0], *inputs[2:]])
+            out = [dh, ops.cast(u * dlp, inputs[1].dtype), dkernel, *dbias]
             return (None, ops.cast(u * per_token, weights.dtype), *out)
 
         inputs = args
