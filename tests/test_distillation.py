@@ -510,3 +510,34 @@ def test_bench_distillation_smoke(monkeypatch):
     assert row["ratios"]["time_tiled_over_dense"] > 0
     memory = bench.measure_memory(BACKEND, "tiled", 16, 8, 50, 16)
     assert "tiled_extra_mib" in memory
+
+
+@pytest.mark.parametrize("gradient_in_forward", [False, True], ids=["tiled", "in_forward"])
+def test_frozen_student_kernel_gets_no_gradient_work(gradient_in_forward):
+    """A student whose output matrix is frozen (LoRA's base weights): its
+    hidden states' gradient is the same as with the kernel's; on PyTorch
+    the kernel's products are skipped (`chunked.dispatch.needs_gradient`)."""
+    rng = np.random.default_rng(4)
+    n, d_s, d_t, v = 7, 6, 5, 40
+    h_s, w_s = rng.normal(size=(n, d_s)).astype("float32"), rng.normal(size=(d_s, v)).astype("float32")
+    h_t, w_t = rng.normal(size=(n, d_t)).astype("float32"), rng.normal(size=(d_t, v)).astype("float32")
+
+    def loss(h, w):
+        return linear_divergence(h, w, h_t, w_t, divergence="jsd", chunk_size=16,
+                                 gradient_in_forward=gradient_in_forward, token_chunk_size=4)
+
+    _, (dh, _), _ = value_and_grad(loss, (h_s, w_s))
+    frozen = keras.Variable(w_s, trainable=False)
+    _, (dh_alone,), _ = value_and_grad(lambda h: loss(h, frozen), (h_s,))
+    np.testing.assert_allclose(dh_alone, dh, rtol=1e-6, atol=1e-7)
+    if BACKEND == "torch":
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode
+
+        def flops(kernel_grad):
+            h = torch.tensor(h_s).requires_grad_(True)
+            with FlopCounterMode(display=False) as counter:
+                loss(h, torch.tensor(w_s).requires_grad_(kernel_grad)).backward()
+            return counter.get_total_flops()
+
+        assert flops(False) < flops(True)

@@ -246,3 +246,40 @@ def test_chunked_sigsoftmax_summed_matches_chunked_loss(output_fn, tied):
     assert SigSoftmax.from_config(head.get_config()).gradient_in_forward
     with pytest.raises(ValueError, match="gradient_in_forward"):
         SigSoftmax(V, gradient_in_forward=1)
+
+
+def test_frozen_kernel_skips_its_gradient():
+    """The summed mixture loss with its output matrix frozen (a non-trainable
+    variable): the other inputs' gradients are the same; on PyTorch, which
+    says so while the loss is built, the kernel's products are skipped
+    (`torch.utils.flop_counter`)."""
+    rng = np.random.default_rng(3)
+    n, k, d, v = 6, 3, 8, 50
+    latents = rng.normal(size=(n, k, d)).astype("float32")
+    log_priors = np.log(rng.dirichlet(np.ones(k), n)).astype("float32")
+    kernel = rng.normal(size=(d, v)).astype("float32")
+    bias = rng.normal(size=(v,)).astype("float32")
+    targets, weights = rng.integers(0, v, n), rng.uniform(0.5, 1.5, n).astype("float32")
+
+    def loss(lat, lp, w, b):
+        return summed_mixture_nll(lat, lp, w, b, targets, weights, token_chunk_size=4)
+
+    _, full, _ = value_and_grad(loss, (latents, log_priors, kernel, bias))
+    frozen = keras.Variable(kernel, trainable=False)
+    _, alone, _ = value_and_grad(lambda lat, lp, b: loss(lat, lp, frozen, b),
+                                 (latents, log_priors, bias))
+    for a, f, name in zip(alone, (full[0], full[1], full[3]), ("latents", "log_priors", "bias")):
+        np.testing.assert_allclose(a, f, rtol=1e-6, atol=1e-7, err_msg=name)
+    if BACKEND == "torch":
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode
+
+        def flops(kernel_grad):
+            args = [torch.tensor(latents).requires_grad_(True), torch.tensor(log_priors),
+                    torch.tensor(kernel).requires_grad_(kernel_grad), torch.tensor(bias)]
+            with FlopCounterMode(display=False) as counter:
+                loss(*args).backward()
+            return counter.get_total_flops()
+
+        # In the forward pass: the scores, dh, dW; frozen, the first two.
+        assert flops(False) / flops(True) == pytest.approx(2 / 3)
