@@ -17,7 +17,8 @@ public function for are dispatched here, once, on `keras.backend.backend()`:
 * `sparse_gradient_rows(fn, x, variable)` (TensorFlow only): the rows of
   `variable`'s gradient, asserting it is a `tf.IndexedSlices`;
 * `build_optimizer(model)`: a compiled, built model's optimizer built before
-  `fit`, so that TensorFlow traces the train step once.
+  `fit`, so that TensorFlow traces the train step once;
+* `torch_flops(fn)` (PyTorch only): the matrix-product FLOPs of `fn()`.
 """
 
 import keras
@@ -164,3 +165,13 @@ def lower_for(jitted, args, platform):
                                      abstract_device=device)  # no sharding in types
     with jax.sharding.use_abstract_mesh(mesh):
         return jitted.trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def torch_flops(fn):
+    """The FLOPs PyTorch's `FlopCounterMode` counts (matrix products) while
+    `fn()` runs, e.g. a loss and its `backward()`."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()

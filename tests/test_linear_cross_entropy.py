@@ -17,6 +17,7 @@ import pytest
 from backends import BACKEND
 from backends import jit
 from backends import to_numpy
+from backends import torch_flops
 from backends import value_and_grad
 from multibackend import sweep
 from multibackend import slow_on
@@ -379,13 +380,10 @@ def _flop_ratio(fn, args, frozen):
     of the compiled gradients on JAX. None on TensorFlow."""
     if BACKEND == "torch":
         import torch
-        from torch.utils.flop_counter import FlopCounterMode
 
         def count(wanted):
             tensors = [torch.tensor(x).requires_grad_(w) for x, w in zip(args, wanted)]
-            with FlopCounterMode(display=False) as counter:
-                fn(*tensors).backward()
-            return counter.get_total_flops()
+            return torch_flops(lambda: fn(*tensors).backward())
 
         return count([i != frozen for i in range(2)]) / count([True, True])
     if BACKEND == "jax":

@@ -9,6 +9,7 @@ import pytest
 from backends import BACKEND
 from backends import jit
 from backends import to_numpy
+from backends import torch_flops
 from backends import value_and_grad
 
 from keras_softmax_heads import HeadLoss
@@ -272,14 +273,11 @@ def test_frozen_kernel_skips_its_gradient():
         np.testing.assert_allclose(a, f, rtol=1e-6, atol=1e-7, err_msg=name)
     if BACKEND == "torch":
         import torch
-        from torch.utils.flop_counter import FlopCounterMode
 
         def flops(kernel_grad):
             args = [torch.tensor(latents).requires_grad_(True), torch.tensor(log_priors),
                     torch.tensor(kernel).requires_grad_(kernel_grad), torch.tensor(bias)]
-            with FlopCounterMode(display=False) as counter:
-                loss(*args).backward()
-            return counter.get_total_flops()
+            return torch_flops(lambda: loss(*args).backward())
 
         # In the forward pass: the scores, dh, dW; frozen, the first two.
         assert flops(False) / flops(True) == pytest.approx(2 / 3)

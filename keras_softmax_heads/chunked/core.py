@@ -650,7 +650,7 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
         implementation=implementation,
         entropy=bool(entropy),
         token_chunk_size=token_chunk_size,
-        gradients=(dispatch.needs_gradient(h), dispatch.needs_gradient(kernel)),
+        gradients=dispatch.gradients_needed(h, kernel),
     )
     if spec.entropy and not stats:
         raise ValueError("`entropy=True` needs `stats=True` (the fifth column).")

@@ -19,7 +19,8 @@ what the backends do differently:
   cannot fold them into compile-time constants;
 * `needs_gradient`: whether the caller's automatic differentiation will
   ask for an input's gradient (PyTorch says so when the loss is built; the
-  passes then skip the products of the others).
+  passes then skip the products of the others); `gradients_needed`, the
+  pair for an output layer's hidden states and kernel.
 
 `implementation="ops"` runs the passes as they are on every backend (the
 reference the TensorFlow path is tested against).
@@ -131,6 +132,13 @@ def needs_gradient(x):
 
     value = getattr(x, "value", x)  # a Keras variable: its tensor
     return bool(torch.is_grad_enabled() and getattr(value, "requires_grad", False))
+
+
+def gradients_needed(hidden, kernel):
+    """`(needs_gradient(hidden), needs_gradient(kernel))`: the flags of an
+    output layer's inputs that `chunked.core.CoreSpec` and the summed
+    passes' `Side` take as `gradients`."""
+    return needs_gradient(hidden), needs_gradient(kernel)
 
 
 def run_pass(fn, implementation="auto"):

@@ -299,9 +299,8 @@ def wanted_gradients(s_args, t_args, teacher_gradient):
     """`((student hidden, kernel), (teacher hidden, kernel))`: which of
     them get gradients (`dispatch.needs_gradient`; the teacher's only with
     `teacher_gradient`)."""
-    student = tuple(dispatch.needs_gradient(x) for x in s_args[:2])
-    teacher = tuple(bool(teacher_gradient) and dispatch.needs_gradient(x) for x in t_args[:2])
-    return student, teacher
+    teacher = dispatch.gradients_needed(*t_args[:2]) if teacher_gradient else (False, False)
+    return dispatch.gradients_needed(*s_args[:2]), teacher
 
 
 def upstream_of(args, upstream, variables, name):

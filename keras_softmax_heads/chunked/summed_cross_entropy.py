@@ -111,7 +111,7 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
     acc = accumulation_dtype(hidden, layer.kernel)
     has_bias = layer.bias is not None
     args = [hidden, layer.kernel] + ([layer.bias] if has_bias else [])
-    gradients = (dispatch.needs_gradient(hidden), dispatch.needs_gradient(layer.kernel))
+    gradients = dispatch.gradients_needed(hidden, layer.kernel)
     eps, zl = float(label_smoothing), float(z_loss)
 
     @ops.custom_gradient

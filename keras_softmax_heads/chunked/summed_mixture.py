@@ -150,7 +150,7 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
     args = [rows, as_tensor(log_priors), kernel]
     if has_bias:
         args.append(as_tensor(bias))
-    gradients = (dispatch.needs_gradient(latents), dispatch.needs_gradient(kernel))
+    gradients = dispatch.gradients_needed(latents, kernel)
     k = num_components
 
     @ops.custom_gradient
