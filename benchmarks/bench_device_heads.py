@@ -31,7 +31,8 @@ Heads (`HEADS`): `full`, `plif` (K = 100,000 knots), `plif_k1000`,
 the tiled default loss), `mos15_dense` (the `[N, K, V]` reference loss),
 `moss15` (mixture of sigsoftmax), `mos4_plif` (MoS + PLIF, 1,000 knots),
 `moc15` (MixtureOfContexts); `mos15_summed`, `mos4_summed`, `moss15_summed`,
-`full_summed`, `sigsoftmax_summed`: the head's summed objective (`summed_training_loss`, the gradient in the
+`full_summed`, `sigsoftmax_summed`, `plif_summed`, `plif_k1000_summed`,
+`mos4_plif_summed`: the head's summed objective (`summed_training_loss`, the gradient in the
 forward pass: what `HeadModel` and `HeadLoss` train by default, where the
 rows without the suffix time the per-token tiled `training_loss`); `plif_fused`, `plif_k1000_fused`: PLIF with
 the backward tile as one Pallas kernel (`HISTOGRAM_METHOD="pallas_fused"`,
@@ -58,7 +59,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HEADS = ("full", "plif", "plif_k1000", "sigsoftmax", "monotonic", "mos15", "mos4",
          "mos15_dense", "moss15", "mos4_plif", "moc15", "plif_fused", "plif_k1000_fused",
          "plif_scatter", "plif_k1000_scatter", "mos15_summed", "mos4_summed",
-         "moss15_summed", "full_summed", "sigsoftmax_summed")
+         "moss15_summed", "full_summed", "sigsoftmax_summed", "plif_summed",
+         "plif_k1000_summed", "mos4_plif_summed")
 PLIF_BOUND = 20.0
 
 

@@ -11,7 +11,10 @@ names, with FullSoftmax's step in the same rounds, and the chunked
 FullSoftmax (`chunk_size=4096`) without and with the option (`full_chunked`,
 `full_chunked_summed`); with `--sigsoftmax` also `SigSoftmax` dense
 (`sig`) and chunked without and with the option (`sig_chunked`,
-`sig_chunked_summed`: a mixture of one component). Raw JSON to `--out`.
+`sig_chunked_summed`: a mixture of one component); with `--plif`
+`PLIFSoftmax` (`--knots`, default 100,000) the same way (`plif`,
+`plif_chunked`, `plif_chunked_summed`) and each mixture with PLIF
+(`mos4_plif`, `mos4_plif_summed`). Raw JSON to `--out`.
 
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/bench_mixture_summed.py \
@@ -41,10 +44,13 @@ def make_model(head, length, vocab, dim, jit_compile):
     return model
 
 
-def heads(components, vocab, sigsoftmax=False):
+def heads(components, vocab, sigsoftmax=False, plif_knots=None):
     """`{name: make}`: FullSoftmax (dense), FullSoftmax(chunk_size=4096)
     without / with `gradient_in_forward` (with `sigsoftmax` SigSoftmax's
-    three the same way), and each mixture without / with it."""
+    three the same way, with `plif_knots` PLIFSoftmax's), and each mixture
+    without / with it (with `plif_knots` also with PLIF)."""
+    from functools import partial
+
     import keras_softmax_heads as ksh
 
     out = {"full": lambda: ksh.FullSoftmax(vocab)}
@@ -52,16 +58,23 @@ def heads(components, vocab, sigsoftmax=False):
     if sigsoftmax:
         out["sig"] = lambda: ksh.SigSoftmax(vocab)
         pointwise["sig"] = ksh.SigSoftmax
+    if plif_knots:
+        pointwise["plif"] = partial(ksh.PLIFSoftmax, num_knots=plif_knots)
+        out["plif"] = lambda: pointwise["plif"](vocab)
     for prefix, cls in pointwise.items():
         for flag in (False, True):  # chunked (4,096-word tiles)
             out[prefix + "_chunked" + ("_summed" if flag else "")] = (
                 lambda cls=cls, flag=flag: cls(vocab, chunk_size=4096,
                                                gradient_in_forward=flag))
+    mixtures = {"": {}}
+    if plif_knots:
+        mixtures["_plif"] = {"num_knots": plif_knots}
     for k in components:
-        for flag in (False, True):
-            name = f"mos{k}" + ("_summed" if flag else "")
-            out[name] = (lambda k=k, flag=flag: ksh.MixtureOfSoftmaxes(
-                vocab, num_components=k, gradient_in_forward=flag))
+        for suffix, options in mixtures.items():
+            for flag in (False, True):
+                name = f"mos{k}{suffix}" + ("_summed" if flag else "")
+                out[name] = (lambda k=k, flag=flag, options=options: ksh.MixtureOfSoftmaxes(
+                    vocab, num_components=k, gradient_in_forward=flag, **options))
     return out
 
 
@@ -74,7 +87,9 @@ def run(args):
     y = rng.integers(0, args.vocab, (args.batch, args.length)).astype("int32")
     jit = "auto" if args.jit_compile is None else args.jit_compile == "true"
     rows, calls = {}, {}
-    for name, make in heads(args.components, args.vocab, args.sigsoftmax).items():
+    plif_knots = args.knots if args.plif else None
+    for name, make in heads(args.components, args.vocab, args.sigsoftmax,
+                            plif_knots).items():
         keras.utils.set_random_seed(0)  # the head's initializers draw their seeds
         model = make_model(make(), args.length, args.vocab, args.dim, jit)
         start = time.perf_counter()
@@ -112,6 +127,10 @@ def parse_args(argv=None):
     parser.add_argument("--jit_compile", choices=("true", "false"), default=None)
     parser.add_argument("--sigsoftmax", action="store_true",
                         help="also SigSoftmax: dense, chunked, chunked with the option")
+    parser.add_argument("--plif", action="store_true",
+                        help="also PLIFSoftmax and each mixture with PLIF")
+    parser.add_argument("--knots", type=int, default=100_000,
+                        help="PLIF's knots with --plif")
     parser.add_argument("--out", type=str, default=None, help="raw JSON here")
     args = parser.parse_args(argv)
     args.components = [int(k) for k in args.components.split(",") if k]

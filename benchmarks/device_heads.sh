@@ -22,11 +22,11 @@ source benchmarks/device_env.sh
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.is_available())"
 bench="python3 benchmarks/bench_device_heads.py --tokens=8192 --dim=512 --rounds=7 --warmup=2"
 timeout 170 $bench --vocab_sizes=33278 --torch --max_seconds=110 \
-    --heads=full,plif,plif_scatter,plif_fused,plif_k1000,plif_k1000_scatter,plif_k1000_fused,mos15,mos4,mos15_summed,mos4_summed,sigsoftmax,sigsoftmax_summed,full_summed,monotonic,moss15,moss15_summed,mos4_plif,moc15,mos15_dense \
+    --heads=full,plif,plif_summed,plif_scatter,plif_fused,plif_k1000,plif_k1000_summed,plif_k1000_scatter,plif_k1000_fused,mos15,mos4,mos15_summed,mos4_summed,sigsoftmax,sigsoftmax_summed,full_summed,monotonic,moss15,moss15_summed,mos4_plif,mos4_plif_summed,moc15,mos15_dense \
     --out=$out/device_heads_v33278.json
 echo "v33278 exit $?"
 timeout 90 $bench --vocab_sizes=100000 --max_seconds=50 \
-    --heads=full,plif,plif_fused,plif_k1000,mos4,mos4_summed,sigsoftmax,sigsoftmax_summed,monotonic,mos15,moss15,mos4_plif,moc15 \
+    --heads=full,plif,plif_summed,plif_fused,plif_k1000,mos4,mos4_summed,sigsoftmax,sigsoftmax_summed,monotonic,mos15,moss15,mos4_plif,moc15 \
     --out=$out/device_heads_v100000.json
 echo "v100000 exit $?"
 timeout 60 python3 benchmarks/bench_plif_histogram.py --n 8192 \

@@ -1500,6 +1500,12 @@ def build(make_figures=True):
         "sig_chunked_summed_keras": section_mixture_summed(tuple(
             f"mixture_summed/keras_step_{b}_sigsoftmax_n2048_v32768.json"
             for b in ("tensorflow", "jax", "torch"))),
+        "plif_chunked_summed_keras": section_mixture_summed(tuple(
+            f"mixture_summed/keras_step_{b}_plif_n2048_v32768.json"
+            for b in ("tensorflow", "jax", "torch"))),
+        "mos_plif_summed_keras": section_mixture_summed(tuple(
+            f"mixture_summed/keras_step_{b}_mos_plif_n2048_v10000.json"
+            for b in ("tensorflow", "jax", "torch"))),
         "plif_histogram": section_plif_histogram(),
         "plif_tile_memory": section_plif_tile_memory(),
         "device_heads_v33278": section_device_heads(

@@ -96,7 +96,8 @@ def test_every_head_step_lowers_for_a_gpu(monkeypatch):
     # PLIF's slope histogram (and MonotonicSoftmax's grid's) is the kernel; the
     # `_scatter` rows take the scatter-add instead.
     assert {k for k, count in kernels.items() if count} == {
-        "plif", "plif_k1000", "monotonic", "mos4_plif", "plif_fused", "plif_k1000_fused"}, kernels
+        "plif", "plif_k1000", "monotonic", "mos4_plif", "plif_fused", "plif_k1000_fused",
+        "plif_summed", "plif_k1000_summed", "mos4_plif_summed"}, kernels
     # The fused backward tile replaces the histogram kernel in the `_fused` rows only.
     assert {k for k, is_fused in fused.items() if is_fused} == {"plif_fused",
                                                                  "plif_k1000_fused"}

@@ -88,6 +88,90 @@ def test_core_matches_numpy_and_tiled_gradients(sigsoftmax, transposed, bias):
     np.testing.assert_array_equal(to_numpy(grads_in[0])[3], 0.0)  # weight 0
 
 
+def numpy_plif(z, raw, bound):
+    """PLIF in float64: `f(z) = f(l_i) + s_i (z - l_i)`, `s = softplus(raw)`."""
+    raw = raw.astype("float64")
+    k, width = len(raw), 2.0 * bound / len(raw)
+    slopes = np.logaddexp(0.0, raw)
+    left = -bound + width * np.concatenate([[0.0], np.cumsum(slopes)[:-1]])
+    i = np.clip(np.floor((z + bound) / width), 0, k - 1).astype(int)
+    return left[i] + slopes[i] * (z - (-bound + width * i))
+
+
+@pytest.mark.parametrize("components,sigsoftmax,transposed,small_tiles", [
+    (3, False, False, True), (1, False, True, False), (2, True, False, True)])
+def test_core_with_plif_matches_numpy_and_tiled_gradients(components, sigsoftmax,
+                                                          transposed, small_tiles,
+                                                          monkeypatch):
+    """With PLIF (`raw_slopes`, MoS+PLIF; one component: `PLIFSoftmax`) the
+    summed core over chunks of 4 tokens equals the NumPy oracle, and its
+    gradients (latents, priors, kernel, bias and the raw slopes, whose
+    gradient is the histogram summed over the chunks) equal those of the
+    tiled `chunked_mixture_nll` with the PLIF transform, weighted and
+    summed. Scores reach past the knot bound (the end pieces) and the
+    slopes are far from the identity. `small_tiles`: PLIF's row tiles of 3
+    tokens in chunks of 5 (a full tile and a remainder in each chunk, as a
+    CPU's tiles at a real shape), else one tile a chunk."""
+    from keras_softmax_heads import functional
+    from keras_softmax_heads.functional import plif_kernels
+
+    chunk = 4
+    if small_tiles:
+        monkeypatch.setattr(plif_kernels, "TILE_ELEMENTS", 3 * components * V)
+        chunk = 5
+
+    rng = np.random.default_rng(7)
+    n, d, knots, bound = 11, 5, 16, 2.0
+    lat = np.tanh(rng.normal(size=(n, components, d))).astype("float32")
+    prior_logits = rng.normal(size=(n, components))
+    log_pi = prior_logits - np.log(np.exp(prior_logits).sum(1, keepdims=True))
+    log_pi = log_pi.astype("float32")
+    w = (1.5 * rng.normal(size=(d, V))).astype("float32")
+    b = rng.normal(size=(V,)).astype("float32")
+    raw = rng.normal(size=(knots,)).astype("float32")
+    t = rng.integers(0, V, size=n).astype("int32")
+    weights = rng.uniform(0.2, 2.0, size=n).astype("float32")
+    weights[5] = 0.0
+    kernel = w.T.copy() if transposed else w
+
+    z = np.einsum("nkd,dv->nkv", lat.astype("float64"), w.astype("float64")) + b
+    assert np.abs(z).max() > bound  # the end pieces are exercised
+    f = numpy_plif(z, raw, bound)
+    if sigsoftmax:
+        f = f - np.logaddexp(0.0, -f)
+    log_p = f - np.log(np.exp(f).sum(-1, keepdims=True))
+    joint = log_pi[:, :, None] + log_p
+    mix = np.log(np.exp(joint).sum(1))
+    oracle = (weights * -mix[np.arange(n), t]).sum()
+
+    variables = [keras.Variable(kernel), keras.Variable(b), keras.Variable(raw)]
+
+    def summed(lat, log_pi, weights):
+        return summed_mixture_nll(lat, log_pi, variables[0], variables[1], t, weights,
+                                  output_fn="sigsoftmax" if sigsoftmax else "softmax",
+                                  raw_slopes=variables[2], knot_bound=bound,
+                                  kernel_transposed=transposed, token_chunk_size=chunk)
+
+    def transform(z, raw_slopes):
+        f = functional.plif(z, raw_slopes, bound)
+        return f - keras.ops.softplus(-f) if sigsoftmax else f
+
+    def tiled(lat, log_pi, weights):
+        nll = chunked_mixture_nll(lat, log_pi, variables[0], variables[1], t,
+                                  transform_fn=transform, transform_params=[variables[2]],
+                                  chunk_size=5, kernel_transposed=transposed)
+        return keras.ops.sum(nll * weights)
+
+    results = []
+    for fn in (summed, tiled):
+        fn = jit(fn) if BACKEND == "jax" else fn
+        results.append(value_and_grad(fn, [lat, log_pi, weights], variables))
+    np.testing.assert_allclose(results[0][0], oracle, rtol=1e-5)
+    assert_same_values_and_gradients(results[1], results[0])
+    assert np.abs(to_numpy(results[0][2][2])).max() > 1e-2  # the slopes learn
+    np.testing.assert_array_equal(to_numpy(results[0][1][0])[5], 0.0)  # weight 0
+
+
 def assert_same_values_and_gradients(reference, result):
     """Two `value_and_grad` results agree: the value and every gradient."""
     (ref, ref_in, ref_w), (value, grads_in, grads_w) = reference, result
@@ -162,11 +246,18 @@ def test_training_step_matches_per_token_path(kind):
 
 
 def test_refusals_config_and_invalid_targets():
-    """PLIF refuses the option (its slopes train with the tiled loss); the
-    option round-trips through the config; a word id outside `[0, V)` with
-    a non-zero weight makes the sum NaN, as the per-token loss's NaN."""
-    with pytest.raises(ValueError, match="num_knots=4"):
-        MixtureOfSoftmaxes(V, num_knots=4, gradient_in_forward=True)
+    """A bad option value is refused; the option round-trips through the
+    config; a word id outside `[0, V)` with a non-zero weight makes the sum
+    NaN, as the per-token loss's NaN; the core refuses a knot bound without
+    slopes, and slopes that are not a vector."""
+    with pytest.raises(ValueError, match="knot_bound=2.0"):
+        summed_mixture_nll(np.zeros((2, 1, 3), "float32"), np.zeros((2, 1), "float32"),
+                           np.zeros((3, V), "float32"), None, [0, 1], [1.0, 1.0],
+                           knot_bound=2.0)
+    with pytest.raises(ValueError, match="raw_slopes"):
+        summed_mixture_nll(np.zeros((2, 1, 3), "float32"), np.zeros((2, 1), "float32"),
+                           np.zeros((3, V), "float32"), None, [0, 1], [1.0, 1.0],
+                           raw_slopes=np.zeros((2, 2), "float32"), knot_bound=2.0)
     with pytest.raises(ValueError, match="gradient_in_forward"):
         MixtureOfSoftmaxes(V, gradient_in_forward="yes")
     head = built(gradient_in_forward=True)
@@ -247,6 +338,46 @@ def test_chunked_sigsoftmax_summed_matches_chunked_loss(output_fn, tied):
     assert SigSoftmax.from_config(head.get_config()).gradient_in_forward
     with pytest.raises(ValueError, match="gradient_in_forward"):
         SigSoftmax(V, gradient_in_forward=1)
+
+
+@pytest.mark.parametrize("head_kind", ["plif", "mos_plif"])
+def test_plif_heads_summed_match_per_token_loss(head_kind):
+    """`PLIFSoftmax(chunk_size=...)` (by default) and MoS+PLIF
+    (`MixtureOfSoftmaxes(num_knots=..., gradient_in_forward=True)`) train
+    through the summed mixture core: the summed objective equals the
+    per-token loss's, weighted and summed, in value and in the gradients of
+    the inputs and every weight, the raw slopes included (trained slopes:
+    not the identity); the option round-trips through the config."""
+    from keras_softmax_heads import PLIFSoftmax
+
+    rng = np.random.default_rng(6)
+    h = (2.0 * rng.normal(size=(3, 4, 6))).astype("float32")
+    t = rng.integers(0, V, size=(3, 4)).astype("int32")
+    weights = rng.uniform(0.0, 1.0, size=(3, 4)).astype("float32")
+    weights[1, 2] = 0.0
+    if head_kind == "plif":
+        assert not PLIFSoftmax(V).gradient_in_forward
+        assert PLIFSoftmax(V, chunk_size=5).gradient_in_forward
+    results, base = [], None
+    for flag in (False, True):
+        if head_kind == "plif":
+            head = PLIFSoftmax(V, num_knots=32, knot_bound=3.0, chunk_size=5,
+                               gradient_in_forward=flag)
+        else:
+            head = MixtureOfSoftmaxes(V, num_components=2, num_knots=32, knot_bound=3.0,
+                                      use_prior_bias=True, gradient_in_forward=flag)
+        head.build((None, 6))
+        if base is None:
+            base = [rng.normal(size=w.shape).astype("float32") for w in head.weights]
+        for w, b in zip(head.weights, base):
+            w.assign(b)
+        fn = (lambda x, head=head: head.summed_training_loss(x, t, weights))
+        fn = jit(fn) if BACKEND == "jax" else fn
+        results.append(value_and_grad(fn, [h], head.trainable_weights))
+    assert_same_values_and_gradients(*results)
+    slopes = [i for i, w in enumerate(head.trainable_weights) if "raw_slopes" in w.path]
+    assert len(slopes) == 1 and np.abs(to_numpy(results[1][2][slopes[0]])).max() > 1e-3
+    assert type(head).from_config(head.get_config()).gradient_in_forward
 
 
 def test_frozen_kernel_skips_its_gradient():

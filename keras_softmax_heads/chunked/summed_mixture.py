@@ -16,7 +16,11 @@ score gradients `w r_k (p_k - onehot_t)` (times `ds/dz` when the
 components normalise `log g(z)`, not `z`: MoSS, and `SigSoftmax` as a
 mixture of one component), the chunk's rows of the latents' gradient, its term
 of the kernel's (one vocabulary tile at a time on a CPU) and the bias's,
-and the priors' gradient `-w r`. Three products, as dense; the backward
+and the priors' gradient `-w r`. With PLIF (`raw_slopes`: MoS+PLIF, and
+`PLIFSoftmax` as a mixture of one component) the components normalise
+`g(f(z))`, `f` the PLIF: the score gradient is taken through `f`'s slope,
+and the slopes' two histograms are summed chunk by chunk
+(`functional.plif_slope_histograms`). Three products, as dense; the backward
 pass only scales the stored gradients by the upstream scalar.
 
 The price: a call whose gradient is not taken still computes it, and a
@@ -90,7 +94,8 @@ def chunk_mixture(s, log_priors, targets, weights, num_components):
 
 
 def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
-                       output_fn="softmax", epsilon=1e-6, kernel_transposed=False,
+                       output_fn="softmax", epsilon=1e-6, raw_slopes=None,
+                       knot_bound=None, kernel_transposed=False,
                        token_chunk_size=None, implementation="auto"):
     """`sum_i w_i (-log p(t_i))` of a mixture of softmaxes, its gradient
     computed in the forward pass.
@@ -100,7 +105,10 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
     logsumexp_k(log pi_k + log_softmax(g(z_k))_t)`, `z_k = latent_k W + b`,
     `log g` the identity (`output_fn="softmax"`: MoS) or one of
     `SigSoftmax`'s output functions (`"sigsoftmax"`: MoSS; `"sigmoid"`,
-    `"relu"` with `epsilon`; with `K = 1` the `SigSoftmax` head). `latents`
+    `"relu"` with `epsilon`; with `K = 1` the `SigSoftmax` head); with
+    `raw_slopes` `[K']` and `knot_bound` `T` the scores pass through the
+    PLIF `f` first (`functional.plif`), `log g(f(z_k))` (MoS+PLIF; with one
+    component the `PLIFSoftmax` head). `latents`
     `[N, K, L]`, `log_priors` `[N, K]` (normalised), `kernel` `[L, V]`
     (`[V, L]` with `kernel_transposed`), `bias` `[V]` or None, `targets`
     `[N]` int ids in `[0, V)` (not checked), `weights` `[N]` (0: the token
@@ -112,8 +120,8 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
 
     Returns:
         The weighted sum, a float32 scalar (float64 for float64 inputs),
-        with gradients for `latents`, `log_priors`, `kernel`, `bias` and
-        `weights`.
+        with gradients for `latents`, `log_priors`, `kernel`, `bias`,
+        `raw_slopes` and `weights`.
 
     Example:
 
@@ -150,6 +158,9 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
     args = [rows, as_tensor(log_priors), kernel]
     if has_bias:
         args.append(as_tensor(bias))
+    plif = PLIF.of(raw_slopes, knot_bound)
+    if plif is not None:
+        args.append(plif.raw)
     gradients = dispatch.gradients_needed(latents, kernel)
     k = num_components
 
@@ -158,41 +169,67 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
         layer = OutputLayer(args[0], args[2], args[3] if has_bias else None,
                             kernel_transposed)
         side = Side(layer, acc, chunks.pad * k, chunks.kernel_tile, gradients)
+        transform = plif.in_dtype(args[-1], acc) if plif is not None else None
         lp_all = padded(ops.cast(args[1], acc), chunks.pad)
         t_all = padded(targets, chunks.pad)
         w_all = padded(ops.cast(weights, acc), chunks.pad)
 
+        def plif_tile(sums, xs):
+            """A row tile of the chunk through the PLIF: `xs` = the scores
+            `[tokens, K, V]`, log-priors, targets and weights."""
+            z, lp, t, w = xs
+            f, slope, idx, offset = functional.plif_scores(transform, ops.reshape(z, (-1, vocab)))
+            s, ds_df = component_scores(f, output_fn, epsilon)
+            nll, ds, dlp_rows = chunk_mixture(s, lp, t, w, k)
+            d_f = ds if ds_df is None else ds * ds_df
+            if plif.gradient:
+                tile_sums = functional.plif_slope_histograms(transform, idx, offset, d_f)
+                sums = tuple(a + b for a, b in zip(sums, tile_sums))
+            return sums, (nll, ops.reshape(d_f * slope, (-1, k, vocab)), dlp_rows)
+
         def body(i, state):
-            total, per_token, dlp, grads = state
+            total, per_token, dlp, grads, sums = state
             start = i * chunks.size
             h = side.rows(start * k, chunks.size * k)
             z, _ = side.scores(h, 1.0)
-            s, ds_dz = component_scores(z, output_fn, epsilon)
             t = ops.slice(t_all, [start], [chunks.size])
             w = ops.slice(w_all, [start], [chunks.size])
             lp = ops.slice(lp_all, [start, 0], [chunks.size, k])
-            nll, ds, dlp_rows = chunk_mixture(s, lp, t, w, k)
+            if transform is None:
+                s, ds_dz = component_scores(z, output_fn, epsilon)
+                nll, ds, dlp_rows = chunk_mixture(s, lp, t, w, k)
+                dz = ds if ds_dz is None else ds * ds_dz
+            else:  # the per-score work in PLIF's tiles (a CPU's cache)
+                sums, (nll, dz, dlp_rows) = functional.scan_row_tiles(
+                    plif_tile, sums, (ops.reshape(z, (chunks.size, k, vocab)), lp, t, w),
+                    (acc, acc, acc))
+                dz = ops.reshape(dz, (-1, vocab))
             total = total + ops.sum(ops.where(w != 0, w * nll, ops.zeros_like(nll)))
             per_token = ops.slice_update(per_token, [start], nll)
-            dz = ds if ds_dz is None else ds * ds_dz
             dlp = ops.slice_update(dlp, [start, 0], dlp_rows)
             grads = side.gradients(h, dz, grads, start * k)
-            return total, per_token, dlp, grads
+            return total, per_token, dlp, grads, sums
 
         def forward():
+            sums = (ops.zeros((), acc),) * 2
+            if plif is not None and plif.gradient:
+                sums = (ops.zeros((plif.num_knots,), acc),) * 2
             state = (ops.zeros((), acc), ops.zeros_like(w_all), ops.zeros_like(lp_all),
-                     side.zeros(implementation))
+                     side.zeros(implementation), sums)
             # `chunks.count` is a tensor when `N` is known only when the step runs.
-            total, per_token, dlp, grads = tile_loop(chunks.count, body, state)
+            total, per_token, dlp, grads, sums = tile_loop(chunks.count, body, state)
             return (total, unpadded(per_token, n), unpadded(dlp, n),
-                    unpadded_rows(grads, n * k))
+                    unpadded_rows(grads, n * k), sums)
 
-        total, per_token, dlp, grads = dispatch.run_pass(forward, implementation)
+        total, per_token, dlp, grads, sums = dispatch.run_pass(forward, implementation)
 
         def grad_fn(*args, upstream=None, variables=None):
             u = ops.cast(upstream_of(args, upstream, variables, "summed_mixture_nll"), acc)
-            dh, dkernel, *dbias = side.scaled(u, grads, [inputs[0], *inputs[2:]])
+            layer_inputs = [inputs[0], *inputs[2:3 + has_bias]]
+            dh, dkernel, *dbias = side.scaled(u, grads, layer_inputs)
             out = [dh, ops.cast(u * dlp, inputs[1].dtype), dkernel, *dbias]
+            if plif is not None:
+                out.append(plif.raw_gradient(u, sums, inputs[-1], acc))
             return (None, ops.cast(u * per_token, weights.dtype), *out)
 
         inputs = args
@@ -200,3 +237,47 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
 
     targets = ops.cast(ops.reshape(ops.convert_to_tensor(targets), (-1,)), "int32")
     return summed_fn(targets, float_weights(weights, acc), *args)
+
+
+class PLIF:
+    """The PLIF stage of `summed_mixture_nll`: the raw slopes (an input of
+    its custom gradient), the knot bound, and whether the slopes get a
+    gradient (`dispatch.needs_gradient`: a frozen PLIF's histograms are
+    skipped)."""
+
+    def __init__(self, raw, knot_bound):
+        self.raw = raw
+        self.knot_bound = knot_bound
+        self.num_knots = raw.shape[0]
+        self.gradient = dispatch.needs_gradient(raw)
+
+    @classmethod
+    def of(cls, raw_slopes, knot_bound):
+        """None without `raw_slopes`; else the stage, its inputs checked."""
+        if raw_slopes is None:
+            if knot_bound is not None:
+                raise ValueError(
+                    "`knot_bound` is the bound of a PLIF: pass `raw_slopes` with it. "
+                    f"Received: raw_slopes=None, knot_bound={knot_bound}"
+                )
+            return None
+        knot_bound = functional.check_knot_bound(knot_bound)
+        raw = as_tensor(raw_slopes)
+        if len(raw.shape) != 1 or raw.shape[0] is None or raw.shape[0] < 1:
+            raise ValueError(
+                "`raw_slopes` must be a vector of static length K >= 1. "
+                f"Received: raw_slopes with shape {tuple(raw.shape)}"
+            )
+        return cls(raw, knot_bound)
+
+    def in_dtype(self, raw, acc):
+        """The tables (`functional.plif_tables`) of `raw` in `acc`."""
+        return functional.plif_tables(ops.cast(raw, acc), self.knot_bound)
+
+    def raw_gradient(self, u, sums, raw, acc):
+        """`u` times the raw slopes' gradient from the summed histograms, in
+        `raw`'s dtype (None for slopes without a gradient)."""
+        if not self.gradient:
+            return None
+        grad = functional.plif_raw_slope_gradient(sums, ops.cast(raw, acc), self.knot_bound)
+        return ops.cast(u * grad, raw.dtype)

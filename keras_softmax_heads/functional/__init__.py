@@ -5,7 +5,9 @@
   `log_relu_output_scores`);
 * `plif_kernels`: PLIF (Ganea et al. 2019), `plif` and the fused
   `plif_log_likelihood` with their custom gradients (design:
-  `docs/plif.md`);
+  `docs/plif.md`), and its pieces for a kernel that differentiates PLIF
+  itself (`plif_tables`, `plif_scores`, `plif_slope_histograms`,
+  `plif_raw_slope_gradient`, and `scan_row_tiles`, PLIF's tiles);
 * `tabulated`: `interpolate_table`, a tabulated function interpolated
   linearly;
 * `dispatch`: the package's only backend-specific code, one dispatch
@@ -32,7 +34,12 @@ from keras_softmax_heads.functional.plif_kernels import check_knot_bound
 from keras_softmax_heads.functional.plif_kernels import plif
 from keras_softmax_heads.functional.plif_kernels import plif_identity_raw_slope
 from keras_softmax_heads.functional.plif_kernels import plif_log_likelihood
+from keras_softmax_heads.functional.plif_kernels import plif_raw_slope_gradient
 from keras_softmax_heads.functional.plif_kernels import plif_reference
+from keras_softmax_heads.functional.plif_kernels import plif_scores
+from keras_softmax_heads.functional.plif_kernels import plif_slope_histograms
+from keras_softmax_heads.functional.plif_kernels import plif_tables
+from keras_softmax_heads.functional.plif_kernels import scan_row_tiles
 from keras_softmax_heads.functional.tabulated import interpolate_table
 from keras_softmax_heads.functional.dispatch import histogram_method
 from keras_softmax_heads.functional.dispatch import sorted_knot_histogram

@@ -12,7 +12,9 @@ Why the kernels are shaped this way (histograms, tiles, precision):
 Reading order: the grid (`_tables`, `_interval`, `_offset`,
 `_slope_gradient`); one tile's forward and backward pass (`_plif_tile`,
 `_plif_tile_grad`, `_ll_tile`, `_ll_tile_grad`); `_RowTiles` (the loop over
-full tiles and the remainder); `plif` (in one piece, or tiled) and
+full tiles and the remainder); the pieces for a kernel that differentiates
+PLIF itself (`plif_tables`, `plif_scores`, `plif_slope_histograms`,
+`plif_raw_slope_gradient`, `scan_row_tiles`); `plif` (in one piece, or tiled) and
 `plif_log_likelihood`, whose tiled paths share one custom gradient
 (`_tiled_custom_gradient`).
 """
@@ -283,6 +285,106 @@ def _pairs(full, rest, count):
     full = full if full is not None else (None,) * count
     rest = rest if rest is not None else (None,) * count
     return tuple(zip(full, rest))
+
+
+# ------------------------------------------- the pieces, for other kernels
+
+
+def plif_tables(raw_slopes, knot_bound):
+    """The `[K]` tables of one PLIF, for a kernel that differentiates it
+    itself (`chunked.summed_mixture`): `slopes = softplus(v)`, the values
+    `f(l_i)` at the left knots (a blocked cumulative sum), and the grid's
+    constants. `raw_slopes` `[K]` in the scores' dtype (float32 / float64),
+    read as a constant: the caller returns its gradient
+    (`plif_raw_slope_gradient`)."""
+    return _tables(raw_slopes, check_knot_bound(knot_bound))
+
+
+def plif_scores(tables, z):
+    """`(f, slope, idx, offset)` of scores `z` (the dtype of `tables`):
+    `f = plif(z)`, `df/dz = slope`, the int32 interval index and `z - l_idx`,
+    the last two for `plif_slope_histograms`."""
+    idx = _interval(z, tables.num_knots, tables.knot_bound)
+    f, slope, offset = _scores(tables, z, idx)
+    return f, slope, idx, offset
+
+
+def plif_slope_histograms(tables, idx, offset, d_f):
+    """`(A, B)` `[K]`: the sums of `d_f` (a gradient with respect to `f`)
+    and of `d_f * offset` per interval (`knot_histogram`, the platform's
+    path). Summed over any number of score blocks, they give the raw
+    slopes' gradient (`plif_raw_slope_gradient`)."""
+    return knot_histogram(idx, (d_f, d_f * offset), tables.num_knots)
+
+
+def plif_raw_slope_gradient(histograms, raw_slopes, knot_bound):
+    """The gradient with respect to the raw slopes `v` `[K]` from the two
+    histograms `(A, B)` of `plif_slope_histograms`:
+    `dL/dv_j = ((2T/K) sum_{i>j} A_i + B_j) sigmoid(v_j)`.
+
+    Example (inside `[-T, T]`, `f(z) = -T + sum_j s_j clip(z - l_j, 0,
+    2T/K)`, so `dL/ds_j = sum d_f clip(z - l_j, 0, 2T/K)`):
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_softmax_heads import functional
+    >>> rng = np.random.default_rng(0)
+    >>> z = rng.uniform(-1.9, 1.9, size=(4, 6)).astype("float32")
+    >>> raw = rng.normal(size=(8,)).astype("float32")
+    >>> d_f = rng.normal(size=(4, 6)).astype("float32")  # dL/df
+    >>> tables = functional.plif_tables(raw, 2.0)
+    >>> f, slope, idx, offset = functional.plif_scores(tables, z)
+    >>> sums = functional.plif_slope_histograms(tables, idx, offset, d_f)
+    >>> grad = ops.convert_to_numpy(functional.plif_raw_slope_gradient(sums, raw, 2.0))
+    >>> knots = -2.0 + 0.5 * np.arange(8)
+    >>> ramps = np.clip(z[..., None] - knots, 0.0, 0.5)
+    >>> expected = (d_f[..., None] * ramps).sum((0, 1)) / (1 + np.exp(-raw))
+    >>> bool(np.allclose(grad, expected, atol=1e-5))
+    True
+    >>> bool(np.allclose(ops.convert_to_numpy(f),
+    ...                  ops.convert_to_numpy(functional.plif(z, raw, 2.0)), atol=1e-6))
+    True
+    """
+    return _slope_gradient(histograms[0], histograms[1], raw_slopes,
+                           check_knot_bound(knot_bound))
+
+
+def scan_row_tiles(body, carry, xs, ys_dtypes):
+    """`body(carry, xs_tile) -> (carry, ys_tile)` over tiles of the rows of
+    `xs`, the tiles PLIF's own kernels take on this platform.
+
+    `xs`: a tuple of tensors with a common static leading dimension `rows`;
+    a tile holds about `dispatch.tile_elements(TILE_ELEMENTS)` elements of
+    the first (`xs[0]`: the scores; its elements past the leading axis make
+    a row), a whole number of rows (at least one): a CPU's cache-sized
+    tiles in a `scan_tiles` loop, a GPU's in one piece. `ys_tile` is a
+    tuple of tensors whose leading axis is the tile's rows; returns
+    `(carry, ys)`, each of `ys` with all `rows` rows. For the per-score work
+    of a kernel that differentiates PLIF itself
+    (`chunked.summed_mixture`).
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_softmax_heads import functional
+    >>> z = np.arange(12, dtype="float32").reshape(6, 2)
+    >>> def body(carry, xs):
+    ...     return (carry[0] + ops.sum(xs[0]),), (2.0 * xs[0],)
+    >>> (total,), (twice,) = functional.scan_row_tiles(body, (np.float32(0),), (z,), ("float32",))
+    >>> float(total), bool(np.allclose(ops.convert_to_numpy(twice), 2 * z))
+    (66.0, True)
+    """
+    first = xs[0]
+    row_size = math.prod(first.shape[1:])
+    tiles = _RowTiles(first.shape[0], row_size)
+    pairs = [tiles.split(x) for x in xs]
+    carry, full, rest = tiles._run(body, tuple(carry), pairs, tuple(ys_dtypes))
+    ys = []
+    for y_full, y_rest in _pairs(full, rest, len(ys_dtypes)):
+        row_shape = (y_full.shape[2:] if y_full is not None else y_rest.shape[1:])
+        ys.append(tiles.join(y_full, y_rest, list(row_shape)))
+    return carry, tuple(ys)
 
 
 # ------------------------------------------------------------------ plif

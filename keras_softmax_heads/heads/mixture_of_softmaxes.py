@@ -91,16 +91,15 @@ class MixtureOfSoftmaxes(MixtureHead):
             (`chunked_mixture_nll`: tiles `[K * N, width]`); `None`
             (default): the width chosen for the platform and `K`
             (`chunked.platform.chunk_size_for`).
-        gradient_in_forward: bool, or `None` (default): `True` for
-            softmax and sigsoftmax components, `False` with PLIF
-            (`num_knots`, which refuses `True`). With `True` the training
-            objective as `HeadModel` and `HeadLoss` reduce it
-            (`summed_training_loss`) computes its gradient in the forward
-            pass, token chunk by token chunk (`chunked.summed_mixture`):
-            three `N K L V` products where the tiled loss runs four, and a
-            float32 `[L, V]` gradient buffer; the same value and gradients
-            (to float32 rounding). `False`: the tiled per-token loss.
-            Measurements: `docs/mixtures.md`.
+        gradient_in_forward: bool, or `None` (default: `True`). With
+            `True` the training objective as `HeadModel` and `HeadLoss`
+            reduce it (`summed_training_loss`) computes its gradient in the
+            forward pass, token chunk by token chunk
+            (`chunked.summed_mixture`; with PLIF its slope histograms summed
+            over the chunks): three `N K L V` products where the tiled loss
+            runs four, and a float32 `[L, V]` gradient buffer; the same
+            value and gradients (to float32 rounding). `False`: the tiled
+            per-token loss. Measurements: `docs/mixtures.md`.
         return_probabilities: bool, `call` returns probabilities.
 
     Call arguments:
@@ -152,15 +151,8 @@ class MixtureOfSoftmaxes(MixtureHead):
         self.num_knots = check_int("num_knots", num_knots, minimum=1, allow_none=True)
         self.knot_bound = check_positive("knot_bound", knot_bound)
         if gradient_in_forward is None:
-            gradient_in_forward = self.num_knots is None
+            gradient_in_forward = True
         self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
-        if self.gradient_in_forward and self.num_knots is not None:
-            raise ValueError(
-                "`gradient_in_forward=True` computes the gradient of softmax and "
-                "sigsoftmax components; a PLIF head (`num_knots`) trains with the "
-                "tiled loss (gradient_in_forward=False). Received: "
-                f"gradient_in_forward=True, num_knots={self.num_knots}"
-            )
 
     def named_bias_values(self, name):
         """`"unigram"`: the bias whose component distribution is the
@@ -310,7 +302,9 @@ class MixtureOfSoftmaxes(MixtureHead):
         def summed(ids, weights):
             return summed_mixture_nll(
                 latent, log_priors, kernel, self.bias, ids, weights,
-                output_fn=self.component, kernel_transposed=transposed,
+                output_fn=self.component, raw_slopes=self.raw_slopes,
+                knot_bound=None if self.raw_slopes is None else self.knot_bound,
+                kernel_transposed=transposed,
             )
 
         return summed_over_valid_targets(targets, weights, self.vocab_size, summed)

@@ -1,9 +1,13 @@
 """Linear-Monotonic-Softmax with a piecewise linear increasing function (PLIF)."""
 
 import keras
+from keras import ops
 
 from keras_softmax_heads import functional
+from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
+from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_positive
 from keras_softmax_heads.validation import check_targets
@@ -34,6 +38,15 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
         knot_bound: float `T > 0` (default 20, not given by the paper).
             Scores outside `[-T, T]` see the first / last slope only, so `T`
             should cover the range of the logits.
+        gradient_in_forward: bool, or `None` (default: `True` with
+            `chunk_size`, else `False`). With `True` the training objective
+            as `HeadModel` and `HeadLoss` reduce it (`summed_training_loss`)
+            is computed over token chunks with its gradient, in the forward
+            pass (`chunked.summed_mixture`, a mixture of one component):
+            three `N x d x V` products where the tiled chunked loss runs four,
+            one pass of the PLIF over the scores where it runs two, and a
+            float32 `[d, V]` gradient buffer; the same value and gradients
+            (to float32 rounding). Measurements: `docs/plif.md`.
         **kwargs: `token_embedding`, `use_bias`, `kernel_initializer`,
             `bias_initializer`, `return_probabilities`, `chunk_size` and the
             Keras layer arguments (`PointwiseSoftmaxHead`).
@@ -68,12 +81,16 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
           https://arxiv.org/abs/1902.08077
     """
 
-    def __init__(self, vocab_size=None, num_knots=100_000, knot_bound=20.0, **kwargs):
+    def __init__(self, vocab_size=None, num_knots=100_000, knot_bound=20.0,
+                 gradient_in_forward=None, **kwargs):
         num_knots = check_int("num_knots", num_knots, minimum=1)
         knot_bound = check_positive("knot_bound", knot_bound)
         super().__init__(vocab_size, **kwargs)
         self.num_knots = num_knots
         self.knot_bound = knot_bound
+        if gradient_in_forward is None:
+            gradient_in_forward = self.chunk_size is not None
+        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
 
     def build_head(self, input_shape):
         # autocast=False: under mixed precision the slopes are read in
@@ -99,7 +116,30 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
         )
         return nan_if_invalid(ll, targets, self.vocab_size)
 
+    def summed_training_loss(self, inputs, targets, weights, training=True):
+        """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar;
+        with `gradient_in_forward=True` computed with its gradient over
+        token chunks (`chunked.summed_mixture.summed_mixture_nll` with one
+        component and the PLIF), otherwise `training_loss` weighted and
+        summed. A word id outside `[0, V)` with a non-zero weight makes the
+        sum NaN."""
+        if not self.gradient_in_forward:
+            return super().summed_training_loss(inputs, targets, weights, training)
+        rows, targets, kernel, transposed, bias = self._summed_loss_operands(inputs, targets)
+        latents = rows[:, None, :]  # [N, 1, d]: one component
+        log_priors = ops.zeros_like(rows[:, :1])
+
+        def summed(ids, weights):
+            return summed_mixture_nll(
+                latents, log_priors, kernel, bias, ids, weights,
+                raw_slopes=self.raw_slopes, knot_bound=self.knot_bound,
+                kernel_transposed=transposed,
+            )
+
+        return summed_over_valid_targets(targets, weights, self.vocab_size, summed)
+
     def get_config(self):
         config = super().get_config()
-        config.update({"num_knots": self.num_knots, "knot_bound": self.knot_bound})
+        config.update({"num_knots": self.num_knots, "knot_bound": self.knot_bound,
+                       "gradient_in_forward": self.gradient_in_forward})
         return config
