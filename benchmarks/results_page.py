@@ -1045,6 +1045,13 @@ def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
         table(["backend", "head", "ms / step", "/ full", "/ tiled"], out)] + sources)
 
 
+def keras_step_files(stem):
+    """The three backends' `bench_mixture_summed.py` files of one run:
+    `mixture_summed/keras_step_{backend}_{stem}.json`."""
+    return tuple(f"mixture_summed/keras_step_{b}_{stem}.json"
+                 for b in ("tensorflow", "jax", "torch"))
+
+
 def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
                                   "plif_histogram/cpu_jax_n64.json",
                                   "plif_histogram/gpu_jax.json")):
@@ -1494,18 +1501,10 @@ def build(make_figures=True):
         "mixture_summed_step_time": section_device_heads(
             "mixture_summed/step_time_cpu_n2048_v10000.json"),
         "mixture_summed_keras": section_mixture_summed(),
-        "full_chunked_summed_keras": section_mixture_summed(tuple(
-            f"mixture_summed/keras_step_{b}_full_chunked_n2048_v32768.json"
-            for b in ("tensorflow", "jax", "torch"))),
-        "sig_chunked_summed_keras": section_mixture_summed(tuple(
-            f"mixture_summed/keras_step_{b}_sigsoftmax_n2048_v32768.json"
-            for b in ("tensorflow", "jax", "torch"))),
-        "plif_chunked_summed_keras": section_mixture_summed(tuple(
-            f"mixture_summed/keras_step_{b}_plif_n2048_v32768.json"
-            for b in ("tensorflow", "jax", "torch"))),
-        "mos_plif_summed_keras": section_mixture_summed(tuple(
-            f"mixture_summed/keras_step_{b}_mos_plif_n2048_v10000.json"
-            for b in ("tensorflow", "jax", "torch"))),
+        "full_chunked_summed_keras": section_mixture_summed(keras_step_files("full_chunked_n2048_v32768")),
+        "sig_chunked_summed_keras": section_mixture_summed(keras_step_files("sigsoftmax_n2048_v32768")),
+        "plif_chunked_summed_keras": section_mixture_summed(keras_step_files("plif_n2048_v32768")),
+        "mos_plif_summed_keras": section_mixture_summed(keras_step_files("mos_plif_n2048_v10000")),
         "plif_histogram": section_plif_histogram(),
         "plif_tile_memory": section_plif_tile_memory(),
         "device_heads_v33278": section_device_heads(

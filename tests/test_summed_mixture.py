@@ -180,6 +180,26 @@ def assert_same_values_and_gradients(reference, result):
         np.testing.assert_allclose(a, r, atol=2e-5, rtol=1e-5)
 
 
+def without_and_with_option(make, h, t, weights, rng):
+    """`(head, [result_without, result_with])`: `value_and_grad` of the
+    head's `summed_training_loss(h, t, weights)` (jitted on JAX) with
+    respect to `h` and the trainable weights, for `make(False)` and
+    `make(True)` (`gradient_in_forward`), both heads given the same random
+    weights. `head` is the second."""
+    results, base = [], None
+    for flag in (False, True):
+        head = make(flag)
+        head.build((None, h.shape[-1]))
+        if base is None:
+            base = [rng.normal(size=w.shape).astype("float32") for w in head.weights]
+        for w, b in zip(head.weights, base):
+            w.assign(b)
+        fn = (lambda x, head=head: head.summed_training_loss(x, t, weights))
+        fn = jit(fn) if BACKEND == "jax" else fn
+        results.append(value_and_grad(fn, [h], head.trainable_weights))
+    return head, results
+
+
 def built(like=None, **kwargs):
     head = MixtureOfSoftmaxes(V, num_components=3, use_prior_bias=True, **kwargs)
     head.build((None, 6))
@@ -321,19 +341,13 @@ def test_chunked_sigsoftmax_summed_matches_chunked_loss(output_fn, tied):
     weights = rng.uniform(0.0, 1.0, size=(3, 4)).astype("float32")
     weights[0, 1] = 0.0
     assert not SigSoftmax(V).gradient_in_forward
-    results, base = [], None
-    for flag in (False, True):
+
+    def make(flag):
         embedding = keras.layers.Embedding(V, 6) if tied else None
-        head = SigSoftmax(V, output_fn=output_fn, chunk_size=5, gradient_in_forward=flag,
+        return SigSoftmax(V, output_fn=output_fn, chunk_size=5, gradient_in_forward=flag,
                           token_embedding=embedding, use_bias=not tied)
-        head.build((None, 6))
-        if base is None:
-            base = [rng.normal(size=w.shape).astype("float32") for w in head.weights]
-        for w, b in zip(head.weights, base):
-            w.assign(b)
-        fn = (lambda x, head=head: head.summed_training_loss(x, t, weights))
-        fn = jit(fn) if BACKEND == "jax" else fn
-        results.append(value_and_grad(fn, [h], head.trainable_weights))
+
+    head, results = without_and_with_option(make, h, t, weights, rng)
     assert_same_values_and_gradients(*results)
     assert SigSoftmax.from_config(head.get_config()).gradient_in_forward
     with pytest.raises(ValueError, match="gradient_in_forward"):
@@ -358,22 +372,15 @@ def test_plif_heads_summed_match_per_token_loss(head_kind):
     if head_kind == "plif":
         assert not PLIFSoftmax(V).gradient_in_forward
         assert PLIFSoftmax(V, chunk_size=5).gradient_in_forward
-    results, base = [], None
-    for flag in (False, True):
+
+    def make(flag):
         if head_kind == "plif":
-            head = PLIFSoftmax(V, num_knots=32, knot_bound=3.0, chunk_size=5,
+            return PLIFSoftmax(V, num_knots=32, knot_bound=3.0, chunk_size=5,
                                gradient_in_forward=flag)
-        else:
-            head = MixtureOfSoftmaxes(V, num_components=2, num_knots=32, knot_bound=3.0,
-                                      use_prior_bias=True, gradient_in_forward=flag)
-        head.build((None, 6))
-        if base is None:
-            base = [rng.normal(size=w.shape).astype("float32") for w in head.weights]
-        for w, b in zip(head.weights, base):
-            w.assign(b)
-        fn = (lambda x, head=head: head.summed_training_loss(x, t, weights))
-        fn = jit(fn) if BACKEND == "jax" else fn
-        results.append(value_and_grad(fn, [h], head.trainable_weights))
+        return MixtureOfSoftmaxes(V, num_components=2, num_knots=32, knot_bound=3.0,
+                                  use_prior_bias=True, gradient_in_forward=flag)
+
+    head, results = without_and_with_option(make, h, t, weights, rng)
     assert_same_values_and_gradients(*results)
     slopes = [i for i, w in enumerate(head.trainable_weights) if "raw_slopes" in w.path]
     assert len(slopes) == 1 and np.abs(to_numpy(results[1][2][slopes[0]])).max() > 1e-3

@@ -1,11 +1,8 @@
 """Linear-Monotonic-Softmax with a piecewise linear increasing function (PLIF)."""
 
 import keras
-from keras import ops
 
 from keras_softmax_heads import functional
-from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
-from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_int
@@ -125,18 +122,9 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
         sum NaN."""
         if not self.gradient_in_forward:
             return super().summed_training_loss(inputs, targets, weights, training)
-        rows, targets, kernel, transposed, bias = self._summed_loss_operands(inputs, targets)
-        latents = rows[:, None, :]  # [N, 1, d]: one component
-        log_priors = ops.zeros_like(rows[:, :1])
-
-        def summed(ids, weights):
-            return summed_mixture_nll(
-                latents, log_priors, kernel, bias, ids, weights,
-                raw_slopes=self.raw_slopes, knot_bound=self.knot_bound,
-                kernel_transposed=transposed,
-            )
-
-        return summed_over_valid_targets(targets, weights, self.vocab_size, summed)
+        return self._summed_one_component(inputs, targets, weights,
+                                          raw_slopes=self.raw_slopes,
+                                          knot_bound=self.knot_bound)
 
     def get_config(self):
         config = super().get_config()

@@ -1,11 +1,8 @@
 """Sigsoftmax and the other output functions of Kanai et al. (2018)."""
 
 import keras
-from keras import ops
 
 from keras_softmax_heads import functional
-from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
-from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
@@ -93,18 +90,8 @@ class SigSoftmax(PointwiseSoftmaxHead):
         id outside `[0, V)` with a non-zero weight makes the sum NaN."""
         if not self.gradient_in_forward:
             return super().summed_training_loss(inputs, targets, weights, training)
-        rows, targets, kernel, transposed, bias = self._summed_loss_operands(inputs, targets)
-        latents = rows[:, None, :]  # [N, 1, d]: one component
-        log_priors = ops.zeros_like(rows[:, :1])
-
-        def summed(ids, weights):
-            return summed_mixture_nll(
-                latents, log_priors, kernel, bias, ids, weights,
-                output_fn=self.output_fn, epsilon=self.epsilon,
-                kernel_transposed=transposed,
-            )
-
-        return summed_over_valid_targets(targets, weights, self.vocab_size, summed)
+        return self._summed_one_component(inputs, targets, weights,
+                                          output_fn=self.output_fn, epsilon=self.epsilon)
 
     def score_transform(self, z):
         """`log g(z)`: the log of the chosen non-negative output function."""
