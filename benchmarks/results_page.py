@@ -313,7 +313,10 @@ def section_converged(name):
     return "\n\n".join([text, provenance(name, data)])
 
 
-ROBUSTNESS_FILES = ("head_robustness.json", "head_robustness_b.json", "head_robustness_chen.json")
+ROBUSTNESS_FILES = ("head_robustness.json", "head_robustness_b.json", "head_robustness_chen.json",
+                    "head_robustness_mos_plif_summed.json")
+"""The check's files, in order: a run of a later file replaces the same run
+of an earlier one in the table (the default's code: MoS+PLIF's summed runs)."""
 #: The head-fix diagnostics (`benchmarks/head_gradients.py`), in page order.
 HEAD_FIX_RUNS = (
     ("soft_s0", "softmax"),
