@@ -387,6 +387,40 @@ def test_plif_heads_summed_match_per_token_loss(head_kind):
     assert type(head).from_config(head.get_config()).gradient_in_forward
 
 
+def test_frozen_plif_slopes_skip_their_histograms(monkeypatch):
+    """PLIF's slopes frozen (a non-trainable variable) in the summed core:
+    the other inputs' gradients are the same; on PyTorch, which says so
+    while the loss is built, the slope histograms are not computed at all
+    (`functional.plif_slope_histograms` not called), elsewhere they are."""
+    from keras_softmax_heads import functional
+
+    rng = np.random.default_rng(8)
+    n, k, d = 6, 2, 5
+    latents = rng.normal(size=(n, k, d)).astype("float32")
+    log_priors = np.log(rng.dirichlet(np.ones(k), n)).astype("float32")
+    kernel = rng.normal(size=(d, V)).astype("float32")
+    raw = rng.normal(size=(16,)).astype("float32")
+    targets, weights = rng.integers(0, V, n), rng.uniform(0.5, 1.5, n).astype("float32")
+    calls = []
+    histograms = functional.plif_slope_histograms
+    monkeypatch.setattr(functional, "plif_slope_histograms",
+                        lambda *args: calls.append(1) or histograms(*args))
+
+    def loss(lat, lp, w, slopes):
+        return summed_mixture_nll(lat, lp, w, None, targets, weights, raw_slopes=slopes,
+                                  knot_bound=2.0, token_chunk_size=4)
+
+    _, full, _ = value_and_grad(loss, (latents, log_priors, kernel, raw))
+    assert calls
+    calls.clear()
+    frozen = keras.Variable(raw, trainable=False)
+    _, alone, _ = value_and_grad(lambda lat, lp, w: loss(lat, lp, w, frozen),
+                                 (latents, log_priors, kernel))
+    for a, f, name in zip(alone, full[:3], ("latents", "log_priors", "kernel")):
+        np.testing.assert_allclose(a, f, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert bool(calls) == (BACKEND != "torch")
+
+
 def test_frozen_kernel_skips_its_gradient():
     """The summed mixture loss with its output matrix frozen (a non-trainable
     variable): the other inputs' gradients are the same; on PyTorch, which
