@@ -169,19 +169,25 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
         layer = OutputLayer(args[0], args[2], args[3] if has_bias else None,
                             kernel_transposed)
         side = Side(layer, acc, chunks.pad * k, chunks.kernel_tile, gradients)
-        transform = plif.in_dtype(args[-1], acc) if plif is not None else None
+        transform = plif.tables(args[-1], acc) if plif is not None else None
         lp_all = padded(ops.cast(args[1], acc), chunks.pad)
         t_all = padded(targets, chunks.pad)
         w_all = padded(ops.cast(weights, acc), chunks.pad)
+
+        def score_gradient(x, lp, t, w):
+            """`(nll, d x, d log-priors)` of the components' scores `x`
+            (`[tokens K, V]`: `z`, or PLIF's `f(z)`) through the output
+            function and the mixture."""
+            s, ds_dx = component_scores(x, output_fn, epsilon)
+            nll, ds, dlp_rows = chunk_mixture(s, lp, t, w, k)
+            return nll, (ds if ds_dx is None else ds * ds_dx), dlp_rows
 
         def plif_tile(sums, xs):
             """A row tile of the chunk through the PLIF: `xs` = the scores
             `[tokens, K, V]`, log-priors, targets and weights."""
             z, lp, t, w = xs
             f, slope, idx, offset = functional.plif_scores(transform, ops.reshape(z, (-1, vocab)))
-            s, ds_df = component_scores(f, output_fn, epsilon)
-            nll, ds, dlp_rows = chunk_mixture(s, lp, t, w, k)
-            d_f = ds if ds_df is None else ds * ds_df
+            nll, d_f, dlp_rows = score_gradient(f, lp, t, w)
             if plif.gradient:
                 tile_sums = functional.plif_slope_histograms(transform, idx, offset, d_f)
                 sums = tuple(a + b for a, b in zip(sums, tile_sums))
@@ -196,9 +202,7 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
             w = ops.slice(w_all, [start], [chunks.size])
             lp = ops.slice(lp_all, [start, 0], [chunks.size, k])
             if transform is None:
-                s, ds_dz = component_scores(z, output_fn, epsilon)
-                nll, ds, dlp_rows = chunk_mixture(s, lp, t, w, k)
-                dz = ds if ds_dz is None else ds * ds_dz
+                nll, dz, dlp_rows = score_gradient(z, lp, t, w)
             else:  # the per-score work in PLIF's tiles (a CPU's cache)
                 sums, (nll, dz, dlp_rows) = functional.scan_row_tiles(
                     plif_tile, sums, (ops.reshape(z, (chunks.size, k, vocab)), lp, t, w),
@@ -262,15 +266,9 @@ class PLIF:
                 )
             return None
         knot_bound = functional.check_knot_bound(knot_bound)
-        raw = as_tensor(raw_slopes)
-        if len(raw.shape) != 1 or raw.shape[0] is None or raw.shape[0] < 1:
-            raise ValueError(
-                "`raw_slopes` must be a vector of static length K >= 1. "
-                f"Received: raw_slopes with shape {tuple(raw.shape)}"
-            )
-        return cls(raw, knot_bound)
+        return cls(functional.check_raw_slopes(as_tensor(raw_slopes)), knot_bound)
 
-    def in_dtype(self, raw, acc):
+    def tables(self, raw, acc):
         """The tables (`functional.plif_tables`) of `raw` in `acc`."""
         return functional.plif_tables(ops.cast(raw, acc), self.knot_bound)
 

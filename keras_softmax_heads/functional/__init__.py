@@ -31,6 +31,7 @@ from keras_softmax_heads.functional.outputs import log_sigsoftmax
 from keras_softmax_heads.functional.outputs import soft_cap
 from keras_softmax_heads.functional.plif_kernels import TILE_ELEMENTS
 from keras_softmax_heads.functional.plif_kernels import check_knot_bound
+from keras_softmax_heads.functional.plif_kernels import check_raw_slopes
 from keras_softmax_heads.functional.plif_kernels import plif
 from keras_softmax_heads.functional.plif_kernels import plif_identity_raw_slope
 from keras_softmax_heads.functional.plif_kernels import plif_log_likelihood

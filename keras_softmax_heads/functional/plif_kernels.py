@@ -53,6 +53,17 @@ def check_knot_bound(knot_bound):
     return check_positive("knot_bound", knot_bound)
 
 
+def check_raw_slopes(raw):
+    """Returns the tensor `raw`, or raises unless it is a vector of static
+    length `K >= 1` (the raw slopes of a PLIF)."""
+    if len(raw.shape) != 1 or raw.shape[0] is None or raw.shape[0] < 1:
+        raise ValueError(
+            "`raw_slopes` must be a vector of static length K >= 1. "
+            f"Received: raw_slopes with shape {tuple(raw.shape)}"
+        )
+    return raw
+
+
 # ------------------------------------------------------------------ the grid
 
 
@@ -70,12 +81,7 @@ def _prepare(z, raw_slopes, knot_bound):
         z = ops.cast(z, "float32")
     # A variable is read here, outside the custom gradient, so its gradient
     # flows through the read as for any other tensor.
-    raw = ops.cast(ops.convert_to_tensor(raw_slopes), _compute_dtype(z))
-    if len(raw.shape) != 1 or raw.shape[0] is None or raw.shape[0] < 1:
-        raise ValueError(
-            "`raw_slopes` must be a vector of static length K >= 1. "
-            f"Received: raw_slopes with shape {tuple(raw.shape)}"
-        )
+    raw = check_raw_slopes(ops.cast(ops.convert_to_tensor(raw_slopes), _compute_dtype(z)))
     return z, raw, knot_bound
 
 

@@ -7,7 +7,6 @@ from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entrop
 from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
-from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_positive
 
 
@@ -64,9 +63,7 @@ class FullSoftmax(PointwiseSoftmaxHead):
         self.logit_soft_cap = check_positive(
             "logit_soft_cap", logit_soft_cap, allow_none=True
         )
-        if gradient_in_forward is None:
-            gradient_in_forward = self.chunk_size is not None
-        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
+        self.gradient_in_forward = self._gradient_in_forward_option(gradient_in_forward)
 
     def summed_training_loss(self, inputs, targets, weights, training=True):
         """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar;

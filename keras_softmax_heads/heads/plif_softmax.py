@@ -4,7 +4,6 @@ import keras
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
-from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_positive
 from keras_softmax_heads.validation import check_targets
@@ -85,9 +84,7 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
         super().__init__(vocab_size, **kwargs)
         self.num_knots = num_knots
         self.knot_bound = knot_bound
-        if gradient_in_forward is None:
-            gradient_in_forward = self.chunk_size is not None
-        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
+        self.gradient_in_forward = self._gradient_in_forward_option(gradient_in_forward)
 
     def build_head(self, input_shape):
         # autocast=False: under mixed precision the slopes are read in

@@ -9,6 +9,7 @@ from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
 
@@ -122,6 +123,15 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         bias = None if self.bias is None else as_tensor(self.bias)
         return (ops.reshape(inputs, (-1, self.input_dim)), targets, as_tensor(kernel),
                 transposed, bias)
+
+    def _gradient_in_forward_option(self, value):
+        """The `gradient_in_forward` option of a subclass with a summed
+        path (`FullSoftmax`, `SigSoftmax`, `PLIFSoftmax`): `None` means on
+        with `chunk_size` (without, the dense loss already runs three
+        products), else a bool."""
+        if value is None:
+            value = self.chunk_size is not None
+        return check_bool("gradient_in_forward", value)
 
     def _summed_one_component(self, inputs, targets, weights, **options):
         """The summed training objective through the summed mixture core

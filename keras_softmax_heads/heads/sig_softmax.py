@@ -4,7 +4,6 @@ import keras
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
-from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_positive
 
@@ -78,9 +77,7 @@ class SigSoftmax(PointwiseSoftmaxHead):
         super().__init__(vocab_size, **kwargs)
         self.output_fn = output_fn
         self.epsilon = epsilon
-        if gradient_in_forward is None:
-            gradient_in_forward = self.chunk_size is not None
-        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
+        self.gradient_in_forward = self._gradient_in_forward_option(gradient_in_forward)
 
     def summed_training_loss(self, inputs, targets, weights, training=True):
         """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar;
