@@ -38,7 +38,11 @@ rows without the suffix time the per-token tiled `training_loss`); `plif_fused`,
 the backward tile as one Pallas kernel (`HISTOGRAM_METHOD="pallas_fused"`,
 an option: the first GPU run found it slower than `"pallas"`);
 `plif_scatter`, `plif_k1000_scatter`: PLIF with the scatter-add histogram
-(`HISTOGRAM_METHOD="scatter"`), the head-level check of the GPU default.
+(`HISTOGRAM_METHOD="scatter"`), the head-level check of the GPU default;
+`_spread` (`plif_spread`, `plif_k1000_spread`, `plif_summed_spread`,
+`plif_k1000_summed_spread`, `monotonic_spread`, `mos4_plif_summed_spread`):
+the histogram as a scatter into interleaved copies
+(`HISTOGRAM_METHOD="spread"`, `functional.dispatch.spread_knot_histogram`).
 
 Usage:
     python benchmarks/bench_device_heads.py --tokens=64 --dim=16 \
@@ -60,20 +64,28 @@ HEADS = ("full", "plif", "plif_k1000", "sigsoftmax", "monotonic", "mos15", "mos4
          "mos15_dense", "moss15", "mos4_plif", "moc15", "plif_fused", "plif_k1000_fused",
          "plif_scatter", "plif_k1000_scatter", "mos15_summed", "mos4_summed",
          "moss15_summed", "full_summed", "sigsoftmax_summed", "plif_summed",
-         "plif_k1000_summed", "mos4_plif_summed")
+         "plif_k1000_summed", "mos4_plif_summed", "plif_spread", "plif_k1000_spread",
+         "plif_summed_spread", "plif_k1000_summed_spread", "monotonic_spread",
+         "mos4_plif_summed_spread")
 PLIF_BOUND = 20.0
 
 
 #: The suffixes of a head's variants: the same head, another loss or
 #: histogram path (`step_of`).
-VARIANTS = {"dense": None, "fused": "pallas_fused", "scatter": "scatter", "summed": None}
+VARIANTS = {"dense": None, "fused": "pallas_fused", "scatter": "scatter", "summed": None,
+            "spread": "spread"}
 
 
 def split_name(name):
-    """`(head, variant)`: `"plif_k1000_scatter"` -> `("plif_k1000",
-    "scatter")`, `"mos15"` -> `("mos15", None)`."""
-    base, _, suffix = name.rpartition("_")
-    return (base, suffix) if base and suffix in VARIANTS else (name, None)
+    """`(head, variants)`: `"plif_k1000_scatter"` -> `("plif_k1000",
+    ("scatter",))`, `"plif_summed_spread"` -> `("plif", ("summed",
+    "spread"))`, `"mos15"` -> `("mos15", ())`."""
+    variants = ()
+    while True:
+        base, _, suffix = name.rpartition("_")
+        if not (base and suffix in VARIANTS):
+            return name, variants
+        name, variants = base, (suffix,) + variants
 
 
 def make_head(name, vocab):
@@ -98,7 +110,7 @@ def make_head(name, vocab):
     if name not in HEADS:
         raise ValueError(f"Unknown head {name!r}. Known: {HEADS}")
     head = heads[split_name(name)[0]]()
-    if split_name(name)[1] == "summed":  # the gradient in the forward pass
+    if "summed" in split_name(name)[1]:  # the gradient in the forward pass
         head = type(head).from_config(dict(head.get_config(), gradient_in_forward=True))
     return head
 
@@ -148,10 +160,13 @@ def step_inputs(n, d, vocab, seed=0):
 
 def step_of(name, head):
     """The training step of head `name` (`train_step` with the `_dense`
-    loss or the `_fused` / `_scatter` histogram method its name asks for)."""
-    variant = split_name(name)[1]
-    return train_step(head, dense=variant == "dense", histogram_method=VARIANTS.get(variant),
-                      summed=variant == "summed")
+    loss, the `_summed` objective or the `_fused` / `_scatter` / `_spread`
+    histogram method its name asks for)."""
+    variants = split_name(name)[1]
+    methods = [VARIANTS[v] for v in variants if VARIANTS[v]]
+    return train_step(head, dense="dense" in variants,
+                      histogram_method=methods[0] if methods else None,
+                      summed="summed" in variants)
 
 
 def build(name, vocab, d):

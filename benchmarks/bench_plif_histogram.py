@@ -2,7 +2,8 @@
 
 Two rows per number of knots `K` and path (`--methods`: `scatter`, today's
 `segment_sum`; `sorted`, the scatter-free sort + segmented scan; `pallas`,
-the privatised Pallas kernel, interpreted off the GPU):
+the privatised Pallas kernel, interpreted off the GPU; `spread`, the
+scatter into interleaved copies, `spread:64` with 64 copies):
 
 * `histogram`: the two histograms of the slopes' gradient, `A = hist(g)`
   and `B = hist(g * offset)`, of all `N * V` scores, in tiles of the
@@ -66,23 +67,36 @@ def parse_args(argv=None):
 
 
 def parse_method(label):
-    """`"pallas:32"` -> `("pallas", 32)`: a path, and for the Pallas paths
-    the kernels' vector width (`plif_pallas.LANES`; None: the library's)."""
-    method, _, lanes = label.partition(":")
-    return method, int(lanes) if lanes else None
+    """`"pallas:32"` -> `("pallas", 32)`: a path, and its option: for the
+    Pallas paths the kernels' vector width (`plif_pallas.LANES`), for
+    `"spread"` the number of copies (`dispatch.spread_copies`); None: the
+    library's."""
+    method, _, option = label.partition(":")
+    return method, int(option) if option else None
 
 
 @contextlib.contextmanager
-def lanes_scope(lanes):
-    """`plif_pallas.LANES = lanes` while tracing (None: unchanged)."""
+def lanes_scope(lanes, method="pallas"):
+    """The option of `method` (`parse_method`) set while tracing (None:
+    unchanged): `plif_pallas.LANES = lanes` for the Pallas paths, `lanes`
+    copies for `"spread"`."""
+    from keras_softmax_heads.functional import dispatch
     from keras_softmax_heads.functional import plif_pallas
 
-    saved = plif_pallas.LANES
-    plif_pallas.LANES = lanes or saved
+    if method == "spread":
+        module, names = dispatch, ("SPREAD_MAX_COPIES", "SPREAD_BUFFER_ELEMENTS")
+        values = (lanes, 2**31 - 1)
+    else:
+        module, names, values = plif_pallas, ("LANES",), (lanes,)
+    saved = [getattr(module, name) for name in names]
+    if lanes:
+        for name, value in zip(names, values):
+            setattr(module, name, value)
     try:
         yield
     finally:
-        plif_pallas.LANES = saved
+        for name, value in zip(names, saved):
+            setattr(module, name, value)
 
 
 def histogram_call(label, num_knots, z, g, tile_elements):
@@ -115,7 +129,7 @@ def histogram_call(label, num_knots, z, g, tile_elements):
         sums, _ = functional.scan_tiles(one_tile, (zeros, zeros), (z_tiles, g_tiles), ())
         return sums
 
-    with lanes_scope(lanes):
+    with lanes_scope(lanes, method):
         compiled = jax.jit(run).lower(z_tiles, g_tiles).compile()
     return lambda: jax.block_until_ready(compiled(z_tiles, g_tiles))
 
@@ -133,7 +147,7 @@ def loss_grad_call(label, num_knots, z, targets, raw):
 
     method, lanes = parse_method(label)
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-    with dispatch.forced_histogram_method(method), lanes_scope(lanes):
+    with dispatch.forced_histogram_method(method), lanes_scope(lanes, method):
         compiled = grad.lower(z, raw).compile()  # traced with `method`
     return lambda: jax.block_until_ready(compiled(z, raw))
 

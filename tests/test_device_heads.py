@@ -45,6 +45,9 @@ def test_device_heads_and_mixture_memory_in_process(monkeypatch):
     assert rows["full"]["ratio_to_full"] == 1.0
     for row in rows.values():
         assert row["step_s"] > 0 and row["compiled_memory"]["temp"] >= 0, row
+    assert bench_device_heads.split_name("plif_k1000_summed_spread") == (
+        "plif_k1000", ("summed", "spread"))
+    assert bench_device_heads.split_name("mos15") == ("mos15", ())
     memory = bench_mixture_memory.memory_rows(["full", "mos15", "mos15_dense"], 32, 8, 40)
     assert memory["platform"] == "cpu"
     temp = {r["head"]: r["memory"]["temp"] for r in memory["rows"]}
@@ -84,7 +87,7 @@ def test_every_head_step_lowers_for_a_gpu(monkeypatch):
     n, d, vocab = 8192, 512, 33278
     h = jax.ShapeDtypeStruct((n, d), "float32")
     y = jax.ShapeDtypeStruct((n,), "int32")
-    kernels, fused = {}, {}
+    kernels, fused, spread = {}, {}, {}
     for name in bench_device_heads.HEADS:
         head = bench_device_heads.make_head(name, vocab)
         head.build((None, d))
@@ -93,11 +96,14 @@ def test_every_head_step_lowers_for_a_gpu(monkeypatch):
         text = lower_for(step, (weights, h, y), "cuda").as_text()
         kernels[name] = text.count("xla.gpu.triton")
         fused[name] = "plif_ll_gradient" in text
+        spread[name] = "stablehlo.scatter" in text
     # PLIF's slope histogram (and MonotonicSoftmax's grid's) is the kernel; the
-    # `_scatter` rows take the scatter-add instead.
+    # `_scatter` and `_spread` rows take a scatter-add instead.
     assert {k for k, count in kernels.items() if count} == {
         "plif", "plif_k1000", "monotonic", "mos4_plif", "plif_fused", "plif_k1000_fused",
         "plif_summed", "plif_k1000_summed", "mos4_plif_summed"}, kernels
     # The fused backward tile replaces the histogram kernel in the `_fused` rows only.
     assert {k for k, is_fused in fused.items() if is_fused} == {"plif_fused",
                                                                  "plif_k1000_fused"}
+    spread_rows = {k for k in kernels if k.endswith("_spread")}
+    assert spread_rows and all(spread[k] and not kernels[k] for k in spread_rows), spread

@@ -14,6 +14,7 @@ from backends import jit
 from backends import value_and_grad
 from keras import ops
 from multibackend import float64  # noqa: F401 (fixture)
+from multibackend import float64_enabled
 
 from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.platforms import forced_platform
@@ -22,7 +23,7 @@ from keras_softmax_heads.functional import dispatch
 
 pytestmark = pytest.mark.multibackend
 
-METHODS = ("scatter", "sorted") + (("pallas",) if PALLAS else ())
+METHODS = ("scatter", "sorted", "spread") + (("pallas",) if PALLAS else ())
 pallas_only = pytest.mark.skipif(not PALLAS, reason="Pallas' Triton kernels run on JAX")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,6 +99,50 @@ def test_sorted_histogram_edge_cases():
     w = np.arange(6, dtype="float32")
     check(np.zeros([2, 3], "int32"), w.reshape(2, 3), 1, [15.0])
     check(np.full([6], 3, "int32"), w, 5, [0, 0, 0, 15.0, 0])
+
+
+def test_spread_histogram_copies():
+    """`spread_knot_histogram` with 1, 3, 8 and more copies than scores,
+    float64 weights summed in float64, and empty input, against NumPy
+    (compiled); the default copies from the buffer budget; bad copies
+    refused."""
+    idx, weights = _histogram_inputs(1001, 40, seed=5)
+    for copies in (1, 3, 8, 2000):
+        run = jit(lambda i, a, b, c=copies: dispatch.spread_knot_histogram(i, (a, b), 40, c))
+        for h, w in zip(run(idx, *weights), weights):
+            expected = np.bincount(idx, w.astype("float64"), 40)
+            np.testing.assert_allclose(ops.convert_to_numpy(h), expected, rtol=0,
+                                       atol=2e-6 * np.abs(expected).max(), err_msg=copies)
+    w64 = 1.0 + np.random.default_rng(0).normal(size=1001) * 1e-9  # below float32's resolution
+    with float64_enabled():
+        (h64,) = dispatch.spread_knot_histogram(idx, (ops.convert_to_tensor(w64),), 40, copies=4)
+        h64 = ops.convert_to_numpy(h64)
+    assert h64.dtype == np.float64
+    np.testing.assert_allclose(h64, np.bincount(idx, w64, 40), rtol=1e-14)
+    (empty,) = dispatch.spread_knot_histogram(np.zeros([0], "int32"),
+                                              (np.zeros([0], "float32"),), 3)
+    np.testing.assert_array_equal(ops.convert_to_numpy(empty), np.zeros(3))
+    assert dispatch.spread_copies(1000, 10**6) == dispatch.SPREAD_MAX_COPIES
+    assert dispatch.spread_copies(100_000, 10**6) == 8  # 2**20 // 1e5 = 10, a power of two
+    assert dispatch.spread_copies(2**21, 10**6) == 1
+    assert dispatch.spread_copies(10, 3) == 2
+    with pytest.raises(ValueError, match="Received: copies=0"):
+        dispatch.spread_copies(10, 5, copies=0)
+    with pytest.raises(ValueError, match="fit int32"):
+        dispatch.spread_copies(2**20, 5, copies=2**12)
+
+
+def test_spread_histogram_sums_hot_bins_exactly():
+    """A million float32 weights in hot bins (K = 1,000): the spread sums,
+    each copy a 256th of a bin, stay within 5e-7 of the largest float64
+    sum (JAX's serial float32 scatter-add on a CPU: 3.2e-6)."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=2**20) * 3
+    idx = np.clip(np.floor((z + 20) / 0.04), 0, 999).astype("int32")
+    w = (rng.random(2**20) * 1e-3).astype("float32")
+    expected = np.bincount(idx, w.astype("float64"), 1000)
+    (h,) = jit(lambda i, w: dispatch.spread_knot_histogram(i, (w,), 1000))(idx, w)
+    assert np.abs(ops.convert_to_numpy(h) - expected).max() < 5e-7 * expected.max()
 
 
 def test_platform_dispatch(monkeypatch):
@@ -178,7 +223,7 @@ def test_plif_gradients_on_each_path(monkeypatch):
     (not on JAX) `interpolate_table`,
     compiled (eager on TensorFlow), with the path of each forced platform whose path is not the
     CPU's (TPU: sorted; GPU on JAX: Pallas; on JAX also the fused backward
-    tile, `"pallas_fused"`) give the gradients of the CPU path (scatter);
+    tile, `"pallas_fused"`), and the `"spread"` option, give the gradients of the CPU path (scatter);
     each path is seen to be taken."""
     monkeypatch.setattr(functional.plif_kernels, "TILE_ELEMENTS", 40)
     for platform in ("gpu", "tpu"):  # tiled there too
@@ -215,6 +260,7 @@ def test_plif_gradients_on_each_path(monkeypatch):
         monkeypatch.setattr(module, name, lambda *a, **k: (taken.append(name), real(*a, **k))[1])
 
     spy(dispatch, "sorted_knot_histogram")
+    spy(dispatch, "spread_knot_histogram")
     if PALLAS:
         from keras_softmax_heads.functional import plif_pallas
 
@@ -222,7 +268,7 @@ def test_plif_gradients_on_each_path(monkeypatch):
         spy(plif_pallas, "pallas_ll_gradient")
     _, ref_grads, _ = value_and_grad(compiled(), [z, raw])
     assert taken == []  # the CPU's scatter
-    paths = [("tpu", None, "sorted_knot_histogram")]
+    paths = [("tpu", None, "sorted_knot_histogram"), ("cpu", "spread", "spread_knot_histogram")]
     if PALLAS:
         paths += [("gpu", None, "pallas_knot_histogram"),
                   # the log-likelihood's backward tile as one kernel (interpreted)

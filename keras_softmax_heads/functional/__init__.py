@@ -13,7 +13,8 @@
 * `dispatch`: the package's only backend-specific code, one dispatch
   function each (`scan_tiles`, `knot_histogram` with its paths chosen by
   platform: `histogram_method`,
-  `sorted_knot_histogram`; `lookup` and `upstream_gradient` are imported
+  `sorted_knot_histogram`, `spread_knot_histogram`; `lookup` and
+  `upstream_gradient` are imported
   from `functional.dispatch`);
 * `plif_pallas`: `pallas_knot_histogram`, the slope histogram as a Pallas
   kernel, and `pallas_ll_gradient`, `plif_log_likelihood`'s backward tile
@@ -44,3 +45,4 @@ from keras_softmax_heads.functional.plif_kernels import scan_row_tiles
 from keras_softmax_heads.functional.tabulated import interpolate_table
 from keras_softmax_heads.functional.dispatch import histogram_method
 from keras_softmax_heads.functional.dispatch import sorted_knot_histogram
+from keras_softmax_heads.functional.dispatch import spread_knot_histogram

@@ -13,7 +13,8 @@ dispatch function tested against its `keras.ops` path.
   (`histogram_method`, from `platforms.current_platform`): on the CPU `DenseBincount` on
   TensorFlow, `ops.segment_sum` elsewhere; on a TPU the scatter-free
   `sorted_knot_histogram`; on a GPU under JAX the Pallas kernel of
-  `plif_pallas`;
+  `plif_pallas`; as an option `spread_knot_histogram` (interleaved copies
+  of the histogram);
 * `tile_elements`: the scores per tile of PLIF's tiled kernels, by
   platform (a CPU's cache-sized tile, or few large tiles on a GPU / TPU);
 * `lookup`: `table[idx]` for indices known to be in range (`tf.gather` on
@@ -42,6 +43,7 @@ from keras import ops
 from keras_softmax_heads import platforms
 from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.validation import check_choice
+from keras_softmax_heads.validation import check_int
 
 
 def scan_tiles(body, carry, xs, ys_dtypes):
@@ -129,11 +131,21 @@ def tile_elements(cpu_tile_elements):
     return ACCELERATOR_TILE_ELEMENTS[platform]
 
 
-HISTOGRAM_METHODS = ("scatter", "sorted", "pallas", "pallas_fused")
+HISTOGRAM_METHODS = ("scatter", "sorted", "pallas", "pallas_fused", "spread")
 """The paths of `knot_histogram` (see `histogram_method`). `"pallas_fused"`
 is `"pallas"` for `knot_histogram`; it also makes `plif_log_likelihood`'s
 backward tile one kernel (`fused_ll_gradient`). Not a default anywhere:
-on a GPU it was slower than `"pallas"`, with less memory (`docs/plif.md`)."""
+on a GPU it was slower than `"pallas"`, with less memory (`docs/plif.md`).
+`"spread"` (`spread_knot_histogram`) is an option until a GPU has timed it
+(on a CPU it is no faster than the scatter: `docs/plif.md`)."""
+
+SPREAD_BUFFER_ELEMENTS = 2**20
+"""Bins of `spread_knot_histogram`'s buffer per weight tensor (4 MiB of
+float32): it takes as many copies of the histogram as fit (a power of two,
+at most `SPREAD_MAX_COPIES`)."""
+
+SPREAD_MAX_COPIES = 256
+"""The most copies `spread_knot_histogram` takes by default."""
 
 HISTOGRAM_METHOD = None
 """A path forced for every `knot_histogram` call (None: by platform)."""
@@ -187,7 +199,7 @@ def histogram_method():
 def knot_histogram(idx, weights, num_knots, method=None):
     """Per-interval sums of weights: `out[i] = sum of w where idx == i`.
 
-    The slopes' gradient of PLIF, by one of three paths (`method`; by
+    The slopes' gradient of PLIF, by one of four paths (`method`; by
     default `histogram_method()`, chosen by platform):
 
     * `"scatter"`: TensorFlow's `DenseBincount` (multi-threaded partial
@@ -198,6 +210,9 @@ def knot_histogram(idx, weights, num_knots, method=None):
       collide on the few bins where most scores fall.
     * `"sorted"`: `sorted_knot_histogram`, without any scatter (`keras.ops`,
       every backend).
+    * `"spread"`: `spread_knot_histogram`, a scatter-add into interleaved
+      copies of the histogram, so that neighbouring scores in a hot bin
+      update different addresses (`keras.ops`, every backend).
     * `"pallas"` (JAX only): `plif_pallas.pallas_knot_histogram`, per-program
       private histograms (interpreted off the GPU); `"pallas_fused"` the
       same here (it fuses `plif_log_likelihood`'s backward tile, see
@@ -235,6 +250,8 @@ def knot_histogram(idx, weights, num_knots, method=None):
     weights = [ops.reshape(w, [-1]) for w in weights]
     if method == "sorted":
         return sorted_knot_histogram(idx, weights, num_knots)
+    if method == "spread":
+        return spread_knot_histogram(idx, weights, num_knots)
     if method in ("pallas", "pallas_fused"):
         if keras.backend.backend() != "jax":
             raise ValueError(
@@ -335,6 +352,86 @@ def sorted_knot_histogram(idx, weights, num_knots):
     last = ops.maximum(ends - 1, 0)
     return tuple(
         ops.where(ends > begins, ops.take(s, last), ops.zeros_like(s[:1])) for s in sums
+    )
+
+
+def spread_copies(num_knots, size, copies=None):
+    """The number of histogram copies `spread_knot_histogram` takes:
+    `copies` when given (checked), else the largest power of two with
+    `copies * num_knots <= SPREAD_BUFFER_ELEMENTS`, at most
+    `SPREAD_MAX_COPIES`; never more than the `size` scores (at least 1).
+
+    >>> spread_copies(1000, 10**6), spread_copies(100_000, 10**6), spread_copies(1000, 5)
+    (256, 8, 4)
+    """
+    num_knots = check_int("num_knots", num_knots, minimum=1)
+    if copies is None:
+        fits = max(1, min(SPREAD_MAX_COPIES, SPREAD_BUFFER_ELEMENTS // num_knots, size))
+        return 1 << (fits.bit_length() - 1)
+    copies = check_int("copies", copies, minimum=1)
+    if copies * num_knots >= 2**31:
+        raise ValueError(
+            "`copies * num_knots` must fit int32 indices. Received: "
+            f"copies={copies}, num_knots={num_knots}"
+        )
+    return copies
+
+
+def spread_knot_histogram(idx, weights, num_knots, copies=None):
+    """`knot_histogram` by a scatter-add into interleaved copies.
+
+    Score `m` adds its weight to copy `m mod C` of `C` histograms (a
+    `[C, K]` buffer, bin `(m mod C) K + idx[m]`), and the copies are summed:
+    `out[k] = sum_c sum_{m = c mod C, idx[m] = k} w[m]`. Neighbouring
+    scores, which a GPU hands to neighbouring threads of one warp, then
+    never update one address, and a hot bin's updates are spread over `C`
+    addresses: the collisions that make a GPU's atomic scatter-add slow
+    when most scores fall into a few bins (few knots) are divided by `C`.
+    The copies cost a `[C, K]` zero-fill and reduction
+    (`spread_copies`: `C K` at most `SPREAD_BUFFER_ELEMENTS` by default).
+    Float32 sums as exact as the plain scatter's (each copy sums a `C`-th
+    of a bin's weights). Plain `keras.ops` (`segment_sum`), every backend,
+    static shapes. On a CPU, whose scatter-add is a serial loop, it is no
+    faster (`docs/plif.md`); on a GPU it is the `"spread"` method of
+    `benchmarks/bench_plif_histogram.py` and the `_spread` rows of
+    `benchmarks/bench_device_heads.py`.
+
+    Args:
+        idx: int32 tensor of any shape, values in `[0, num_knots)`.
+        weights: tuple of float tensors of the shape of `idx`.
+        num_knots: int, the number of intervals `K` (static).
+        copies: int, the number of copies `C` (default: `spread_copies`).
+
+    Returns:
+        A tuple of `[K]` tensors, one per weight tensor, in its dtype.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_softmax_heads.functional.dispatch import spread_knot_histogram
+    >>> idx = np.array([0, 2, 2, 1, 2], "int32")
+    >>> w = np.array([1.0, 2.0, 3.0, 4.0, 5.0], "float32")
+    >>> [ops.convert_to_numpy(h).tolist()
+    ...  for h in spread_knot_histogram(idx, (w,), 4, copies=2)]
+    [[1.0, 4.0, 10.0, 0.0]]
+    """
+    idx = ops.reshape(ops.cast(idx, "int32"), [-1])
+    weights = [ops.reshape(w, [-1]) for w in weights]
+    size = idx.shape[0]
+    if size is None:
+        raise ValueError("`spread_knot_histogram` needs a static number of scores.")
+    copies = spread_copies(num_knots, size, copies)
+    if size == 0:
+        return tuple(ops.zeros([num_knots], w.dtype) for w in weights)
+    if copies == 1:
+        return tuple(segment_sum(w, idx, num_knots) for w in weights)
+    lane = ops.mod(ops.arange(size, dtype="int32"), copies)
+    ids = lane * num_knots + idx
+    return tuple(
+        ops.sum(ops.reshape(segment_sum(w, ids, copies * num_knots), [copies, num_knots]),
+                axis=0)
+        for w in weights
     )
 
 
