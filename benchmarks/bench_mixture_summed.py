@@ -14,7 +14,11 @@ FullSoftmax (`chunk_size=4096`) without and with the option (`full_chunked`,
 `sig_chunked_summed`: a mixture of one component); with `--plif`
 `PLIFSoftmax` (`--knots`, default 100,000) the same way (`plif`,
 `plif_chunked`, `plif_chunked_summed`) and each mixture with PLIF
-(`mos4_plif`, `mos4_plif_summed`). Raw JSON to `--out`.
+(`mos4_plif`, `mos4_plif_summed`); with `--keras_segment_sum` each PLIF
+row also runs with `functional.dispatch.segment_sum` replaced by Keras'
+`ops.segment_sum` (the `_keras_segment_sum` rows, `ratio_to_index_add`: on
+PyTorch the slope histograms' path before session 34, Keras' op against
+`index_add_`; on TensorFlow and JAX the same op). Raw JSON to `--out`.
 
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/bench_mixture_summed.py \
@@ -22,6 +26,7 @@ Usage:
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -78,6 +83,27 @@ def heads(components, vocab, sigsoftmax=False, plif_knots=None):
     return out
 
 
+KERAS_SEGMENT_SUM = "_keras_segment_sum"
+
+
+@contextlib.contextmanager
+def segment_sum_scope(name):
+    """For a `KERAS_SEGMENT_SUM` row: `dispatch.segment_sum` is Keras'
+    `ops.segment_sum` within the scope (PyTorch traces at every call, so
+    every call of the row runs in it); other rows: unchanged."""
+    from keras import ops
+
+    from keras_softmax_heads.functional import dispatch
+
+    saved = dispatch.segment_sum
+    if name.endswith(KERAS_SEGMENT_SUM):
+        dispatch.segment_sum = lambda data, ids, n: ops.segment_sum(data, ids, num_segments=n)
+    try:
+        yield
+    finally:
+        dispatch.segment_sum = saved
+
+
 def run(args):
     import keras
     import numpy as np
@@ -88,23 +114,36 @@ def run(args):
     jit = "auto" if args.jit_compile is None else args.jit_compile == "true"
     rows, calls = {}, {}
     plif_knots = args.knots if args.plif else None
-    for name, make in heads(args.components, args.vocab, args.sigsoftmax,
-                            plif_knots).items():
+    makers = heads(args.components, args.vocab, args.sigsoftmax, plif_knots)
+    if args.keras_segment_sum:
+        makers.update({name + KERAS_SEGMENT_SUM: make for name, make in list(makers.items())
+                       if "plif" in name})
+    for name, make in makers.items():
         keras.utils.set_random_seed(0)  # the head's initializers draw their seeds
         model = make_model(make(), args.length, args.vocab, args.dim, jit)
         start = time.perf_counter()
-        loss = float(model.train_on_batch(x, y))
-        rows[name] = {"head": name, "first_call_s": time.perf_counter() - start,
-                      "first_loss": loss}
-        for _ in range(args.warmup):
-            model.train_on_batch(x, y)
-        calls[name] = lambda model=model: model.train_on_batch(x, y)
+        with segment_sum_scope(name):
+            loss = float(model.train_on_batch(x, y))
+            rows[name] = {"head": name, "first_call_s": time.perf_counter() - start,
+                          "first_loss": loss}
+            for _ in range(args.warmup):
+                model.train_on_batch(x, y)
+
+        def call(model=model, name=name):
+            with segment_sum_scope(name):
+                return model.train_on_batch(x, y)
+
+        calls[name] = call
     wall, _ = measure.interleaved(calls, args.rounds)
     for name, times in wall.items():
         rows[name]["step_s"] = statistics.median(times)
         rows[name]["step_s_all"] = times
         rows[name]["ratio_to_full"] = statistics.median(
             t / f for t, f in zip(times, wall["full"]))
+        if name.endswith(KERAS_SEGMENT_SUM):
+            rows[name]["ratio_to_index_add"] = statistics.median(
+                t / f for t, f in zip(times, wall[name.removesuffix(KERAS_SEGMENT_SUM)]))
+            continue
         base = name.removesuffix("_summed")
         if base != name:
             rows[name]["ratio_to_tiled"] = statistics.median(
@@ -131,6 +170,8 @@ def parse_args(argv=None):
                         help="also PLIFSoftmax and each mixture with PLIF")
     parser.add_argument("--knots", type=int, default=100_000,
                         help="PLIF's knots with --plif")
+    parser.add_argument("--keras_segment_sum", action="store_true",
+                        help="also each PLIF row with Keras' ops.segment_sum for the histograms")
     parser.add_argument("--out", type=str, default=None, help="raw JSON here")
     args = parser.parse_args(argv)
     args.components = [int(k) for k in args.components.split(",") if k]
@@ -142,7 +183,7 @@ def main(argv=None):
     result = run(args)
     for row in result["rows"]:
         print(row["head"], {k: row.get(k) for k in (
-            "first_loss", "step_s", "ratio_to_full", "ratio_to_tiled")})
+            "first_loss", "step_s", "ratio_to_full", "ratio_to_tiled", "ratio_to_index_add")})
     measure.save(result, args.out)
 
 

@@ -1032,19 +1032,25 @@ def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
     loaded = [(name, d) for name, d in loaded if d is not None]
     if not loaded:
         return missing(names[0])
-    out, sources = [], []
+    out, sources, twins = [], [], False
     for name, data in loaded:
         for r in data["rows"]:
+            twins = twins or "ratio_to_index_add" in r
             out.append([data.get("backend"), f"`{r['head']}`", fmt(1000 * r["step_s"], 0),
-                        fmt(r.get("ratio_to_full")), fmt(r.get("ratio_to_tiled"))])
+                        fmt(r.get("ratio_to_full")),
+                        fmt(r.get("ratio_to_tiled", r.get("ratio_to_index_add")))])
         sources.append(provenance(name, _with_command(data)))
     args = loaded[0][1].get("args", {})
+    twin_text = (" A `_keras_segment_sum` row is the row before the suffix with Keras' "
+                 "`ops.segment_sum` for PLIF's slope histograms (PyTorch's path before "
+                 "session 34); its last column is its ratio to that row, which takes "
+                 "`index_add_` (`dispatch.segment_sum`).") if twins else ""
     return "\n\n".join([
         f"`Sequential(Embedding, head)` + `HeadLoss`, SGD, `train_on_batch` on "
         f"B = {args.get('batch')} x T = {args.get('length')} tokens, d = {args.get('dim')}, "
         f"V = {args.get('vocab'):,}; median of {args.get('rounds')} interleaved rounds, each "
         "ratio the median per-round ratio (`/ tiled`: the `_summed` row, "
-        "`gradient_in_forward=True`, to the same mixture with `False`).",
+        "`gradient_in_forward=True`, to the same mixture with `False`)." + twin_text,
         table(["backend", "head", "ms / step", "/ full", "/ tiled"], out)] + sources)
 
 
@@ -1057,6 +1063,7 @@ def keras_step_files(stem):
 
 def section_plif_histogram(names=("plif_histogram/cpu_jax.json",
                                   "plif_histogram/cpu_jax_n64.json",
+                                  "plif_histogram/cpu_jax_spread.json",
                                   "plif_histogram/gpu_jax.json")):
     """PLIF's slope histogram per method (scatter / sorted / pallas), issue 28."""
     loaded = [(name, load(name)) for name in names]

@@ -5,6 +5,7 @@ each path forced."""
 
 import os
 
+import keras
 import numpy as np
 import pytest
 from backends import BACKEND
@@ -86,6 +87,9 @@ def test_segment_sum_keeps_float64(float64):
     assert ops.convert_to_numpy(out32).dtype == np.float32
     np.testing.assert_array_equal(ops.convert_to_numpy(out32),
                                   ops.convert_to_numpy(ops.segment_sum(data32, ids, 5)))
+    counts = dispatch.segment_sum(ops.ones([200], "int32"), ids, 5)
+    assert ops.convert_to_numpy(counts).tolist() == np.bincount(ids, minlength=5).tolist()
+    assert keras.backend.standardize_dtype(counts.dtype) == "int32"
 
 
 def test_sorted_histogram_edge_cases():

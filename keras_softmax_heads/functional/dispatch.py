@@ -21,9 +21,10 @@ dispatch function tested against its `keras.ops` path.
   TensorFlow, `ops.take` elsewhere);
 * `cumsum`: a cumulative sum in the input's dtype (`torch.cumsum` on
   PyTorch, whose Keras `cumsum` sums float64 in float32);
-* `segment_sum`: per-segment sums in the input's dtype (`index_add_` for
-  float64 on PyTorch, whose Keras `segment_sum` sums in float32; the
-  knot histogram's and the hierarchical heads' sums);
+* `segment_sum`: per-segment sums in the input's dtype (`index_add_` on
+  PyTorch, whose Keras `segment_sum` sums float64 in float32 and copies its
+  inputs several times; the knot histogram's and the hierarchical heads'
+  sums);
 * `upstream_gradient`: the upstream gradient inside an
   `ops.custom_gradient` gradient function (positional on TensorFlow and
   JAX, keyword on PyTorch);
@@ -205,8 +206,8 @@ def knot_histogram(idx, weights, num_knots, method=None):
     * `"scatter"`: TensorFlow's `DenseBincount` (multi-threaded partial
       histograms on CPU, much faster there than `unsorted_segment_sum`; a
       scatter-add under XLA), `segment_sum` on the other backends (a
-      scatter-add; `jax.ops.segment_sum` under JAX; on PyTorch float64
-      weights by `index_add_`, Keras' `segment_sum` summing in float32). On a GPU its updates
+      scatter-add; `jax.ops.segment_sum` under JAX; `index_add_` on
+      PyTorch, `dispatch.segment_sum`). On a GPU its updates
       collide on the few bins where most scores fall.
     * `"sorted"`: `sorted_knot_histogram`, without any scatter (`keras.ops`,
       every backend).
@@ -496,20 +497,31 @@ def cumsum(x, axis=0):
 
 def segment_sum(data, segment_ids, num_segments):
     """`ops.segment_sum(data, segment_ids, num_segments=num_segments)` in
-    `data`'s dtype: float64 on PyTorch by `index_add_` (Keras' PyTorch
-    `segment_sum` sums in float32, `data.float()`), `ops.segment_sum`
-    otherwise. The ids must lie in `[0, num_segments)` (TensorFlow and
-    `index_add_` refuse others)."""
-    if (keras.backend.backend() == "torch"
-            and keras.backend.standardize_dtype(data.dtype) == "float64"):
-        import torch
+    `data`'s dtype. On PyTorch one `index_add_` into a zero buffer (int32
+    ids as they are; float16 / bfloat16 summed in float32): Keras' PyTorch
+    `segment_sum` sums float64 in float32 (`data.float()`), and its copies
+    of the ids (repeated, int64, two `where` passes) and of the data made it
+    3-4x slower than `index_add_` on a CPU for the knot histogram's tiles
+    (`docs/plif.md`). `ops.segment_sum` elsewhere. The ids must lie in `[0,
+    num_segments)` (TensorFlow and `index_add_` refuse others).
 
-        data = ops.convert_to_tensor(data)
-        ids = ops.convert_to_tensor(segment_ids).long()
-        out = torch.zeros((num_segments,) + tuple(data.shape[1:]), dtype=data.dtype,
-                          device=data.device)
-        return out.index_add_(0, ids, data)
-    return ops.segment_sum(data, segment_ids, num_segments=num_segments)
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> out = segment_sum(np.array([1.0, 2.0, 3.0], "float32"), np.array([0, 2, 0], "int32"), 3)
+    >>> ops.convert_to_numpy(out).tolist()
+    [4.0, 0.0, 2.0]
+    """
+    if keras.backend.backend() != "torch":
+        return ops.segment_sum(data, segment_ids, num_segments=num_segments)
+    import torch
+
+    data = ops.convert_to_tensor(data)
+    ids = ops.convert_to_tensor(segment_ids)
+    if ids.dtype not in (torch.int32, torch.int64):
+        ids = ids.long()
+    acc = torch.float32 if data.dtype in (torch.float16, torch.bfloat16) else data.dtype
+    out = torch.zeros((num_segments,) + tuple(data.shape[1:]), dtype=acc, device=data.device)
+    return out.index_add_(0, ids, data.to(acc)).to(data.dtype)
 
 
 def upstream_gradient(args, upstream):
