@@ -14,11 +14,13 @@ FullSoftmax (`chunk_size=4096`) without and with the option (`full_chunked`,
 `sig_chunked_summed`: a mixture of one component); with `--plif`
 `PLIFSoftmax` (`--knots`, default 100,000) the same way (`plif`,
 `plif_chunked`, `plif_chunked_summed`) and each mixture with PLIF
-(`mos4_plif`, `mos4_plif_summed`); with `--keras_segment_sum` each PLIF
-row also runs with `functional.dispatch.segment_sum` replaced by Keras'
-`ops.segment_sum` (the `_keras_segment_sum` rows, `ratio_to_index_add`: on
-PyTorch the slope histograms' path before session 34, Keras' op against
-`index_add_`; on TensorFlow and JAX the same op). Raw JSON to `--out`.
+(`mos4_plif`, `mos4_plif_summed`); with `--keras_ops` each PLIF row also
+runs with the PLIF kernels' `dispatch.segment_sum` and `dispatch.lookup`
+replaced by Keras' `ops.segment_sum` and `ops.take` (the `_keras_ops`
+rows, `ratio_to_dispatch`: on PyTorch the paths before session 34, Keras'
+ops against `index_add_` and `index_select`; on JAX the same ops; on
+TensorFlow `ops.take` against `tf.gather`, its histograms' `DenseBincount`
+unchanged). Raw JSON to `--out`.
 
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/bench_mixture_summed.py \
@@ -83,25 +85,36 @@ def heads(components, vocab, sigsoftmax=False, plif_knots=None):
     return out
 
 
-KERAS_SEGMENT_SUM = "_keras_segment_sum"
+KERAS_OPS = "_keras_ops"
 
 
 @contextlib.contextmanager
-def segment_sum_scope(name):
-    """For a `KERAS_SEGMENT_SUM` row: `dispatch.segment_sum` is Keras'
-    `ops.segment_sum` within the scope (PyTorch traces at every call, so
-    every call of the row runs in it); other rows: unchanged."""
+def keras_ops_scope(name):
+    """For a `KERAS_OPS` row: the PLIF kernels' `segment_sum` and `lookup`
+    are Keras' `ops.segment_sum` and `ops.take` within the scope (PyTorch
+    traces at every call, so every call of the row runs in it); other rows:
+    unchanged."""
     from keras import ops
 
     from keras_softmax_heads.functional import dispatch
+    from keras_softmax_heads.functional import plif_kernels
+    from keras_softmax_heads.functional import tabulated
 
-    saved = dispatch.segment_sum
-    if name.endswith(KERAS_SEGMENT_SUM):
-        dispatch.segment_sum = lambda data, ids, n: ops.segment_sum(data, ids, num_segments=n)
+    def segment_sum(data, ids, n):
+        return ops.segment_sum(data, ids, num_segments=n)
+
+    swaps = [(dispatch, "segment_sum", segment_sum),
+             (plif_kernels, "lookup", lambda table, idx: ops.take(table, idx, axis=0)),
+             (tabulated, "lookup", lambda table, idx: ops.take(table, idx, axis=0))]
+    saved = [(module, attr, getattr(module, attr)) for module, attr, _ in swaps]
+    if name.endswith(KERAS_OPS):
+        for module, attr, value in swaps:
+            setattr(module, attr, value)
     try:
         yield
     finally:
-        dispatch.segment_sum = saved
+        for module, attr, value in saved:
+            setattr(module, attr, value)
 
 
 def run(args):
@@ -115,14 +128,14 @@ def run(args):
     rows, calls = {}, {}
     plif_knots = args.knots if args.plif else None
     makers = heads(args.components, args.vocab, args.sigsoftmax, plif_knots)
-    if args.keras_segment_sum:
-        makers.update({name + KERAS_SEGMENT_SUM: make for name, make in list(makers.items())
+    if args.keras_ops:
+        makers.update({name + KERAS_OPS: make for name, make in list(makers.items())
                        if "plif" in name})
     for name, make in makers.items():
         keras.utils.set_random_seed(0)  # the head's initializers draw their seeds
         model = make_model(make(), args.length, args.vocab, args.dim, jit)
         start = time.perf_counter()
-        with segment_sum_scope(name):
+        with keras_ops_scope(name):
             loss = float(model.train_on_batch(x, y))
             rows[name] = {"head": name, "first_call_s": time.perf_counter() - start,
                           "first_loss": loss}
@@ -130,7 +143,7 @@ def run(args):
                 model.train_on_batch(x, y)
 
         def call(model=model, name=name):
-            with segment_sum_scope(name):
+            with keras_ops_scope(name):
                 return model.train_on_batch(x, y)
 
         calls[name] = call
@@ -140,9 +153,9 @@ def run(args):
         rows[name]["step_s_all"] = times
         rows[name]["ratio_to_full"] = statistics.median(
             t / f for t, f in zip(times, wall["full"]))
-        if name.endswith(KERAS_SEGMENT_SUM):
-            rows[name]["ratio_to_index_add"] = statistics.median(
-                t / f for t, f in zip(times, wall[name.removesuffix(KERAS_SEGMENT_SUM)]))
+        if name.endswith(KERAS_OPS):
+            rows[name]["ratio_to_dispatch"] = statistics.median(
+                t / f for t, f in zip(times, wall[name.removesuffix(KERAS_OPS)]))
             continue
         base = name.removesuffix("_summed")
         if base != name:
@@ -170,8 +183,8 @@ def parse_args(argv=None):
                         help="also PLIFSoftmax and each mixture with PLIF")
     parser.add_argument("--knots", type=int, default=100_000,
                         help="PLIF's knots with --plif")
-    parser.add_argument("--keras_segment_sum", action="store_true",
-                        help="also each PLIF row with Keras' ops.segment_sum for the histograms")
+    parser.add_argument("--keras_ops", action="store_true",
+                        help="also each PLIF row with Keras' ops.segment_sum and ops.take")
     parser.add_argument("--out", type=str, default=None, help="raw JSON here")
     args = parser.parse_args(argv)
     args.components = [int(k) for k in args.components.split(",") if k]
@@ -183,7 +196,7 @@ def main(argv=None):
     result = run(args)
     for row in result["rows"]:
         print(row["head"], {k: row.get(k) for k in (
-            "first_loss", "step_s", "ratio_to_full", "ratio_to_tiled", "ratio_to_index_add")})
+            "first_loss", "step_s", "ratio_to_full", "ratio_to_tiled", "ratio_to_dispatch")})
     measure.save(result, args.out)
 
 

@@ -1035,16 +1035,17 @@ def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
     out, sources, twins = [], [], False
     for name, data in loaded:
         for r in data["rows"]:
-            twins = twins or "ratio_to_index_add" in r
+            twins = twins or "ratio_to_dispatch" in r
             out.append([data.get("backend"), f"`{r['head']}`", fmt(1000 * r["step_s"], 0),
                         fmt(r.get("ratio_to_full")),
-                        fmt(r.get("ratio_to_tiled", r.get("ratio_to_index_add")))])
+                        fmt(r.get("ratio_to_tiled", r.get("ratio_to_dispatch")))])
         sources.append(provenance(name, _with_command(data)))
     args = loaded[0][1].get("args", {})
-    twin_text = (" A `_keras_segment_sum` row is the row before the suffix with Keras' "
-                 "`ops.segment_sum` for PLIF's slope histograms (PyTorch's path before "
-                 "session 34); its last column is its ratio to that row, which takes "
-                 "`index_add_` (`dispatch.segment_sum`).") if twins else ""
+    twin_text = (" A `_keras_ops` row is the row before the suffix with Keras' "
+                 "`ops.segment_sum` and `ops.take` in PLIF's kernels (PyTorch's paths "
+                 "before session 34); its last column is its ratio to that row, which "
+                 "takes `dispatch.segment_sum` and `dispatch.lookup` (on PyTorch "
+                 "`index_add_` and `index_select`).") if twins else ""
     return "\n\n".join([
         f"`Sequential(Embedding, head)` + `HeadLoss`, SGD, `train_on_batch` on "
         f"B = {args.get('batch')} x T = {args.get('length')} tokens, d = {args.get('dim')}, "

@@ -92,6 +92,24 @@ def test_segment_sum_keeps_float64(float64):
     assert keras.backend.standardize_dtype(counts.dtype) == "int32"
 
 
+def test_lookup_matches_numpy():
+    """`dispatch.lookup`: a `[K]` and a `[K, 3]` table at int32 and int64
+    indices of any shape, and its gradient into the table (repeated
+    indices add), as NumPy's `table[idx]`."""
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(7, 3)).astype("float32")
+    idx = rng.integers(0, 7, size=(4, 5))
+    for dtype in ("int32", "int64"):
+        for t in (table[:, 0], table):
+            out = ops.convert_to_numpy(dispatch.lookup(t, idx.astype(dtype)))
+            np.testing.assert_array_equal(out, t[idx])
+    weights = rng.normal(size=(4, 5)).astype("float32")
+    _, (grad,), _ = value_and_grad(
+        lambda t: ops.sum(ops.multiply(dispatch.lookup(t, idx.astype("int32")), weights)),
+        [table[:, 0]])
+    np.testing.assert_allclose(grad, np.bincount(idx.ravel(), weights.ravel(), 7), rtol=1e-6)
+
+
 def test_sorted_histogram_edge_cases():
     """One score, one interval, and every score in one interval (compiled)."""
 

@@ -18,7 +18,7 @@ dispatch function tested against its `keras.ops` path.
 * `tile_elements`: the scores per tile of PLIF's tiled kernels, by
   platform (a CPU's cache-sized tile, or few large tiles on a GPU / TPU);
 * `lookup`: `table[idx]` for indices known to be in range (`tf.gather` on
-  TensorFlow, `ops.take` elsewhere);
+  TensorFlow, `torch.index_select` on PyTorch, `ops.take` on JAX);
 * `cumsum`: a cumulative sum in the input's dtype (`torch.cumsum` on
   PyTorch, whose Keras `cumsum` sums float64 in float32);
 * `segment_sum`: per-segment sums in the input's dtype (`index_add_` on
@@ -472,15 +472,34 @@ def _segmented_sums(starts, values):
 def lookup(table, idx):
     """`table[idx]` for int32 indices known to be in range.
 
-    `ops.take`, except on TensorFlow: `tf.gather` there, which skips the
-    pass over `idx` that Keras' `take` adds for negative indices (measured
-    on a graph-mode `plif_log_likelihood` step, see `docs/plif.md`).
+    `ops.take` on JAX; on TensorFlow `tf.gather`, which skips the pass over
+    `idx` that Keras' `take` adds for negative indices (measured on a
+    graph-mode `plif_log_likelihood` step, see `docs/plif.md`); on PyTorch
+    `torch.index_select` of the int32 indices as they are, where Keras'
+    `take` also converts them to int64 and masks them with `where` (three
+    passes over a PLIF tile's indices for each of its lookups).
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> table = np.array([10.0, 20.0, 30.0], "float32")
+    >>> ops.convert_to_numpy(lookup(table, np.array([[2, 0]], "int32"))).tolist()
+    [[30.0, 10.0]]
     """
-    if keras.backend.backend() == "tensorflow":
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
         import tensorflow as tf
 
         return tf.gather(table, idx)
-    return ops.take(table, idx)
+    if backend == "torch":
+        import torch
+
+        table = ops.convert_to_tensor(table)
+        idx = ops.convert_to_tensor(idx)
+        if idx.dtype not in (torch.int32, torch.int64):
+            idx = idx.long()
+        rows = torch.index_select(table, 0, idx.reshape(-1))
+        return rows.reshape(tuple(idx.shape) + tuple(table.shape[1:]))
+    return ops.take(table, idx, axis=0)
 
 
 def cumsum(x, axis=0):
