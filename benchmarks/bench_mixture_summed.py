@@ -20,7 +20,11 @@ replaced by Keras' `ops.segment_sum` and `ops.take` (the `_keras_ops`
 rows, `ratio_to_dispatch`: on PyTorch the paths before session 34, Keras'
 ops against `index_add_` and `index_select`; on JAX the same ops; on
 TensorFlow `ops.take` against `tf.gather`, its histograms' `DenseBincount`
-unchanged). Raw JSON to `--out`.
+unchanged); with `--two_exp` each `_summed` row also runs with the summed
+cores' softmax as before session 34 (`ops.logsumexp`, then `exp(s - lse)`:
+the `_two_exp` rows, `ratio_to_dispatch` their ratio to the row with one
+exponential pass, `chunked.summed_divergence.normaliser_and_exponentials`).
+Raw JSON to `--out`.
 
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/bench_mixture_summed.py \
@@ -86,14 +90,25 @@ def heads(components, vocab, sigsoftmax=False, plif_knots=None):
 
 
 KERAS_OPS = "_keras_ops"
+TWO_EXP = "_two_exp"
+
+
+def two_exponentials(s):
+    """The summed cores' softmax before session 34, in the form of
+    `normaliser_and_exponentials`: `(logsumexp(s), exp(s - lse), 1)`."""
+    from keras import ops
+
+    lse = ops.logsumexp(s, axis=1)
+    return lse, ops.exp(s - lse[:, None]), ops.ones_like(lse)
 
 
 @contextlib.contextmanager
 def keras_ops_scope(name):
     """For a `KERAS_OPS` row: the PLIF kernels' `segment_sum` and `lookup`
     are Keras' `ops.segment_sum` and `ops.take` within the scope (PyTorch
-    traces at every call, so every call of the row runs in it); other rows:
-    unchanged."""
+    traces at every call, so every call of the row runs in it); for a
+    `TWO_EXP` row the summed cores' softmax is `two_exponentials`; other
+    rows: unchanged."""
     from keras import ops
 
     from keras_softmax_heads.functional import dispatch
@@ -103,11 +118,17 @@ def keras_ops_scope(name):
     def segment_sum(data, ids, n):
         return ops.segment_sum(data, ids, num_segments=n)
 
+    from keras_softmax_heads.chunked import summed_cross_entropy
+    from keras_softmax_heads.chunked import summed_mixture
+
     swaps = [(dispatch, "segment_sum", segment_sum),
              (plif_kernels, "lookup", lambda table, idx: ops.take(table, idx, axis=0)),
              (tabulated, "lookup", lambda table, idx: ops.take(table, idx, axis=0))]
+    if name.endswith(TWO_EXP):
+        swaps = [(module, "normaliser_and_exponentials", two_exponentials)
+                 for module in (summed_cross_entropy, summed_mixture)]
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in swaps]
-    if name.endswith(KERAS_OPS):
+    if name.endswith((KERAS_OPS, TWO_EXP)):
         for module, attr, value in swaps:
             setattr(module, attr, value)
     try:
@@ -131,6 +152,9 @@ def run(args):
     if args.keras_ops:
         makers.update({name + KERAS_OPS: make for name, make in list(makers.items())
                        if "plif" in name})
+    if args.two_exp:
+        makers.update({name + TWO_EXP: make for name, make in list(makers.items())
+                       if name.endswith("_summed")})
     for name, make in makers.items():
         keras.utils.set_random_seed(0)  # the head's initializers draw their seeds
         model = make_model(make(), args.length, args.vocab, args.dim, jit)
@@ -153,9 +177,10 @@ def run(args):
         rows[name]["step_s_all"] = times
         rows[name]["ratio_to_full"] = statistics.median(
             t / f for t, f in zip(times, wall["full"]))
-        if name.endswith(KERAS_OPS):
+        if name.endswith((KERAS_OPS, TWO_EXP)):
+            base = name.removesuffix(KERAS_OPS).removesuffix(TWO_EXP)
             rows[name]["ratio_to_dispatch"] = statistics.median(
-                t / f for t, f in zip(times, wall[name.removesuffix(KERAS_OPS)]))
+                t / f for t, f in zip(times, wall[base]))
             continue
         base = name.removesuffix("_summed")
         if base != name:
@@ -185,6 +210,8 @@ def parse_args(argv=None):
                         help="PLIF's knots with --plif")
     parser.add_argument("--keras_ops", action="store_true",
                         help="also each PLIF row with Keras' ops.segment_sum and ops.take")
+    parser.add_argument("--two_exp", action="store_true",
+                        help="also each _summed row with the softmax's two exponential passes")
     parser.add_argument("--out", type=str, default=None, help="raw JSON here")
     args = parser.parse_args(argv)
     args.components = [int(k) for k in args.components.split(",") if k]

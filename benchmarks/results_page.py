@@ -1032,20 +1032,28 @@ def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
     loaded = [(name, d) for name, d in loaded if d is not None]
     if not loaded:
         return missing(names[0])
-    out, sources, twins = [], [], False
+    out, sources, twins = [], [], set()
     for name, data in loaded:
         for r in data["rows"]:
-            twins = twins or "ratio_to_dispatch" in r
+            if "ratio_to_dispatch" in r:
+                twins.add(r["head"].rsplit("_", 2)[-2] + "_" + r["head"].rsplit("_", 1)[-1])
             out.append([data.get("backend"), f"`{r['head']}`", fmt(1000 * r["step_s"], 0),
                         fmt(r.get("ratio_to_full")),
                         fmt(r.get("ratio_to_tiled", r.get("ratio_to_dispatch")))])
         sources.append(provenance(name, _with_command(data)))
     args = loaded[0][1].get("args", {})
-    twin_text = (" A `_keras_ops` row is the row before the suffix with Keras' "
-                 "`ops.segment_sum` and `ops.take` in PLIF's kernels (PyTorch's paths "
-                 "before session 34); its last column is its ratio to that row, which "
-                 "takes `dispatch.segment_sum` and `dispatch.lookup` (on PyTorch "
-                 "`index_add_` and `index_select`).") if twins else ""
+    twin_text = ""
+    if "keras_ops" in twins:
+        twin_text += (" A `_keras_ops` row is the row before the suffix with Keras' "
+                      "`ops.segment_sum` and `ops.take` in PLIF's kernels (PyTorch's paths "
+                      "before session 34); its last column is its ratio to that row, which "
+                      "takes `dispatch.segment_sum` and `dispatch.lookup` (on PyTorch "
+                      "`index_add_` and `index_select`).")
+    if "two_exp" in twins:
+        twin_text += (" A `_two_exp` row is the `_summed` row before the suffix with the "
+                      "summed cores' softmax as before session 34 (`ops.logsumexp`, then "
+                      "`exp(s - lse)`); its last column is its ratio to that row, which takes "
+                      "one exponential pass (`normaliser_and_exponentials`).")
     return "\n\n".join([
         f"`Sequential(Embedding, head)` + `HeadLoss`, SGD, `train_on_batch` on "
         f"B = {args.get('batch')} x T = {args.get('length')} tokens, d = {args.get('dim')}, "
@@ -1516,6 +1524,7 @@ def build(make_figures=True):
         "sig_chunked_summed_keras": section_mixture_summed(keras_step_files("sigsoftmax_n2048_v32768")),
         "plif_chunked_summed_keras": section_mixture_summed(keras_step_files("plif_n2048_v32768")),
         "mos_plif_summed_keras": section_mixture_summed(keras_step_files("mos_plif_n2048_v10000")),
+        "two_exp_keras": section_mixture_summed(keras_step_files("two_exp_n2048_v10000")),
         "plif_histogram": section_plif_histogram(),
         "plif_tile_memory": section_plif_tile_memory(),
         "device_heads_v33278": section_device_heads(

@@ -35,6 +35,7 @@ from keras_softmax_heads.chunked.divergence import upstream_of
 from keras_softmax_heads.chunked.summed_divergence import Side
 from keras_softmax_heads.chunked.summed_divergence import TokenChunks
 from keras_softmax_heads.chunked.summed_divergence import float_weights
+from keras_softmax_heads.chunked.summed_divergence import normaliser_and_exponentials
 from keras_softmax_heads.chunked.summed_divergence import padded
 from keras_softmax_heads.chunked.summed_divergence import unpadded
 from keras_softmax_heads.chunked.summed_divergence import unpadded_rows
@@ -46,7 +47,7 @@ def chunk_loss(g, targets, label_smoothing, z_loss, argmax):
     `[size]`: the per-token loss `[size]`, its gradient with respect to `g`
     (unweighted) and the argmax word (int32, None unless `argmax`)."""
     vocab = g.shape[1]
-    lse = ops.logsumexp(g, axis=1)
+    lse, e, total = normaliser_and_exponentials(g)
     hit = ops.equal(ops.arange(vocab, dtype="int32")[None, :], targets[:, None])
     target_score = ops.take_along_axis(g, targets[:, None], axis=1)[:, 0]
     loss = lse - target_score
@@ -57,7 +58,7 @@ def chunk_loss(g, targets, label_smoothing, z_loss, argmax):
     if z_loss:
         loss = loss + z_loss * ops.square(lse)
         soft = soft + 2.0 * z_loss * lse
-    dg = ops.exp(g - lse[:, None]) * soft[:, None]
+    dg = e * (soft / total)[:, None]
     dg = ops.where(hit, dg - (1.0 - label_smoothing), dg)
     if label_smoothing:
         dg = dg - label_smoothing / vocab

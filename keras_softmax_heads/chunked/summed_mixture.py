@@ -40,6 +40,7 @@ from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.chunked.summed_divergence import Side
 from keras_softmax_heads.chunked.summed_divergence import TokenChunks
 from keras_softmax_heads.chunked.summed_divergence import float_weights
+from keras_softmax_heads.chunked.summed_divergence import normaliser_and_exponentials
 from keras_softmax_heads.chunked.summed_divergence import padded
 from keras_softmax_heads.chunked.summed_divergence import unpadded
 from keras_softmax_heads.chunked.summed_divergence import unpadded_rows
@@ -77,7 +78,7 @@ def chunk_mixture(s, log_priors, targets, weights, num_components):
     rows, vocab = s.shape
     size = rows // num_components
     row_targets = ops.repeat(targets, num_components)
-    lse = ops.logsumexp(s, axis=1)
+    lse, e, total = normaliser_and_exponentials(s)
     target_score = ops.take_along_axis(s, row_targets[:, None], axis=1)[:, 0]
     joint = log_priors + ops.reshape(target_score - lse, (size, num_components))
     ll = ops.logsumexp(joint, axis=1)
@@ -85,9 +86,9 @@ def chunk_mixture(s, log_priors, targets, weights, num_components):
     keep = (weights != 0)[:, None]
     scale = ops.where(keep, weights[:, None] * resp, ops.zeros_like(resp))
     row_scale = ops.reshape(scale, (rows, 1))
-    # w r_k (p_k - onehot_t): one pass for p, one for the scale, one for
-    # the target's column (eager PyTorch materialises each).
-    ds = ops.exp(s - lse[:, None]) * row_scale
+    # w r_k (p_k - onehot_t), p_k = e / total: one pass for the scaled
+    # softmax, one for the target's column (eager PyTorch materialises each).
+    ds = e * (row_scale / total[:, None])
     hit = ops.equal(ops.arange(vocab, dtype="int32")[None, :], row_targets[:, None])
     ds = ops.where(hit, ds - row_scale, ds)
     return -ll, ds, -scale
