@@ -103,7 +103,7 @@ def two_exponentials(s):
 
 
 @contextlib.contextmanager
-def keras_ops_scope(name):
+def twin_scope(name):
     """For a `KERAS_OPS` row: the PLIF kernels' `segment_sum` and `lookup`
     are Keras' `ops.segment_sum` and `ops.take` within the scope (PyTorch
     traces at every call, so every call of the row runs in it); for a
@@ -159,7 +159,7 @@ def run(args):
         keras.utils.set_random_seed(0)  # the head's initializers draw their seeds
         model = make_model(make(), args.length, args.vocab, args.dim, jit)
         start = time.perf_counter()
-        with keras_ops_scope(name):
+        with twin_scope(name):
             loss = float(model.train_on_batch(x, y))
             rows[name] = {"head": name, "first_call_s": time.perf_counter() - start,
                           "first_loss": loss}
@@ -167,7 +167,7 @@ def run(args):
                 model.train_on_batch(x, y)
 
         def call(model=model, name=name):
-            with keras_ops_scope(name):
+            with twin_scope(name):
                 return model.train_on_batch(x, y)
 
         calls[name] = call

@@ -76,20 +76,20 @@ def parse_method(label):
 
 
 @contextlib.contextmanager
-def lanes_scope(lanes, method="pallas"):
+def option_scope(method, option):
     """The option of `method` (`parse_method`) set while tracing (None:
-    unchanged): `plif_pallas.LANES = lanes` for the Pallas paths, `lanes`
+    unchanged): `plif_pallas.LANES = option` for the Pallas paths, `option`
     copies for `"spread"`."""
     from keras_softmax_heads.functional import dispatch
     from keras_softmax_heads.functional import plif_pallas
 
     if method == "spread":
         module, names = dispatch, ("SPREAD_MAX_COPIES", "SPREAD_BUFFER_ELEMENTS")
-        values = (lanes, 2**31 - 1)
+        values = (option, 2**31 - 1)
     else:
-        module, names, values = plif_pallas, ("LANES",), (lanes,)
+        module, names, values = plif_pallas, ("LANES",), (option,)
     saved = [getattr(module, name) for name in names]
-    if lanes:
+    if option:
         for name, value in zip(names, values):
             setattr(module, name, value)
     try:
@@ -122,14 +122,14 @@ def histogram_call(label, num_knots, z, g, tile_elements):
         a, b = functional.knot_histogram(idx, (g, g * offset), num_knots, method=method)
         return (sums[0] + a, sums[1] + b), ()
 
-    method, lanes = parse_method(label)
+    method, option = parse_method(label)
 
     def run(z_tiles, g_tiles):
         zeros = ops.zeros([num_knots], "float32")
         sums, _ = functional.scan_tiles(one_tile, (zeros, zeros), (z_tiles, g_tiles), ())
         return sums
 
-    with lanes_scope(lanes, method):
+    with option_scope(method, option):
         compiled = jax.jit(run).lower(z_tiles, g_tiles).compile()
     return lambda: jax.block_until_ready(compiled(z_tiles, g_tiles))
 
@@ -145,9 +145,9 @@ def loss_grad_call(label, num_knots, z, targets, raw):
     def loss(z, raw):
         return -functional.plif_log_likelihood(z, raw, KNOT_BOUND, targets).sum()
 
-    method, lanes = parse_method(label)
+    method, option = parse_method(label)
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-    with dispatch.forced_histogram_method(method), lanes_scope(lanes, method):
+    with dispatch.forced_histogram_method(method), option_scope(method, option):
         compiled = grad.lower(z, raw).compile()  # traced with `method`
     return lambda: jax.block_until_ready(compiled(z, raw))
 

@@ -1035,21 +1035,21 @@ def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
     out, sources, twins = [], [], set()
     for name, data in loaded:
         for r in data["rows"]:
-            if "ratio_to_dispatch" in r:
-                twins.add(r["head"].rsplit("_", 2)[-2] + "_" + r["head"].rsplit("_", 1)[-1])
+            twins.update(kind for kind in ("_keras_ops", "_two_exp")
+                         if r["head"].endswith(kind))
             out.append([data.get("backend"), f"`{r['head']}`", fmt(1000 * r["step_s"], 0),
                         fmt(r.get("ratio_to_full")),
                         fmt(r.get("ratio_to_tiled", r.get("ratio_to_dispatch")))])
         sources.append(provenance(name, _with_command(data)))
     args = loaded[0][1].get("args", {})
     twin_text = ""
-    if "keras_ops" in twins:
+    if "_keras_ops" in twins:
         twin_text += (" A `_keras_ops` row is the row before the suffix with Keras' "
                       "`ops.segment_sum` and `ops.take` in PLIF's kernels (PyTorch's paths "
                       "before session 34); its last column is its ratio to that row, which "
                       "takes `dispatch.segment_sum` and `dispatch.lookup` (on PyTorch "
                       "`index_add_` and `index_select`).")
-    if "two_exp" in twins:
+    if "_two_exp" in twins:
         twin_text += (" A `_two_exp` row is the `_summed` row before the suffix with the "
                       "summed cores' softmax as before session 34 (`ops.logsumexp`, then "
                       "`exp(s - lse)`); its last column is its ratio to that row, which takes "

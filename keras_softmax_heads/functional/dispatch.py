@@ -494,9 +494,7 @@ def lookup(table, idx):
         import torch
 
         table = ops.convert_to_tensor(table)
-        idx = ops.convert_to_tensor(idx)
-        if idx.dtype not in (torch.int32, torch.int64):
-            idx = idx.long()
+        idx = _torch_indices(idx)
         rows = torch.index_select(table, 0, idx.reshape(-1))
         return rows.reshape(tuple(idx.shape) + tuple(table.shape[1:]))
     return ops.take(table, idx, axis=0)
@@ -535,12 +533,19 @@ def segment_sum(data, segment_ids, num_segments):
     import torch
 
     data = ops.convert_to_tensor(data)
-    ids = ops.convert_to_tensor(segment_ids)
-    if ids.dtype not in (torch.int32, torch.int64):
-        ids = ids.long()
+    ids = _torch_indices(segment_ids)
     acc = torch.float32 if data.dtype in (torch.float16, torch.bfloat16) else data.dtype
     out = torch.zeros((num_segments,) + tuple(data.shape[1:]), dtype=acc, device=data.device)
     return out.index_add_(0, ids, data.to(acc)).to(data.dtype)
+
+
+def _torch_indices(x):
+    """`x` as a PyTorch index tensor: int32 and int64 as they are (PyTorch's
+    `index_select` and `index_add_` take both), other dtypes as int64."""
+    import torch
+
+    x = ops.convert_to_tensor(x)
+    return x if x.dtype in (torch.int32, torch.int64) else x.long()
 
 
 def upstream_gradient(args, upstream):
