@@ -23,7 +23,13 @@ TensorFlow `ops.take` against `tf.gather`, its histograms' `DenseBincount`
 unchanged); with `--two_exp` each `_summed` row also runs with the summed
 cores' softmax as before session 34 (`ops.logsumexp`, then `exp(s - lse)`:
 the `_two_exp` rows, `ratio_to_dispatch` their ratio to the row with one
-exponential pass, `chunked.summed_divergence.normaliser_and_exponentials`).
+exponential pass, `chunked.summed_divergence.normaliser_and_exponentials`);
+with `--copying` each `_summed` row also runs with the summed cores'
+elementwise steps as fresh tensors on every backend (`chunked.dispatch.
+overwritable` False: the `_copying` rows, `ratio_to_dispatch` their ratio
+to the row whose steps PyTorch writes in place; on TensorFlow and JAX the
+two rows are the same program). `--rows` keeps only the named rows (and
+`full`, and their twins).
 Raw JSON to `--out`.
 
 Usage:
@@ -91,6 +97,8 @@ def heads(components, vocab, sigsoftmax=False, plif_knots=None):
 
 KERAS_OPS = "_keras_ops"
 TWO_EXP = "_two_exp"
+COPYING = "_copying"
+TWINS = (KERAS_OPS, TWO_EXP, COPYING)
 
 
 def two_exponentials(s):
@@ -107,8 +115,9 @@ def twin_scope(name):
     """For a `KERAS_OPS` row: the PLIF kernels' `segment_sum` and `lookup`
     are Keras' `ops.segment_sum` and `ops.take` within the scope (PyTorch
     traces at every call, so every call of the row runs in it); for a
-    `TWO_EXP` row the summed cores' softmax is `two_exponentials`; other
-    rows: unchanged."""
+    `TWO_EXP` row the summed cores' softmax is `two_exponentials`; for a
+    `COPYING` row nothing is overwritten (`chunked.dispatch.overwritable`
+    False); other rows: unchanged."""
     from keras import ops
 
     from keras_softmax_heads.functional import dispatch
@@ -127,8 +136,12 @@ def twin_scope(name):
     if name.endswith(TWO_EXP):
         swaps = [(module, "normaliser_and_exponentials", two_exponentials)
                  for module in (summed_cross_entropy, summed_mixture)]
+    if name.endswith(COPYING):
+        from keras_softmax_heads.chunked import dispatch as chunked_dispatch
+
+        swaps = [(chunked_dispatch, "overwritable", lambda *tensors: False)]
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in swaps]
-    if name.endswith((KERAS_OPS, TWO_EXP)):
+    if name.endswith(TWINS):
         for module, attr, value in swaps:
             setattr(module, attr, value)
     try:
@@ -149,12 +162,20 @@ def run(args):
     rows, calls = {}, {}
     plif_knots = args.knots if args.plif else None
     makers = heads(args.components, args.vocab, args.sigsoftmax, plif_knots)
+    if args.rows:
+        unknown = sorted(set(args.rows) - set(makers) - {"full"})
+        if unknown:
+            raise ValueError(f"--rows names no such row: {unknown}; rows: {sorted(makers)}")
+        makers = {name: make for name, make in makers.items()
+                  if name in args.rows or name == "full"}
     if args.keras_ops:
         makers.update({name + KERAS_OPS: make for name, make in list(makers.items())
                        if "plif" in name})
+    summed = [(name, make) for name, make in makers.items() if name.endswith("_summed")]
     if args.two_exp:
-        makers.update({name + TWO_EXP: make for name, make in list(makers.items())
-                       if name.endswith("_summed")})
+        makers.update({name + TWO_EXP: make for name, make in summed})
+    if args.copying:
+        makers.update({name + COPYING: make for name, make in summed})
     for name, make in makers.items():
         keras.utils.set_random_seed(0)  # the head's initializers draw their seeds
         model = make_model(make(), args.length, args.vocab, args.dim, jit)
@@ -177,13 +198,15 @@ def run(args):
         rows[name]["step_s_all"] = times
         rows[name]["ratio_to_full"] = statistics.median(
             t / f for t, f in zip(times, wall["full"]))
-        if name.endswith((KERAS_OPS, TWO_EXP)):
-            base = name.removesuffix(KERAS_OPS).removesuffix(TWO_EXP)
+        if name.endswith(TWINS):
+            base = name
+            for suffix in TWINS:
+                base = base.removesuffix(suffix)
             rows[name]["ratio_to_dispatch"] = statistics.median(
                 t / f for t, f in zip(times, wall[base]))
             continue
         base = name.removesuffix("_summed")
-        if base != name:
+        if base != name and base in wall:  # (--rows may leave the tiled row out)
             rows[name]["ratio_to_tiled"] = statistics.median(
                 t / f for t, f in zip(times, wall[base]))
     return {"script": "benchmarks/bench_mixture_summed.py", "args": vars(args),
@@ -212,9 +235,14 @@ def parse_args(argv=None):
                         help="also each PLIF row with Keras' ops.segment_sum and ops.take")
     parser.add_argument("--two_exp", action="store_true",
                         help="also each _summed row with the softmax's two exponential passes")
+    parser.add_argument("--copying", action="store_true",
+                        help="also each _summed row with no tensor overwritten (PyTorch)")
+    parser.add_argument("--rows", type=str, default="",
+                        help="only these rows (and full, and their twins); default all")
     parser.add_argument("--out", type=str, default=None, help="raw JSON here")
     args = parser.parse_args(argv)
     args.components = [int(k) for k in args.components.split(",") if k]
+    args.rows = [name for name in args.rows.split(",") if name]
     return args
 
 

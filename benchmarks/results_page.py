@@ -1035,7 +1035,7 @@ def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
     out, sources, twins = [], [], set()
     for name, data in loaded:
         for r in data["rows"]:
-            twins.update(kind for kind in ("_keras_ops", "_two_exp")
+            twins.update(kind for kind in ("_keras_ops", "_two_exp", "_copying")
                          if r["head"].endswith(kind))
             out.append([data.get("backend"), f"`{r['head']}`", fmt(1000 * r["step_s"], 0),
                         fmt(r.get("ratio_to_full")),
@@ -1054,6 +1054,11 @@ def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
                       "summed cores' softmax as before session 34 (`ops.logsumexp`, then "
                       "`exp(s - lse)`); its last column is its ratio to that row, which takes "
                       "one exponential pass (`normaliser_and_exponentials`).")
+    if "_copying" in twins:
+        twin_text += (" A `_copying` row is the `_summed` row before the suffix with every "
+                      "elementwise step of the summed cores into a fresh tensor, as before "
+                      "session 35 (`chunked.dispatch.overwritable` False); its last column is "
+                      "its ratio to that row, whose steps PyTorch writes in place.")
     return "\n\n".join([
         f"`Sequential(Embedding, head)` + `HeadLoss`, SGD, `train_on_batch` on "
         f"B = {args.get('batch')} x T = {args.get('length')} tokens, d = {args.get('dim')}, "
@@ -1061,6 +1066,14 @@ def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
         "ratio the median per-round ratio (`/ tiled`: the `_summed` row, "
         "`gradient_in_forward=True`, to the same mixture with `False`)." + twin_text,
         table(["backend", "head", "ms / step", "/ full", "/ tiled"], out)] + sources)
+
+
+#: PyTorch's summed cores with their elementwise steps in place against
+#: fresh tensors (`bench_mixture_summed.py --copying`; the same program on
+#: TensorFlow and JAX).
+COPYING_FILES = ("mixture_summed/keras_step_torch_copying_n2048_v32768.json",
+                 "mixture_summed/keras_step_torch_copying_n2048_v10000.json",
+                 "mixture_summed/keras_step_torch_copying_plif_n2048_v10000.json")
 
 
 def keras_step_files(stem):
@@ -1525,6 +1538,8 @@ def build(make_figures=True):
         "plif_chunked_summed_keras": section_mixture_summed(keras_step_files("plif_n2048_v32768")),
         "mos_plif_summed_keras": section_mixture_summed(keras_step_files("mos_plif_n2048_v10000")),
         "two_exp_keras": section_mixture_summed(keras_step_files("two_exp_n2048_v10000")),
+        **{f"copying_keras_{i}": section_mixture_summed((name,))
+           for i, name in enumerate(COPYING_FILES)},
         "plif_histogram": section_plif_histogram(),
         "plif_tile_memory": section_plif_tile_memory(),
         "device_heads_v33278": section_device_heads(

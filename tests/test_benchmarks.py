@@ -399,31 +399,33 @@ def test_mixture_summed_benchmark_smoke(monkeypatch):
     SigSoftmax and PLIFSoftmax, a mixture with and without PLIF; the same
     seed, with and without `gradient_in_forward`) equal; each PLIF row's
     twin with Keras' `segment_sum` and `take` too, and each summed row's
-    with the softmax's two exponential passes."""
+    with the softmax's two exponential passes and with nothing written in
+    place."""
     monkeypatch.syspath_prepend(BENCH)
     import bench_mixture_summed
 
     args = bench_mixture_summed.parse_args(
         ["--batch=2", "--length=3", "--dim=4", "--vocab=20", "--components=2",
          "--rounds=1", "--warmup=0", "--jit_compile=false", "--sigsoftmax", "--plif",
-         "--knots=8", "--keras_ops", "--two_exp"])
+         "--knots=8", "--keras_ops", "--two_exp", "--copying"])
     rows = {r["head"]: r for r in bench_mixture_summed.run(args)["rows"]}
     plif_rows = ["plif", "plif_chunked", "plif_chunked_summed", "mos2_plif", "mos2_plif_summed"]
+    summed = ["full_chunked_summed", "sig_chunked_summed", "plif_chunked_summed", "mos2_summed",
+              "mos2_plif_summed"]
     assert list(rows) == ["full", "sig", "plif", "full_chunked", "full_chunked_summed",
                           "sig_chunked", "sig_chunked_summed", "plif_chunked",
                           "plif_chunked_summed", "mos2", "mos2_summed", "mos2_plif",
                           "mos2_plif_summed"] + [name + "_keras_ops" for name in plif_rows] + [
-                          name + "_two_exp" for name in ("full_chunked_summed", "sig_chunked_summed",
-                                                         "plif_chunked_summed", "mos2_summed",
-                                                         "mos2_plif_summed")]
+                          name + "_two_exp" for name in summed] + [
+                          name + "_copying" for name in summed]
     for name in plif_rows:  # Keras' ops: the same first loss, a ratio
         twin = rows[name + "_keras_ops"]
         assert abs(twin["first_loss"] - rows[name]["first_loss"]) < 1e-6
         assert twin["ratio_to_dispatch"] > 0
-    for name in ("full_chunked_summed", "mos2_summed"):  # the two-exponential softmax
-        twin = rows[name + "_two_exp"]
-        assert abs(twin["first_loss"] - rows[name]["first_loss"]) < 1e-6
-        assert twin["ratio_to_dispatch"] > 0
+    for name in summed:  # the two-exponential softmax; fresh tensors
+        for twin in (rows[name + "_two_exp"], rows[name + "_copying"]):
+            assert abs(twin["first_loss"] - rows[name]["first_loss"]) < 1e-6
+            assert twin["ratio_to_dispatch"] > 0
     assert all(r["step_s"] > 0 for r in rows.values())
     for name in ("full_chunked", "sig_chunked", "plif_chunked", "mos2", "mos2_plif"):
         assert abs(rows[name]["first_loss"] - rows[name + "_summed"]["first_loss"]) < 1e-5

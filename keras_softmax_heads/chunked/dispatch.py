@@ -20,7 +20,11 @@ what the backends do differently:
 * `needs_gradient`: whether the caller's automatic differentiation will
   ask for an input's gradient (PyTorch says so when the loss is built; the
   passes then skip the products of the others); `gradients_needed`, the
-  pair for an output layer's hidden states and kernel.
+  pair for an output layer's hidden states and kernel;
+* `shifted_exp`, `scaled_minus_target`, `multiply`: the summed cores'
+  elementwise steps over a chunk's `[rows, V]` scores, on PyTorch outside
+  automatic differentiation written into a buffer the step owns
+  (`overwritable`) instead of a fresh one each.
 
 `implementation="ops"` runs the passes as they are on every backend (the
 reference the TensorFlow path is tested against).
@@ -139,6 +143,108 @@ def gradients_needed(hidden, kernel):
     output layer's inputs that `chunked.core.CoreSpec` and the summed
     passes' `Side` take as `gradients`."""
     return needs_gradient(hidden), needs_gradient(kernel)
+
+
+def overwritable(*tensors):
+    """Whether the summed cores may overwrite these fresh tensors of their
+    own (`shifted_exp`, `scaled_minus_target`, `multiply`): on PyTorch,
+    when automatic differentiation does not record them (the forward of a
+    custom gradient runs without it); never on the other backends, whose
+    arrays are immutable (XLA fuses the steps and reuses buffers itself).
+
+    Eager PyTorch allocates every intermediate afresh, and on a CPU a
+    `[rows, V]` float32 tensor of a chunk (256 MiB at the default
+    `2**26` scores) is a new mapping whose page faults cost more than
+    the arithmetic: a sum `a - b` of two such tensors took 114 ms, the
+    same into a buffer already touched 22 ms (`docs/chunked.md`,
+    "PyTorch: the chunk's buffers").
+    """
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def shifted_exp(s, shift):
+    """`exp(s - shift[:, None])` for `s` `[rows, V]` and `shift` `[rows]`:
+    on PyTorch (`overwritable`) the exponential is taken in place of the
+    difference, one fresh `[rows, V]` buffer instead of two; elsewhere
+    `keras.ops`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> s = np.array([[0.0, 1.0], [2.0, 2.0]], "float32")
+    >>> out = ops.convert_to_numpy(shifted_exp(s, ops.max(s, axis=1)))
+    >>> bool(np.allclose(out, np.exp(s - s.max(axis=1, keepdims=True))))
+    True
+    """
+    s, shift = ops.convert_to_tensor(s), ops.convert_to_tensor(shift)
+    if overwritable(s, shift):
+        return (s - shift[:, None]).exp_()
+    return ops.exp(s - shift[:, None])
+
+
+def scaled_minus_target(e, scale, targets, delta):
+    """`e * scale[:, None]`, less `delta` at each row's target column:
+    `out[i, v] = e[i, v] scale[i] - delta[i] [v = targets[i]]`, for `e`
+    `[rows, V]`, `scale` and `delta` `[rows]`, `targets` `[rows]` int ids
+    in `[0, V)` (not checked): the softmax's score gradient
+    `w (p - onehot)` from the exponentials. `e` may be overwritten.
+
+    On PyTorch (`overwritable`): `e.mul_` then one `scatter_add_` of
+    `-delta`, no `[rows, V]` buffer; elsewhere a compare of the columns
+    against the targets and a `where` (`keras.ops`, which XLA fuses into
+    one pass).
+
+    Example:
+
+    >>> import numpy as np
+    >>> e = np.ones((2, 3), "float32")
+    >>> out = scaled_minus_target(e, np.array([0.5, 2.0], "float32"),
+    ...                           np.array([2, 0], "int32"), np.array([1.0, 3.0], "float32"))
+    >>> ops.convert_to_numpy(out).tolist()
+    [[0.5, 0.5, -0.5], [-1.0, 2.0, 2.0]]
+    """
+    e, scale, delta = (ops.convert_to_tensor(x) for x in (e, scale, delta))
+    if overwritable(e, scale, delta):
+        import torch
+
+        index = ops.convert_to_tensor(targets).long()[:, None]
+        out = e.mul_(scale[:, None])
+        return out.scatter_add_(1, index, torch.neg(delta)[:, None].to(out.dtype))
+    vocab = e.shape[1]
+    hit = ops.equal(ops.arange(vocab, dtype="int32")[None, :],
+                    ops.cast(targets, "int32")[:, None])
+    out = e * scale[:, None]
+    return ops.where(hit, out - delta[:, None], out)
+
+
+def multiply(a, b):
+    """`a * b` (broadcasting `b`, a tensor or a Python number; `a` itself
+    for the number 1); `a` may be overwritten: on PyTorch (`overwritable`,
+    `b` of `a`'s dtype and shape or broadcast to it) `a.mul_(b)`,
+    elsewhere `keras.ops.multiply`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> ops.convert_to_numpy(multiply(np.ones((1, 2), "float32"), 3.0)).tolist()
+    [[3.0, 3.0]]
+    """
+    a = ops.convert_to_tensor(a)
+    if isinstance(b, (int, float)):
+        if b == 1:
+            return a
+        return a.mul_(b) if overwritable(a) else a * b
+    b = ops.convert_to_tensor(b)
+    if overwritable(a, b) and b.dtype == a.dtype:
+        import torch
+
+        if torch.broadcast_shapes(a.shape, b.shape) == a.shape:
+            return a.mul_(b)
+    return ops.multiply(a, b)
 
 
 def run_pass(fn, implementation="auto"):

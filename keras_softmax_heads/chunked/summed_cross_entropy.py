@@ -42,13 +42,15 @@ from keras_softmax_heads.chunked.summed_divergence import unpadded_rows
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 
 
-def chunk_loss(g, targets, label_smoothing, z_loss, argmax):
-    """`(loss, dg, best)` of a chunk's scores `g` `[size, V]` and targets
-    `[size]`: the per-token loss `[size]`, its gradient with respect to `g`
-    (unweighted) and the argmax word (int32, None unless `argmax`)."""
+def chunk_loss(g, targets, weights, label_smoothing, z_loss, argmax):
+    """`(loss, dg, best)` of a chunk's scores `g` `[size, V]`, targets and
+    weights `[size]`: the per-token loss `[size]`, the gradient of
+    `sum_i w_i loss_i` with respect to `g` and the argmax word (int32, None
+    unless `argmax`). The token weights scale the softmax's row and the
+    target's column as they are written (`dispatch.scaled_minus_target`),
+    not in a pass of their own."""
     vocab = g.shape[1]
     lse, e, total = normaliser_and_exponentials(g)
-    hit = ops.equal(ops.arange(vocab, dtype="int32")[None, :], targets[:, None])
     target_score = ops.take_along_axis(g, targets[:, None], axis=1)[:, 0]
     loss = lse - target_score
     soft = ops.ones_like(lse)
@@ -58,11 +60,11 @@ def chunk_loss(g, targets, label_smoothing, z_loss, argmax):
     if z_loss:
         loss = loss + z_loss * ops.square(lse)
         soft = soft + 2.0 * z_loss * lse
-    dg = e * (soft / total)[:, None]
-    dg = ops.where(hit, dg - (1.0 - label_smoothing), dg)
-    if label_smoothing:
-        dg = dg - label_smoothing / vocab
     best = ops.cast(ops.argmax(g, axis=1), "int32") if argmax else None
+    dg = dispatch.scaled_minus_target(e, soft * weights / total, targets,
+                                      (1.0 - label_smoothing) * weights)
+    if label_smoothing:
+        dg = dg - (label_smoothing / vocab) * weights[:, None]
     return loss, dg, best
 
 
@@ -130,14 +132,14 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
             g, dg_dz = side.scores(h, 1.0)
             t = ops.slice(t_all, [start], [chunks.size])
             w = ops.slice(w_all, [start], [chunks.size])
-            loss, dg, best = chunk_loss(g, t, eps, zl, argmax)
+            loss, dg, best = chunk_loss(g, t, w, eps, zl, argmax)
             # A weight-0 token (padding too) adds nothing, even a
             # non-finite loss.
             total = total + ops.sum(ops.where(w != 0, w * loss, ops.zeros_like(loss)))
             per_token = ops.slice_update(per_token, [start], loss)
             if argmax:
                 best_all = ops.slice_update(best_all, [start], best)
-            grads = side.gradients(h, dg * (w[:, None] * dg_dz), grads, start)
+            grads = side.gradients(h, dispatch.multiply(dg, dg_dz), grads, start)
             return total, per_token, best_all, grads
 
         def forward():

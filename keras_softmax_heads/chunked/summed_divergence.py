@@ -253,9 +253,10 @@ def normaliser_and_exponentials(s):
     `exp(s - lse)` runs the exponential twice (and, eagerly, two more
     passes): MoS(4)'s per-chunk work took about 1.3x this form's on a CPU,
     its Keras step up to 1.05x (`docs/chunked.md`, "One exponential pass").
-    The scores are finite (a row's maximum is a real score)."""
+    The scores are finite (a row's maximum is a real score). `e` is the
+    caller's to overwrite (`dispatch.scaled_minus_target`)."""
     peak = ops.max(s, axis=1)
-    e = ops.exp(s - peak[:, None])
+    e = dispatch.shifted_exp(s, peak)
     total = ops.sum(e, axis=1)
     return peak + ops.log(total), e, total
 

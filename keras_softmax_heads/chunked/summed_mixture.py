@@ -75,7 +75,7 @@ def chunk_mixture(s, log_priors, targets, weights, num_components):
     `weights` `[size]`. Per token `-log p(t)` `[size]`; the gradients of
     `sum_i w_i (-log p(t_i))` with respect to `s` and to the log-priors (a
     weight-0 token's, even with NaN responsibilities, are 0)."""
-    rows, vocab = s.shape
+    rows = s.shape[0]
     size = rows // num_components
     row_targets = ops.repeat(targets, num_components)
     lse, e, total = normaliser_and_exponentials(s)
@@ -85,12 +85,9 @@ def chunk_mixture(s, log_priors, targets, weights, num_components):
     resp = ops.exp(joint - ll[:, None])  # posterior responsibilities [size, K]
     keep = (weights != 0)[:, None]
     scale = ops.where(keep, weights[:, None] * resp, ops.zeros_like(resp))
-    row_scale = ops.reshape(scale, (rows, 1))
-    # w r_k (p_k - onehot_t), p_k = e / total: one pass for the scaled
-    # softmax, one for the target's column (eager PyTorch materialises each).
-    ds = e * (row_scale / total[:, None])
-    hit = ops.equal(ops.arange(vocab, dtype="int32")[None, :], row_targets[:, None])
-    ds = ops.where(hit, ds - row_scale, ds)
+    row_scale = ops.reshape(scale, (rows,))
+    # w r_k (p_k - onehot_t), p_k = e / total.
+    ds = dispatch.scaled_minus_target(e, row_scale / total, row_targets, row_scale)
     return -ll, ds, -scale
 
 
@@ -181,7 +178,7 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
             function and the mixture."""
             s, ds_dx = component_scores(x, output_fn, epsilon)
             nll, ds, dlp_rows = chunk_mixture(s, lp, t, w, k)
-            return nll, (ds if ds_dx is None else ds * ds_dx), dlp_rows
+            return nll, (ds if ds_dx is None else dispatch.multiply(ds, ds_dx)), dlp_rows
 
         def plif_tile(sums, xs):
             """A row tile of the chunk through the PLIF: `xs` = the scores
@@ -192,7 +189,8 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
             if plif.gradient:
                 tile_sums = functional.plif_slope_histograms(transform, idx, offset, d_f)
                 sums = tuple(a + b for a, b in zip(sums, tile_sums))
-            return sums, (nll, ops.reshape(d_f * slope, (-1, k, vocab)), dlp_rows)
+            return sums, (nll, ops.reshape(dispatch.multiply(d_f, slope), (-1, k, vocab)),
+                          dlp_rows)
 
         def body(i, state):
             total, per_token, dlp, grads, sums = state

@@ -1,0 +1,108 @@
+"""The summed cores' elementwise primitives of `chunked.dispatch`
+(`shifted_exp`, `scaled_minus_target`, `multiply`): equal to NumPy and to
+their `keras.ops` form on every backend; on PyTorch written in place of a
+buffer of their own outside automatic differentiation (the path seen to be
+taken), never in place of the caller's inputs, and differentiable as the
+`keras.ops` form where autograd records them."""
+
+import keras
+import numpy as np
+import pytest
+from backends import BACKEND
+from backends import to_numpy
+from keras import ops
+
+from keras_softmax_heads.chunked import dispatch
+
+pytestmark = pytest.mark.multibackend
+
+
+def _inputs(dtype="float32"):
+    rng = np.random.default_rng(0)
+    s = (3.0 * rng.normal(size=(5, 7))).astype(dtype)
+    scale = rng.uniform(0.1, 2.0, size=5).astype(dtype)
+    targets = np.array([0, 6, 3, 3, 1], "int32")
+    delta = rng.uniform(-1.0, 1.0, size=5).astype(dtype)
+    return s, scale, targets, delta
+
+
+def _oracle(e, scale, targets, delta):
+    out = e.astype("float64") * scale[:, None]
+    out[np.arange(len(targets)), targets] -= delta
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_primitives_match_numpy_and_the_ops_form(dtype, monkeypatch):
+    s, scale, targets, delta = _inputs(dtype)
+    peak = s.max(axis=1)
+    tol = 1e-6 if dtype == "float32" else 1e-12
+
+    def run():
+        e = dispatch.shifted_exp(ops.convert_to_tensor(s), ops.convert_to_tensor(peak))
+        e_np = to_numpy(e).copy()
+        out = dispatch.scaled_minus_target(e, scale, targets, delta)
+        out = dispatch.multiply(out, ops.convert_to_tensor(np.full((5, 1), 2.0, dtype)))
+        return e_np, to_numpy(out)
+
+    e, out = run()
+    assert e.dtype == dtype and out.dtype == dtype
+    np.testing.assert_allclose(e, np.exp(s - peak[:, None]), rtol=tol)
+    np.testing.assert_allclose(out, 2.0 * _oracle(e, scale, targets, delta), rtol=tol, atol=tol)
+    monkeypatch.setattr(dispatch, "overwritable", lambda *tensors: False)
+    e_ops, out_ops = run()
+    np.testing.assert_array_equal(e_ops, e)
+    np.testing.assert_array_equal(out_ops, out)
+
+
+def test_in_place_only_on_pytorch_and_never_of_the_inputs():
+    """On PyTorch (outside autograd) `shifted_exp` leaves its scores and
+    `scaled_minus_target` / `multiply` return the buffer they were given;
+    the scores themselves are untouched; elsewhere nothing is overwritten."""
+    s, scale, targets, delta = _inputs()
+    s_t = ops.convert_to_tensor(s)
+    e = dispatch.shifted_exp(s_t, ops.max(s_t, axis=1))
+    np.testing.assert_array_equal(to_numpy(s_t), s)
+    e_before = to_numpy(e).copy()
+    out = dispatch.scaled_minus_target(e, ops.convert_to_tensor(scale), targets,
+                                       ops.convert_to_tensor(delta))
+    doubled = dispatch.multiply(out, 2.0)
+    assert dispatch.overwritable(e) == (BACKEND == "torch")
+    if BACKEND == "torch":
+        assert out.data_ptr() == e.data_ptr() and doubled.data_ptr() == e.data_ptr()
+    else:
+        np.testing.assert_array_equal(to_numpy(e), e_before)
+    assert dispatch.multiply(out, 1.0) is out
+
+
+def test_multiply_falls_back_where_it_cannot_write_in_place():
+    """A factor of another dtype, or one that broadcasts `a` to a larger
+    shape, is multiplied as `keras.ops.multiply` does (a new tensor of the
+    promoted dtype and shape; `a` untouched), on every backend."""
+    a = ops.convert_to_tensor(np.ones((1, 3), "float32"))
+    wider = dispatch.multiply(a, ops.convert_to_tensor(np.full((2, 3), 3.0, "float32")))
+    assert tuple(wider.shape) == (2, 3)
+    np.testing.assert_array_equal(to_numpy(a), np.ones((1, 3)))
+    half = ops.convert_to_tensor(np.ones((1, 3), "float16"))
+    other = dispatch.multiply(half, ops.convert_to_tensor(np.full((1, 3), 2.0, "float32")))
+    assert keras.backend.standardize_dtype(other.dtype) == "float32"
+    np.testing.assert_array_equal(to_numpy(half), np.ones((1, 3)))
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's autograd")
+def test_recorded_by_autograd_they_are_the_ops_form_and_differentiable():
+    """Where autograd records the scores, the primitives are the
+    `keras.ops` form (no in-place write of a tensor autograd saved), and
+    their gradient is the oracle's."""
+    import torch
+
+    s, scale, targets, delta = _inputs("float64")
+    x = torch.tensor(s, requires_grad=True)
+    peak = torch.max(x, dim=1).values.detach()
+    e = dispatch.shifted_exp(x, peak)
+    assert not dispatch.overwritable(e)
+    out = dispatch.multiply(dispatch.scaled_minus_target(e, torch.tensor(scale), targets,
+                                                         torch.tensor(delta)), 2.0)
+    (grad,) = torch.autograd.grad(out.sum(), [x])
+    expected = 2.0 * np.exp(s - s.max(axis=1, keepdims=True)) * scale[:, None]
+    np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-12)
