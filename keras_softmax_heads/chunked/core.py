@@ -263,8 +263,11 @@ def forward_tile(p, state, start, mask, skip):
     # Rows whose scores are all -inf so far: avoid (-inf) - (-inf).
     safe_max = ops.where(ops.isfinite(new_max), new_max, ops.zeros_like(new_max))
     scale = ops.exp(run_max - safe_max)
-    shifted = g - safe_max[:, None]
-    e = ops.exp(shifted)
+    if p.spec.entropy:
+        shifted = g - safe_max[:, None]
+        e = ops.exp(shifted)
+    else:  # (on PyTorch the exponential in place of the difference)
+        e = dispatch.shifted_exp(g, safe_max)
     if p.spec.entropy:
         # sum e (g - m'), rescaled from the old max m: the old sum of
         # e (g - m) becomes scale (old - (m' - m) run_sum); no term while
@@ -331,15 +334,18 @@ def score_gradient(p, g, lse, cot, start, mask, skip):
     """`dg = soft softmax - onehot onehot(target) (+ sum)
     (- u_H softmax (g - E_p[g]))` of one tile; the masked columns have
     `g = -inf`, hence no softmax and no gradient."""
-    weight = cot.soft[:, None]
-    if cot.entropy is not None:  # dH/dg_v = -p_v (g_v - E_p[g])
-        centred = finite_scores(g - cot.mean[:, None], mask)
-        weight = weight - cot.entropy[:, None] * centred
-    dg = ops.exp(g - lse[:, None]) * weight
     col, inside = target_columns(p, start, skip)
-    columns = ops.arange(p.tiling.size, dtype="int32")
-    hit = ops.logical_and(ops.equal(columns[None, :], col[:, None]), inside[:, None])
-    dg = ops.where(hit, dg - cot.onehot[:, None], dg)
+    if cot.entropy is None:
+        # A target outside the tile: nothing subtracted at its clipped column.
+        onehot = ops.where(inside, cot.onehot, ops.zeros_like(cot.onehot))
+        dg = dispatch.scaled_minus_target(dispatch.shifted_exp(g, lse), cot.soft, col, onehot)
+    else:  # dH/dg_v = -p_v (g_v - E_p[g])
+        centred = finite_scores(g - cot.mean[:, None], mask)
+        weight = cot.soft[:, None] - cot.entropy[:, None] * centred
+        dg = ops.exp(g - lse[:, None]) * weight
+        columns = ops.arange(p.tiling.size, dtype="int32")
+        hit = ops.logical_and(ops.equal(columns[None, :], col[:, None]), inside[:, None])
+        dg = ops.where(hit, dg - cot.onehot[:, None], dg)
     if cot.sum is not None:
         if mask is None:
             dg = dg + cot.sum[:, None]

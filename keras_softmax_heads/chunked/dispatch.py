@@ -21,10 +21,11 @@ what the backends do differently:
   ask for an input's gradient (PyTorch says so when the loss is built; the
   passes then skip the products of the others); `gradients_needed`, the
   pair for an output layer's hidden states and kernel;
-* `shifted_exp`, `scaled_minus_target`, `multiply`: the summed cores'
-  elementwise steps over a chunk's `[rows, V]` scores, on PyTorch outside
-  automatic differentiation written into a buffer the step owns
-  (`overwritable`) instead of a fresh one each.
+* `shifted_exp`, `scaled_minus_target`, `multiply`: the elementwise steps
+  over a chunk's `[rows, V]` or a tile's `[N, size]` scores (the summed
+  cores, the tiled pass), on PyTorch outside automatic differentiation
+  written into a buffer the step owns (`overwritable`) instead of a fresh
+  one each.
 
 `implementation="ops"` runs the passes as they are on every backend (the
 reference the TensorFlow path is tested against).
@@ -146,7 +147,7 @@ def gradients_needed(hidden, kernel):
 
 
 def overwritable(*tensors):
-    """Whether the summed cores may overwrite these fresh tensors of their
+    """Whether the chunked passes may overwrite these fresh tensors of their
     own (`shifted_exp`, `scaled_minus_target`, `multiply`): on PyTorch,
     when automatic differentiation does not record them (the forward of a
     custom gradient runs without it); never on the other backends, whose
