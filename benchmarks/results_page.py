@@ -1073,7 +1073,8 @@ def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
 #: TensorFlow and JAX).
 COPYING_FILES = ("mixture_summed/keras_step_torch_copying_n2048_v32768.json",
                  "mixture_summed/keras_step_torch_copying_n2048_v10000.json",
-                 "mixture_summed/keras_step_torch_copying_plif_n2048_v10000.json")
+                 "mixture_summed/keras_step_torch_copying_plif_n2048_v10000.json",
+                 "mixture_summed/keras_step_torch_copying_sig_n2048_v32768.json")
 
 
 def keras_step_files(stem):

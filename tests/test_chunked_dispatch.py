@@ -106,3 +106,20 @@ def test_recorded_by_autograd_they_are_the_ops_form_and_differentiable():
     (grad,) = torch.autograd.grad(out.sum(), [x])
     expected = 2.0 * np.exp(s - s.max(axis=1, keepdims=True)) * scale[:, None]
     np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-12)
+
+
+def test_sigsoftmax_scores_match_the_ops_form(monkeypatch):
+    """SigSoftmax's component scores and their slope, wide and tiny `z`
+    included, equal NumPy's and, bit for bit, the `keras.ops` form; `z`
+    untouched."""
+    z = np.array([[-40.0, -3.0, 0.0, 0.5, 25.0], [1.0, -1.0, 2.0, -2.0, 30.0]], "float32")
+    z_t = ops.convert_to_tensor(z)
+    s, slope = (to_numpy(x) for x in dispatch.sigsoftmax_scores(z_t))
+    np.testing.assert_array_equal(to_numpy(z_t), z)
+    np.testing.assert_allclose(s, z - np.logaddexp(0.0, -z.astype("float64")), rtol=1e-6)
+    np.testing.assert_allclose(slope, 1.0 + 1.0 / (1.0 + np.exp(z.astype("float64"))),
+                               rtol=1e-6)
+    monkeypatch.setattr(dispatch, "overwritable", lambda *tensors: False)
+    s_ops, slope_ops = (to_numpy(x) for x in dispatch.sigsoftmax_scores(z_t))
+    np.testing.assert_array_equal(s, s_ops)
+    np.testing.assert_array_equal(slope, slope_ops)

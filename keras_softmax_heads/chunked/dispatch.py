@@ -21,11 +21,11 @@ what the backends do differently:
   ask for an input's gradient (PyTorch says so when the loss is built; the
   passes then skip the products of the others); `gradients_needed`, the
   pair for an output layer's hidden states and kernel;
-* `shifted_exp`, `scaled_minus_target`, `multiply`: the elementwise steps
-  over a chunk's `[rows, V]` or a tile's `[N, size]` scores (the summed
-  cores, the tiled pass), on PyTorch outside automatic differentiation
-  written into a buffer the step owns (`overwritable`) instead of a fresh
-  one each.
+* `shifted_exp`, `scaled_minus_target`, `multiply`, `sigsoftmax_scores`:
+  the elementwise steps over a chunk's `[rows, V]` or a tile's `[N, size]`
+  scores (the summed cores, the tiled pass), on PyTorch outside automatic
+  differentiation written into a buffer the step owns (`overwritable`)
+  instead of a fresh one each.
 
 `implementation="ops"` runs the passes as they are on every backend (the
 reference the TensorFlow path is tested against).
@@ -35,6 +35,7 @@ import keras
 from keras import ops
 
 from keras_softmax_heads.functional.dispatch import xla_in_graph
+from keras_softmax_heads.functional import log_sigmoid_scores
 from keras_softmax_heads.platforms import current_platform
 
 
@@ -220,6 +221,33 @@ def scaled_minus_target(e, scale, targets, delta):
                     ops.cast(targets, "int32")[:, None])
     out = e * scale[:, None]
     return ops.where(hit, out - delta[:, None], out)
+
+
+def sigsoftmax_scores(z):
+    """`(s, ds/dz)` of SigSoftmax's component scores: `s = log(exp(z)
+    sigmoid(z)) = z - softplus(-z)` (`functional.log_sigmoid_scores`) and
+    `ds/dz = 1 + sigmoid(-z)`, for `z` `[rows, V]`. On PyTorch
+    (`overwritable`) two fresh buffers (`-z`, its softplus) where the
+    `keras.ops` form, used elsewhere, makes six.
+
+    Example:
+
+    >>> import numpy as np
+    >>> z = np.array([[-30.0, 0.0, 2.0]], "float32")
+    >>> s, slope = sigsoftmax_scores(z)
+    >>> bool(np.allclose(ops.convert_to_numpy(s), z - np.logaddexp(0.0, -z)))
+    True
+    >>> bool(np.allclose(ops.convert_to_numpy(slope), 1.0 + 1.0 / (1.0 + np.exp(z))))
+    True
+    """
+    z = ops.convert_to_tensor(z)
+    if overwritable(z):
+        import torch
+
+        neg = torch.neg(z)
+        s = torch.nn.functional.softplus(neg).neg_().add_(z)
+        return s, neg.sigmoid_().add_(1.0)
+    return log_sigmoid_scores(z), 1.0 + ops.sigmoid(-z)
 
 
 def multiply(a, b):

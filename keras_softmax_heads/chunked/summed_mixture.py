@@ -62,7 +62,7 @@ def component_scores(z, output_fn="softmax", epsilon=1e-6):
     if output_fn == "softmax":
         return z, None
     if output_fn == "sigsoftmax":
-        return functional.log_sigmoid_scores(z), 1.0 + ops.sigmoid(-z)
+        return dispatch.sigsoftmax_scores(z)
     if output_fn == "sigmoid":
         return functional.log_sigmoid_output_scores(z), ops.sigmoid(-z)
     g = ops.relu(z) + ops.cast(epsilon, z.dtype)  # "relu"
