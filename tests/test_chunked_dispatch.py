@@ -123,3 +123,33 @@ def test_sigsoftmax_scores_match_the_ops_form(monkeypatch):
     s_ops, slope_ops = (to_numpy(x) for x in dispatch.sigsoftmax_scores(z_t))
     np.testing.assert_array_equal(s, s_ops)
     np.testing.assert_array_equal(slope, slope_ops)
+
+
+@pytest.mark.parametrize("transposed_begin", [False, True])
+def test_slice_writes_match_the_ops_form(transposed_begin, monkeypatch):
+    """`update_slice` and `add_to_slice` equal `keras.ops.slice_update`
+    (on PyTorch written into the buffer itself, the path seen taken);
+    a tensor `begin` takes the `keras.ops` form on every backend."""
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(4, 6)).astype("float32")
+    values = rng.normal(size=(2, 3)).astype("float32")
+    begin = [2, 3] if transposed_begin else [1, 0]
+    expected_set, expected_add = base.copy(), base.copy()
+    rows, cols = slice(begin[0], begin[0] + 2), slice(begin[1], begin[1] + 3)
+    expected_set[rows, cols] = values
+    expected_add[rows, cols] += values
+    for fn, expected in ((dispatch.update_slice, expected_set),
+                         (dispatch.add_to_slice, expected_add)):
+        buffer = ops.convert_to_tensor(base.copy())
+        out = fn(buffer, begin, ops.convert_to_tensor(values))
+        np.testing.assert_allclose(to_numpy(out), expected, rtol=1e-6)
+        if BACKEND == "torch":
+            assert out.data_ptr() == buffer.data_ptr()
+        tensor_begin = [ops.convert_to_tensor(b, "int32") for b in begin]
+        out = fn(ops.convert_to_tensor(base.copy()), tensor_begin, ops.convert_to_tensor(values))
+        np.testing.assert_allclose(to_numpy(out), expected, rtol=1e-6)
+    monkeypatch.setattr(dispatch, "overwritable", lambda *tensors: False)
+    buffer = ops.convert_to_tensor(base.copy())
+    out = dispatch.add_to_slice(buffer, begin, ops.convert_to_tensor(values))
+    np.testing.assert_allclose(to_numpy(out), expected_add, rtol=1e-6)
+    np.testing.assert_array_equal(to_numpy(buffer), base)

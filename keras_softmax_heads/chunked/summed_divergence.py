@@ -137,7 +137,7 @@ class Side:
                 dh_rows = self.product(dz, self.kernel)
             else:
                 dh_rows = self.product(dz, ops.transpose(self.kernel))
-            dh = ops.slice_update(dh, [start, 0], dh_rows)
+            dh = dispatch.update_slice(dh, [start, 0], dh_rows)
         if self.kernel_gradient:
             dkernel = self.add_kernel_gradient(dkernel, h, dz)
         if self.bias is not None:
@@ -155,12 +155,10 @@ class Side:
             if mask is not None:  # the tail tile's columns of its neighbour
                 dz_tile = dz_tile * mask
             if self.transposed:
-                begin, shape = [start, 0], [size, self.d]
-                term = self.product(ops.transpose(dz_tile), h)
+                begin, term = [start, 0], self.product(ops.transpose(dz_tile), h)
             else:
-                begin, shape = [0, start], [self.d, size]
-                term = self.product(ops.transpose(h), dz_tile)
-            return ops.slice_update(dk, begin, ops.slice(dk, begin, shape) + term)
+                begin, term = [0, start], self.product(ops.transpose(h), dz_tile)
+            return dispatch.add_to_slice(dk, begin, term)
 
         return over_tiles(self.tiling, self.tail_keep, add, dkernel)
 
