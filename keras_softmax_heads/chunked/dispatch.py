@@ -276,22 +276,28 @@ def multiply(a, b):
     return ops.multiply(a, b)
 
 
-def _static_begin(begin):
-    """`begin` as Python ints, or None where one is a tensor."""
+def _slice_in_place(buffer, begin, values):
+    """The view of `buffer` that `values` would update at `begin`, where
+    `buffer` may be written in place (`overwritable`, `begin` Python ints,
+    the same dtype); else None."""
     import operator
 
     try:
-        return [operator.index(b) for b in begin]
-    except TypeError:
+        start = [operator.index(b) for b in begin]
+    except TypeError:  # a tensor
         return None
+    if not (overwritable(buffer, values) and values.dtype == buffer.dtype):
+        return None
+    return buffer[tuple(slice(b, b + n) for b, n in zip(start, values.shape))]
 
 
 def update_slice(buffer, begin, values):
     """`keras.ops.slice_update(buffer, begin, values)`; `buffer` (a pass's
     own gradient buffer) may be overwritten: on PyTorch (`overwritable`,
-    `begin` Python ints) `values` are written into it in place, where Keras'
-    PyTorch `slice_update` clones the whole buffer at each write (a 64 MiB
-    kernel gradient eight times a pass at V = 32,768, d = 512).
+    `begin` Python ints, `values` of its dtype) `values` are written into
+    it in place, where Keras' PyTorch `slice_update` clones the whole
+    buffer at each write (a 64 MiB kernel gradient eight times a pass at
+    V = 32,768, d = 512).
 
     Example:
 
@@ -301,18 +307,19 @@ def update_slice(buffer, begin, values):
     [[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]
     """
     buffer, values = ops.convert_to_tensor(buffer), ops.convert_to_tensor(values)
-    start = _static_begin(begin)
-    if start is not None and overwritable(buffer, values):
-        buffer[tuple(slice(b, b + n) for b, n in zip(start, values.shape))] = values
-        return buffer
-    return ops.slice_update(buffer, begin, values)
+    view = _slice_in_place(buffer, begin, values)
+    if view is None:
+        return ops.slice_update(buffer, begin, values)
+    view.copy_(values)
+    return buffer
 
 
 def add_to_slice(buffer, begin, values):
     """`buffer` with `values` added to its slice at `begin` (the slice's
     shape is `values`'); `buffer` may be overwritten: on PyTorch
-    (`overwritable`, `begin` Python ints) `add_` into the slice in place,
-    elsewhere `keras.ops.slice_update` of the slice plus `values`.
+    (`overwritable`, `begin` Python ints, the same dtype) `add_` into the
+    slice in place, elsewhere `keras.ops.slice_update` of the slice plus
+    `values`.
 
     Example:
 
@@ -322,12 +329,12 @@ def add_to_slice(buffer, begin, values):
     [[1.0, 1.0, 1.0], [2.0, 2.0, 1.0]]
     """
     buffer, values = ops.convert_to_tensor(buffer), ops.convert_to_tensor(values)
-    start = _static_begin(begin)
-    if start is not None and overwritable(buffer, values) and values.dtype == buffer.dtype:
-        buffer[tuple(slice(b, b + n) for b, n in zip(start, values.shape))].add_(values)
-        return buffer
-    shape = list(values.shape)
-    return ops.slice_update(buffer, begin, ops.slice(buffer, begin, shape) + values)
+    view = _slice_in_place(buffer, begin, values)
+    if view is None:
+        shape = list(values.shape)
+        return ops.slice_update(buffer, begin, ops.slice(buffer, begin, shape) + values)
+    view.add_(values)
+    return buffer
 
 
 def run_pass(fn, implementation="auto"):
