@@ -263,12 +263,11 @@ def forward_tile(p, state, start, mask, skip):
     # Rows whose scores are all -inf so far: avoid (-inf) - (-inf).
     safe_max = ops.where(ops.isfinite(new_max), new_max, ops.zeros_like(new_max))
     scale = ops.exp(run_max - safe_max)
-    if p.spec.entropy:
+    if not p.spec.entropy:  # (on PyTorch the exponential in place of the difference)
+        e = dispatch.shifted_exp(g, safe_max)
+    else:
         shifted = g - safe_max[:, None]
         e = ops.exp(shifted)
-    else:  # (on PyTorch the exponential in place of the difference)
-        e = dispatch.shifted_exp(g, safe_max)
-    if p.spec.entropy:
         # sum e (g - m'), rescaled from the old max m: the old sum of
         # e (g - m) becomes scale (old - (m' - m) run_sum); no term while
         # the row is all -inf (run_sum = 0).
