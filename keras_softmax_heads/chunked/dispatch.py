@@ -21,8 +21,9 @@ what the backends do differently:
   ask for an input's gradient (PyTorch says so when the loss is built; the
   passes then skip the products of the others); `gradients_needed`, the
   pair for an output layer's hidden states and kernel;
-* `shifted_exp`, `scaled_minus_target`, `multiply`, `sigsoftmax_scores`,
-  `update_slice`, `add_to_slice`: the elementwise steps and gradient writes over a chunk's `[rows, V]` or a tile's `[N, size]`
+* `shifted_exp`, `scaled_minus_target`, `multiply`, `subtract`,
+  `sigsoftmax_scores`, `update_slice`, `add_to_slice`: the elementwise
+  steps and gradient writes over a chunk's `[rows, V]` or a tile's `[N, size]`
   scores (the summed cores, the tiled pass), on PyTorch outside automatic
   differentiation written into a buffer the step owns (`overwritable`)
   instead of a fresh one each.
@@ -274,6 +275,24 @@ def multiply(a, b):
         if torch.broadcast_shapes(a.shape, b.shape) == a.shape:
             return a.mul_(b)
     return ops.multiply(a, b)
+
+
+def subtract(a, b):
+    """`a - b` for `a` `[rows, V]` and `b` of its shape and dtype; `a` may
+    be overwritten: on PyTorch (`overwritable`) `a.sub_(b)`, elsewhere
+    `keras.ops.subtract`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> a, b = np.full((1, 2), 3.0, "float32"), np.ones((1, 2), "float32")
+    >>> ops.convert_to_numpy(subtract(a, b)).tolist()
+    [[2.0, 2.0]]
+    """
+    a, b = ops.convert_to_tensor(a), ops.convert_to_tensor(b)
+    if overwritable(a, b) and a.dtype == b.dtype and a.shape == b.shape:
+        return a.sub_(b)
+    return ops.subtract(a, b)
 
 
 def _slice_in_place(buffer, begin, values):

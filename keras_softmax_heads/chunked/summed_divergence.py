@@ -284,18 +284,18 @@ def chunk_divergence(divergence, beta, s, t, teacher_gradient):
                "kl_q": ops.sum(q * (log_q - log_m), axis=1)}
         ds, dt = score_gradients(divergence, beta, log_q, log_p, q, p, kls)
         return beta * kls["kl_p"] + (1.0 - beta) * kls["kl_q"], ds, dt
-    if divergence == "forward_kl":
-        p = ops.exp(t - lse_t)
+    if divergence == "forward_kl":  # (on PyTorch written in place: `dispatch`)
+        p = dispatch.shifted_exp(t, lse_t[:, 0])
         kl = ops.sum(p * (t - s), axis=1) + (lse_s - lse_t)[:, 0]
-        ds = ops.exp(s - lse_s) - p
+        ds = dispatch.subtract(dispatch.shifted_exp(s, lse_s[:, 0]), p)
         dt = None
         if teacher_gradient:
             dt = p * ((t - lse_t) - (s - lse_s) - kl[:, None])
         return kl, ds, dt
-    q = ops.exp(s - lse_s)  # reverse KL(q || p)
+    q = dispatch.shifted_exp(s, lse_s[:, 0])  # reverse KL(q || p)
     kl = ops.sum(q * (s - t), axis=1) + (lse_t - lse_s)[:, 0]
     ds = q * ((s - lse_s) - (t - lse_t) - kl[:, None])
-    dt = ops.exp(t - lse_t) - q if teacher_gradient else None
+    dt = dispatch.subtract(dispatch.shifted_exp(t, lse_t[:, 0]), q) if teacher_gradient else None
     return kl, ds, dt
 
 
@@ -365,9 +365,10 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
             # divergence.
             total = total + ops.sum(ops.where(w != 0, w * value, ops.zeros_like(value)))
             per_token = ops.slice_update(per_token, [start], value)
-            s_state = s.gradients(h_s, ds * (w[:, None] * d_s), s_state, start)
+            s_state = s.gradients(h_s, dispatch.multiply(ds, w[:, None] * d_s), s_state, start)
             if teacher_gradient:
-                t_state = t.gradients(h_t, dt * (w[:, None] * d_t), t_state, start)
+                t_state = t.gradients(h_t, dispatch.multiply(dt, w[:, None] * d_t), t_state,
+                                      start)
             return total, per_token, s_state, t_state
 
         def forward():
