@@ -156,3 +156,19 @@ def test_slice_writes_match_the_ops_form(transposed_begin, monkeypatch):
     out = dispatch.add_to_slice(buffer, begin, ops.convert_to_tensor(values))
     np.testing.assert_allclose(to_numpy(out), expected_add, rtol=1e-6)
     np.testing.assert_array_equal(to_numpy(buffer), base)
+
+
+def test_subtract_matches_numpy_in_place_on_pytorch():
+    """`subtract` equals `a - b`; on PyTorch into `a` itself, `b` untouched;
+    a broadcast `b` takes the `keras.ops` form on every backend."""
+    a_np, b_np = np.full((2, 3), 3.0, "float32"), np.arange(6, dtype="float32").reshape(2, 3)
+    a, b = ops.convert_to_tensor(a_np), ops.convert_to_tensor(b_np)
+    out = dispatch.subtract(a, b)
+    np.testing.assert_array_equal(to_numpy(out), a_np - b_np)
+    np.testing.assert_array_equal(to_numpy(b), b_np)
+    if BACKEND == "torch":
+        assert out.data_ptr() == a.data_ptr()
+    row = ops.convert_to_tensor(np.ones((1, 3), "float32"))
+    wide = dispatch.subtract(row, b)
+    np.testing.assert_array_equal(to_numpy(wide), 1.0 - b_np)
+    np.testing.assert_array_equal(to_numpy(row), np.ones((1, 3)))
