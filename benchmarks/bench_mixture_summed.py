@@ -124,26 +124,26 @@ def twin_scope(name):
     from keras_softmax_heads.functional import plif_kernels
     from keras_softmax_heads.functional import tabulated
 
-    def segment_sum(data, ids, n):
-        return ops.segment_sum(data, ids, num_segments=n)
-
+    from keras_softmax_heads.chunked import dispatch as chunked_dispatch
     from keras_softmax_heads.chunked import summed_cross_entropy
     from keras_softmax_heads.chunked import summed_mixture
 
-    swaps = [(dispatch, "segment_sum", segment_sum),
-             (plif_kernels, "lookup", lambda table, idx: ops.take(table, idx, axis=0)),
-             (tabulated, "lookup", lambda table, idx: ops.take(table, idx, axis=0))]
-    if name.endswith(TWO_EXP):
+    def take(table, idx):
+        return ops.take(table, idx, axis=0)
+
+    swaps = []
+    if name.endswith(KERAS_OPS):
+        swaps = [(dispatch, "segment_sum",
+                  lambda data, ids, n: ops.segment_sum(data, ids, num_segments=n)),
+                 (plif_kernels, "lookup", take), (tabulated, "lookup", take)]
+    elif name.endswith(TWO_EXP):
         swaps = [(module, "normaliser_and_exponentials", two_exponentials)
                  for module in (summed_cross_entropy, summed_mixture)]
-    if name.endswith(COPYING):
-        from keras_softmax_heads.chunked import dispatch as chunked_dispatch
-
+    elif name.endswith(COPYING):
         swaps = [(chunked_dispatch, "overwritable", lambda *tensors: False)]
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in swaps]
-    if name.endswith(TWINS):
-        for module, attr, value in swaps:
-            setattr(module, attr, value)
+    for module, attr, value in swaps:
+        setattr(module, attr, value)
     try:
         yield
     finally:

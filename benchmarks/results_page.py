@@ -1021,6 +1021,25 @@ def section_device_heads(name, command=None):
         provenance(name, _with_command(data))])
 
 
+#: `bench_mixture_summed.py`'s twin rows by suffix, and what the results
+#: page says of them.
+TWIN_TEXTS = {
+    "_keras_ops": (" A `_keras_ops` row is the row before the suffix with Keras' "
+                   "`ops.segment_sum` and `ops.take` in PLIF's kernels (PyTorch's paths "
+                   "before session 34); its last column is its ratio to that row, which "
+                   "takes `dispatch.segment_sum` and `dispatch.lookup` (on PyTorch "
+                   "`index_add_` and `index_select`)."),
+    "_two_exp": (" A `_two_exp` row is the `_summed` row before the suffix with the "
+                 "summed cores' softmax as before session 34 (`ops.logsumexp`, then "
+                 "`exp(s - lse)`); its last column is its ratio to that row, which takes "
+                 "one exponential pass (`normaliser_and_exponentials`)."),
+    "_copying": (" A `_copying` row is the `_summed` row before the suffix with every "
+                 "elementwise step of the summed cores into a fresh tensor, as before "
+                 "session 35 (`chunked.dispatch.overwritable` False); its last column is "
+                 "its ratio to that row, whose steps PyTorch writes in place."),
+}
+
+
 MIXTURE_SUMMED_FILES = ("mixture_summed/keras_step_tf_n2048_v10000.json",
                         "mixture_summed/keras_step_torch_n2048_v10000.json")
 
@@ -1035,30 +1054,13 @@ def section_mixture_summed(names=MIXTURE_SUMMED_FILES):
     out, sources, twins = [], [], set()
     for name, data in loaded:
         for r in data["rows"]:
-            twins.update(kind for kind in ("_keras_ops", "_two_exp", "_copying")
-                         if r["head"].endswith(kind))
+            twins.update(kind for kind in TWIN_TEXTS if r["head"].endswith(kind))
             out.append([data.get("backend"), f"`{r['head']}`", fmt(1000 * r["step_s"], 0),
                         fmt(r.get("ratio_to_full")),
                         fmt(r.get("ratio_to_tiled", r.get("ratio_to_dispatch")))])
         sources.append(provenance(name, _with_command(data)))
     args = loaded[0][1].get("args", {})
-    twin_text = ""
-    if "_keras_ops" in twins:
-        twin_text += (" A `_keras_ops` row is the row before the suffix with Keras' "
-                      "`ops.segment_sum` and `ops.take` in PLIF's kernels (PyTorch's paths "
-                      "before session 34); its last column is its ratio to that row, which "
-                      "takes `dispatch.segment_sum` and `dispatch.lookup` (on PyTorch "
-                      "`index_add_` and `index_select`).")
-    if "_two_exp" in twins:
-        twin_text += (" A `_two_exp` row is the `_summed` row before the suffix with the "
-                      "summed cores' softmax as before session 34 (`ops.logsumexp`, then "
-                      "`exp(s - lse)`); its last column is its ratio to that row, which takes "
-                      "one exponential pass (`normaliser_and_exponentials`).")
-    if "_copying" in twins:
-        twin_text += (" A `_copying` row is the `_summed` row before the suffix with every "
-                      "elementwise step of the summed cores into a fresh tensor, as before "
-                      "session 35 (`chunked.dispatch.overwritable` False); its last column is "
-                      "its ratio to that row, whose steps PyTorch writes in place.")
+    twin_text = "".join(text for kind, text in TWIN_TEXTS.items() if kind in twins)
     return "\n\n".join([
         f"`Sequential(Embedding, head)` + `HeadLoss`, SGD, `train_on_batch` on "
         f"B = {args.get('batch')} x T = {args.get('length')} tokens, d = {args.get('dim')}, "

@@ -76,6 +76,10 @@ def test_in_place_only_on_pytorch_and_never_of_the_inputs():
     else:
         np.testing.assert_array_equal(to_numpy(e), e_before)
     assert dispatch.multiply(out, 1.0) is out
+    unscaled = dispatch.scaled_minus_target(ops.convert_to_tensor(s), None, targets,
+                                            ops.convert_to_tensor(delta))
+    np.testing.assert_allclose(to_numpy(unscaled), _oracle(s, np.ones(5), targets, delta),
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_multiply_falls_back_where_it_cannot_write_in_place():

@@ -334,17 +334,14 @@ def score_gradient(p, g, lse, cot, start, mask, skip):
     (- u_H softmax (g - E_p[g]))` of one tile; the masked columns have
     `g = -inf`, hence no softmax and no gradient."""
     col, inside = target_columns(p, start, skip)
+    # A target outside the tile: nothing subtracted at its clipped column.
+    onehot = ops.where(inside, cot.onehot, ops.zeros_like(cot.onehot))
     if cot.entropy is None:
-        # A target outside the tile: nothing subtracted at its clipped column.
-        onehot = ops.where(inside, cot.onehot, ops.zeros_like(cot.onehot))
         dg = dispatch.scaled_minus_target(dispatch.shifted_exp(g, lse), cot.soft, col, onehot)
     else:  # dH/dg_v = -p_v (g_v - E_p[g])
         centred = finite_scores(g - cot.mean[:, None], mask)
         weight = cot.soft[:, None] - cot.entropy[:, None] * centred
-        dg = ops.exp(g - lse[:, None]) * weight
-        columns = ops.arange(p.tiling.size, dtype="int32")
-        hit = ops.logical_and(ops.equal(columns[None, :], col[:, None]), inside[:, None])
-        dg = ops.where(hit, dg - cot.onehot[:, None], dg)
+        dg = dispatch.scaled_minus_target(ops.exp(g - lse[:, None]) * weight, None, col, onehot)
     if cot.sum is not None:
         if mask is None:
             dg = dg + cot.sum[:, None]

@@ -35,8 +35,8 @@ reference the TensorFlow path is tested against).
 import keras
 from keras import ops
 
-from keras_softmax_heads.functional.dispatch import xla_in_graph
 from keras_softmax_heads.functional import log_sigmoid_scores
+from keras_softmax_heads.functional.dispatch import xla_in_graph
 from keras_softmax_heads.platforms import current_platform
 
 
@@ -150,7 +150,7 @@ def gradients_needed(hidden, kernel):
 
 def overwritable(*tensors):
     """Whether the chunked passes may overwrite these fresh tensors of their
-    own (`shifted_exp`, `scaled_minus_target`, `multiply`): on PyTorch,
+    own (the primitives below, `shifted_exp` to `add_to_slice`): on PyTorch,
     when automatic differentiation does not record them (the forward of a
     custom gradient runs without it); never on the other backends, whose
     arrays are immutable (XLA fuses the steps and reuses buffers itself).
@@ -192,7 +192,8 @@ def shifted_exp(s, shift):
 def scaled_minus_target(e, scale, targets, delta):
     """`e * scale[:, None]`, less `delta` at each row's target column:
     `out[i, v] = e[i, v] scale[i] - delta[i] [v = targets[i]]`, for `e`
-    `[rows, V]`, `scale` and `delta` `[rows]`, `targets` `[rows]` int ids
+    `[rows, V]`, `scale` `[rows]` (None: `e` as it is) and `delta`
+    `[rows]`, `targets` `[rows]` int ids
     in `[0, V)` (not checked): the softmax's score gradient
     `w (p - onehot)` from the exponentials. `e` may be overwritten.
 
@@ -210,17 +211,19 @@ def scaled_minus_target(e, scale, targets, delta):
     >>> ops.convert_to_numpy(out).tolist()
     [[0.5, 0.5, -0.5], [-1.0, 2.0, 2.0]]
     """
-    e, scale, delta = (ops.convert_to_tensor(x) for x in (e, scale, delta))
-    if overwritable(e, scale, delta):
+    e, delta = ops.convert_to_tensor(e), ops.convert_to_tensor(delta)
+    if scale is not None:
+        scale = ops.convert_to_tensor(scale)
+    if overwritable(e, delta, *([] if scale is None else [scale])):
         import torch
 
         index = ops.convert_to_tensor(targets).long()[:, None]
-        out = e.mul_(scale[:, None])
+        out = e if scale is None else e.mul_(scale[:, None])
         return out.scatter_add_(1, index, torch.neg(delta)[:, None].to(out.dtype))
     vocab = e.shape[1]
     hit = ops.equal(ops.arange(vocab, dtype="int32")[None, :],
                     ops.cast(targets, "int32")[:, None])
-    out = e * scale[:, None]
+    out = e if scale is None else e * scale[:, None]
     return ops.where(hit, out - delta[:, None], out)
 
 

@@ -391,8 +391,8 @@ def spread_knot_histogram(idx, weights, num_knots, copies=None):
     The copies cost a `[C, K]` zero-fill and reduction
     (`spread_copies`: `C K` at most `SPREAD_BUFFER_ELEMENTS` by default).
     Each copy sums a `C`-th of a bin's weights in its own chain, so its
-    float32 sums are more exact than a serial scatter's (`docs/plif.md`). Plain `keras.ops` (`segment_sum`), every backend,
-    static shapes. On a CPU, whose scatter-add is a serial loop, it is no
+    float32 sums are more exact than a serial scatter's (`docs/plif.md`).
+    Plain `keras.ops` (`segment_sum`), every backend, static shapes. On a CPU, whose scatter-add is a serial loop, it is no
     faster (`docs/plif.md`); on a GPU it is the `"spread"` method of
     `benchmarks/bench_plif_histogram.py` and the `_spread` rows of
     `benchmarks/bench_device_heads.py`.
