@@ -10,7 +10,9 @@ Checks that one distributed `fit` step of a fused Gemma 2 style model (tied
 unsharded model's loss and gradients (and the fused `evaluate` after it its
 perplexity and token accuracy), and reports, from the compiled HLO of
 the fused loss + gradients on a sharded kernel, what the partitioner does
-with the tiled loop (see `docs/chunked.md`, "Sharding").
+with the tiled loop (see `docs/chunked.md`, "Sharding"), and every option of
+the vocabulary-parallel form, with and without a bias, against the gathered
+one.
 """
 
 import json
@@ -72,9 +74,10 @@ def test_vocab_sharded_fit_matches_unsharded(devices):
     per_device = [hlo[k]["vocab_parallel"]["temp_bytes"] + hlo[k]["vocab_parallel"]["output_bytes"]
                   for k in sorted(hlo, key=int)]
     assert per_device[-1] < per_device[0], per_device
-    options = hlo[n]["options"]
-    assert options["loss_max_err"] < 1e-5 and options["lse_max_err"] < 1e-5, options
-    assert options["argmax_equal"] and options["accuracy_equal"], options
+    for key in ("options", "options_bias"):
+        options = hlo[n][key]
+        assert options["loss_max_err"] < 1e-5 and options["lse_max_err"] < 1e-5, (key, options)
+        assert options["argmax_equal"] and options["accuracy_equal"], (key, options)
 
 
 # ---------------------------------------------------------------- child --
@@ -241,23 +244,28 @@ def _hlo(devices):
                     grad.sharding, "spec") else str(grad.sharding),
             }
         # Every option, eagerly: the vocabulary-parallel form against the
-        # gathered one and NumPy (argmax, lse).
+        # gathered one and NumPy (argmax, lse); without a bias, and with one
+        # (replicated, split by the vocabulary-parallel form like the kernel).
         options = dict(kernel_transposed=True, chunk_size=CHUNK_HLO, label_smoothing=0.1,
                        z_loss=1e-3, logit_soft_cap=1.0, return_lse=True, return_argmax=True,
                        ignore_index=5, reduction="none")
-        (vp_loss, vp_aux), (ref_loss, ref_aux) = (
-            ksh.linear_cross_entropy(h, w, t, vocab_parallel=mode, token_chunk_size=tokens,
-                                     **options)
-            for mode, tokens in (("auto", 256), (False, None)))
-        z = np.tanh(h.astype("float64") @ np.asarray(w.value, "float64").T)
-        lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
-        out["options"] = {
-            "loss_max_err": float(np.abs(np.asarray(vp_loss) - np.asarray(ref_loss)).max()),
-            "lse_max_err": float(np.abs(np.asarray(vp_aux["lse"]) - lse).max()),
-            "argmax_equal": bool(np.array_equal(np.asarray(vp_aux["argmax"]), z.argmax(1)))
-            and bool(np.array_equal(np.asarray(vp_aux["argmax"]), np.asarray(ref_aux["argmax"]))),
-            "accuracy_equal": float(vp_aux["accuracy"]) == float(ref_aux["accuracy"]),
-        }
+        bias = rng.normal(0, 0.5, V_HLO).astype("float32")
+        for key, b in (("options", None), ("options_bias", bias)):
+            (vp_loss, vp_aux), (ref_loss, ref_aux) = (
+                ksh.linear_cross_entropy(h, w, t, b, vocab_parallel=mode,
+                                         token_chunk_size=tokens, **options)
+                for mode, tokens in ((True if devices > 1 else "auto", 256), (False, None)))
+            z = h.astype("float64") @ np.asarray(w.value, "float64").T
+            z = np.tanh(z if b is None else z + b)
+            lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+            argmax = np.asarray(vp_aux["argmax"])
+            out[key] = {
+                "loss_max_err": float(np.abs(np.asarray(vp_loss) - np.asarray(ref_loss)).max()),
+                "lse_max_err": float(np.abs(np.asarray(vp_aux["lse"]) - lse).max()),
+                "argmax_equal": bool(np.array_equal(argmax, z.argmax(1)))
+                and bool(np.array_equal(argmax, np.asarray(ref_aux["argmax"]))),
+                "accuracy_equal": float(vp_aux["accuracy"]) == float(ref_aux["accuracy"]),
+            }
     out["shape"] = {"N": N_HLO, "d": D_HLO, "V": V_HLO, "chunk": CHUNK_HLO}
     return out
 

@@ -2,7 +2,7 @@
 devices, a subprocess: `XLA_FLAGS` must be set before JAX starts): with the
 kernel variable sharded on V by a `keras.distribution`, the log-probs,
 entropies and their gradients (temperature, soft cap, `[d, V]` and
-`[V, d]` kernels) equal the single-device pass."""
+`[V, d]` kernels, with and without a bias) equal the single-device pass."""
 
 import json
 import os
@@ -28,6 +28,7 @@ def test_vocab_parallel_scores_match_single_device():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(result) == ["plain", "plain_bias", "transposed", "transposed_bias"]
     for name, r in result.items():
         assert r["applies"], name
         assert r["value_err"] < 1e-5 * r["value_scale"], (name, r)
@@ -51,30 +52,37 @@ def child():
     mesh = keras.distribution.DeviceMesh((1, DEVICES), ("batch", "model"),
                                          keras.distribution.list_devices())
     result = {}
-    for transposed in (False, True):
+    for transposed, with_bias in ((False, False), (True, False), (False, True), (True, True)):
         layout_map = keras.distribution.LayoutMap(mesh)
         layout_map["kernel"] = ("model", None) if transposed else (None, "model")
         distribution = keras.distribution.ModelParallel(layout_map=layout_map,
                                                         batch_dim_name="batch")
         w = (rng.normal(size=(v, d) if transposed else (d, v)) * 0.5).astype("float32")
+        # A bias variable with no layout of its own (replicated): the
+        # vocabulary-parallel form splits it like the kernel.
+        b = rng.normal(size=v).astype("float32")
         with distribution.scope():
             kernel = keras.Variable(w, name="kernel")
+            bias = keras.Variable(b, name="bias") if with_bias else None
             applies = vocab_parallel_layout(kernel, transposed) is not None
             outs = {}
             for mode in (True, False):
-                def loss(h, kval, mode=mode):
-                    with keras.StatelessScope(state_mapping=[(kernel, kval)]):
+                def loss(h, kval, bval, mode=mode):
+                    mapping = [(kernel, kval)] + ([(bias, bval)] if with_bias else [])
+                    with keras.StatelessScope(state_mapping=mapping):
                         lp, ent = linear_token_scores(
-                            h, kernel, y, kernel_transposed=transposed, temperature=0.7,
-                            logit_soft_cap=2.0, return_entropy=True, chunk_size=16,
-                            vocab_parallel=mode)
+                            h, kernel, y, bias=bias, kernel_transposed=transposed,
+                            temperature=0.7, logit_soft_cap=2.0, return_entropy=True,
+                            chunk_size=16, vocab_parallel=mode)
                     return ops.sum(u * lp + w_ent * ent), (lp, ent)
 
                 (val, (lp, ent)), grads = jax.jit(jax.value_and_grad(
-                    loss, argnums=(0, 1), has_aux=True))(h, kernel.value)
+                    loss, argnums=(0, 1, 2) if with_bias else (0, 1), has_aux=True))(
+                        h, kernel.value, bias.value if with_bias else None)
                 outs[mode] = [np.asarray(x) for x in (lp, ent, *grads)]
         a, b = outs[True], outs[False]
-        result["transposed" if transposed else "plain"] = {
+        name = ("transposed" if transposed else "plain") + ("_bias" if with_bias else "")
+        result[name] = {
             "applies": applies,
             "value_err": float(max(np.abs(x - y).max() for x, y in zip(a[:2], b[:2]))),
             "value_scale": float(max(np.abs(x).max() for x in b[:2])),

@@ -184,8 +184,8 @@ def linear_cross_entropy(
             `"auto"` and True run the tiled pass on each device's own
             vocabulary shard (`jax.shard_map`) and combine the per-token
             statistics across that mesh axis (max, sums): no device gathers
-            the `[V, d]` matrix or its gradient. Without a bias only.
-            `"auto"` falls back to the single-device form otherwise (where
+            the `[V, d]` matrix or its gradient (a bias is split the same
+            way). `"auto"` falls back to the single-device form otherwise (where
             XLA's partitioner gathers the whole matrix on every device);
             True raises instead.
 

@@ -91,7 +91,7 @@ def linear_token_scores(
             `chunked.chunked_pointwise_nll`.
         vocab_parallel: `"auto"`, True or False, as in
             `linear_cross_entropy` (JAX, a `keras.distribution` sharding the
-            kernel variable on V, no bias).
+            kernel variable on V; a bias split the same way).
 
     Returns:
         `log_probs` of shape `tokens.shape`, float32 (float64 for float64

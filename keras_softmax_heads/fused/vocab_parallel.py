@@ -85,8 +85,8 @@ def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
             (`chunked.chunked_pointwise_stats`), on each shard too.
         vocab_parallel: `"auto"`, True or False. `"auto"` and True run
             `vocab_parallel_stats` when `vocab_parallel_layout` finds a
-            sharded vocabulary axis and there is no bias; otherwise
-            `"auto"` runs the single-device pass and True raises.
+            sharded vocabulary axis; otherwise `"auto"` runs the
+            single-device pass and True raises.
 
     Returns:
         `(nll, lse, score_sum, argmax)`, each of the targets' shape.
@@ -97,7 +97,7 @@ def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
     layout = parallel_layout(kernel, bias, kernel_transposed, vocab_parallel)
     if layout is not None:
         return vocab_parallel_stats(
-            hidden, kernel, targets, layout, transform_fn=transform_fn,
+            hidden, kernel, targets, layout, bias=bias, transform_fn=transform_fn,
             chunk_size=chunk_size, kernel_transposed=kernel_transposed,
             implementation=implementation, filter_eps=filter_eps,
             token_chunk_size=token_chunk_size,
@@ -140,10 +140,11 @@ def vocab_parallel_layout(kernel, kernel_transposed):
 
 def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
                          chunk_size, kernel_transposed, implementation,
-                         filter_eps=None, token_chunk_size=None):
+                         filter_eps=None, token_chunk_size=None, bias=None):
     """`chunked_pointwise_stats` with the kernel sharded on V (JAX only).
 
-    Each device runs the tiled pass on its `[V / n, d]` shard, with the
+    Each device runs the tiled pass on its `[V / n, d]` shard (and its
+    `[V / n]` slice of the bias, if any), with the
     targets shifted to its range (a target elsewhere contributes no target
     score), then the statistics are combined across the vocabulary mesh
     axis: `lse = m + log(psum(exp(lse_k - m)))` (`m = pmax(lse_k)`, no
@@ -160,6 +161,8 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
         transform_fn, chunk_size, kernel_transposed, implementation,
             filter_eps, token_chunk_size: as in `single_device_stats` (each
             shard's pass).
+        bias: `[V]` or None, split over the vocabulary axis like the
+            kernel (its gradient comes back split too).
 
     Returns:
         `(nll, lse, score_sum, argmax)`, each of the targets' shape.
@@ -169,9 +172,9 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
 
     vocab_axis = layout[1]
 
-    def local(h, w, local_targets, inside, start):
+    def local(h, w, b, local_targets, inside, start):
         nll, lse, score_sum, argmax = single_device_stats(
-            h, w, None, local_targets, transform_fn=transform_fn,
+            h, w, b, local_targets, transform_fn=transform_fn,
             chunk_size=chunk_size, kernel_transposed=kernel_transposed,
             implementation=implementation, filter_eps=filter_eps,
             token_chunk_size=token_chunk_size,
@@ -181,6 +184,8 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
         # The argmax: each shard's best score, recomputed from its row.
         row = jnp.take(w, argmax, axis=0) if kernel_transposed else jnp.take(w, argmax, axis=1).T
         best = jnp.sum(h.astype(lse.dtype) * row.astype(lse.dtype), axis=-1)
+        if b is not None:
+            best = best + jnp.take(b, argmax).astype(lse.dtype)
         if transform_fn is not None:
             best = transform_fn(best)
         best = jax.lax.stop_gradient(best)
@@ -189,16 +194,17 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
         argmax = jax.lax.pmin(ids.astype("int32"), vocab_axis)
         return total_lse - target, total_lse, score_sum, argmax
 
-    return over_vocabulary_shards(local, 4, hidden, kernel, targets, layout,
+    return over_vocabulary_shards(local, 4, hidden, kernel, bias, targets, layout,
                                   kernel_transposed)
 
 
-def over_vocabulary_shards(local, num_outputs, hidden, kernel, targets, layout,
+def over_vocabulary_shards(local, num_outputs, hidden, kernel, bias, targets, layout,
                            kernel_transposed):
     """Runs `local` on each device's vocabulary shard (`jax.shard_map`).
 
-    `local(h, w, local_targets, inside, start)` gets the flat rows `h`
-    `[n, d]`, the device's kernel shard `w`, the targets shifted into the
+    `local(h, w, b, local_targets, inside, start)` gets the flat rows `h`
+    `[n, d]`, the device's kernel shard `w` and bias slice `b` (None
+    without a bias), the targets shifted into the
     shard's range (0 outside it), whether each target is in the shard, and
     the shard's first word id; it returns `num_outputs` per-row tensors,
     combined across the vocabulary axis by its own collectives. Rows are
@@ -220,22 +226,26 @@ def over_vocabulary_shards(local, num_outputs, hidden, kernel, targets, layout,
     ):
         batch_axis = None
     kernel = ops.convert_to_tensor(kernel)
+    has_bias = bias is not None
+    if has_bias:  # passed split on the vocabulary axis, whatever its own layout
+        bias = ops.convert_to_tensor(bias)
     kernel_spec = (PartitionSpec(vocab_axis, None) if kernel_transposed
                    else PartitionSpec(None, vocab_axis))
     row_spec = PartitionSpec(batch_axis)
 
-    def shard(h, w, t):
+    def shard(h, w, t, *b):
         v_local = w.shape[0] if kernel_transposed else w.shape[1]
         start = jax.lax.axis_index(vocab_axis) * v_local
         shifted = t - start
         inside = (shifted >= 0) & (shifted < v_local)
-        return local(h, w, jnp.where(inside, shifted, 0), inside, start)
+        return local(h, w, b[0] if b else None, jnp.where(inside, shifted, 0), inside, start)
 
+    in_specs = (PartitionSpec(batch_axis, None), kernel_spec, row_spec)
     out = jax.shard_map(
         shard, mesh=mesh.backend_mesh,
-        in_specs=(PartitionSpec(batch_axis, None), kernel_spec, row_spec),
+        in_specs=in_specs + ((PartitionSpec(vocab_axis),) if has_bias else ()),
         out_specs=(row_spec,) * num_outputs, check_vma=False,
-    )(h, kernel, t)
+    )(h, kernel, t, *((bias,) if has_bias else ()))
     return tuple(ops.reshape(x, lead) for x in out)
 
 
@@ -254,19 +264,21 @@ def combine_shards(lse, nll, inside, vocab_axis):
 
 def parallel_layout(kernel, bias, kernel_transposed, vocab_parallel):
     """`vocab_parallel_layout(kernel, kernel_transposed)` where the
-    `vocab_parallel` option asks for it and there is no bias, else None;
-    raises for `vocab_parallel=True` without one."""
+    `vocab_parallel` option asks for it, else None; raises for
+    `vocab_parallel=True` without one. (`bias`, if any, is split like the
+    kernel's vocabulary axis whatever its own layout.)"""
+    del bias  # any bias goes with the kernel's shards
     check_vocab_parallel(vocab_parallel)
     if not vocab_parallel:
         return None
     layout = vocab_parallel_layout(kernel, kernel_transposed)
-    if layout is not None and bias is not None:
-        layout = None
     if layout is None and vocab_parallel is True:
         raise ValueError(
-            "vocab_parallel=True needs the JAX backend, no bias, and a "
-            "`kernel` variable that the current keras.distribution shards "
-            "on its vocabulary axis (evenly)."
+            "vocab_parallel=True needs the JAX backend and a `kernel` "
+            "variable that the current keras.distribution shards on its "
+            f"vocabulary axis (evenly). Received: kernel of shape "
+            f"{tuple(kernel.shape)} ({type(kernel).__name__}) on the "
+            f"{keras.backend.backend()} backend"
         )
     return layout
 
@@ -285,7 +297,7 @@ def pointwise_entropy(hidden, kernel, bias, targets, *, transform_fn, chunk_size
     layout = parallel_layout(kernel, bias, kernel_transposed, vocab_parallel)
     if layout is not None:
         return vocab_parallel_entropy(
-            hidden, kernel, targets, layout, transform_fn=transform_fn,
+            hidden, kernel, targets, layout, bias=bias, transform_fn=transform_fn,
             chunk_size=chunk_size, kernel_transposed=kernel_transposed,
             implementation=implementation,
         )
@@ -298,11 +310,11 @@ def pointwise_entropy(hidden, kernel, bias, targets, *, transform_fn, chunk_size
 
 
 def vocab_parallel_entropy(hidden, kernel, targets, layout, *, transform_fn,
-                           chunk_size, kernel_transposed, implementation):
+                           chunk_size, kernel_transposed, implementation, bias=None):
     """`pointwise_entropy` with the kernel sharded on V (JAX only).
 
-    Each device runs the tiled pass on its shard (targets shifted to its
-    range), giving its `lse_k`, target score and entropy `H_k`, hence
+    Each device runs the tiled pass on its shard (and bias slice; targets
+    shifted to its range), giving its `lse_k`, target score and entropy `H_k`, hence
     `E_k = lse_k - H_k` (the mean score under the shard's own softmax).
     Combined across the vocabulary mesh axis: `lse = m + log(psum(exp(lse_k
     - m)))`, the target score by `psum`, and
@@ -319,9 +331,9 @@ def vocab_parallel_entropy(hidden, kernel, targets, layout, *, transform_fn,
 
     vocab_axis = layout[1]
 
-    def local(h, w, local_targets, inside, start):
+    def local(h, w, b, local_targets, inside, start):
         nll, lse, _, _, entropy = chunked_pointwise_stats(
-            h, w, None, local_targets, transform_fn=transform_fn,
+            h, w, b, local_targets, transform_fn=transform_fn,
             chunk_size=chunk_size, kernel_transposed=kernel_transposed,
             implementation=implementation, entropy=True,
         )
@@ -329,5 +341,5 @@ def vocab_parallel_entropy(hidden, kernel, targets, layout, *, transform_fn,
         mean = jax.lax.psum(jnp.exp(lse - total_lse) * (lse - entropy), vocab_axis)
         return total_lse - target, total_lse, total_lse - mean
 
-    return over_vocabulary_shards(local, 3, hidden, kernel, targets, layout,
+    return over_vocabulary_shards(local, 3, hidden, kernel, bias, targets, layout,
                                   kernel_transposed)
