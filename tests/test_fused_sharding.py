@@ -49,13 +49,15 @@ def _run_child(devices):
 def test_vocab_sharded_fit_matches_unsharded(devices):
     result = _run_child(devices)
     for name in ("gemma2", "llama"):
-        for form in ("vocab_parallel", "gathered"):
+        for form in ("vocab_parallel", "vocab_parallel_summed", "gathered"):
             r = result[name][form]
             assert r["kernel_spec"] == r["expected_spec"], r
             assert r["kernel_shards"] == devices, r
             assert r["vocab_parallel_applies"], r
-            # The fit step ran the vocabulary-parallel form, or not.
+            # The fit step ran the vocabulary-parallel form (with the
+            # gradient in the forward pass: its summed form), or not.
             assert (r["vocab_parallel_used"] > 0) == (form == "vocab_parallel"), r
+            assert (r["vocab_parallel_summed_used"] > 0) == (form == "vocab_parallel_summed"), r
             assert r["loss_rel_err"] < 1e-5, r
             assert r["grad_max_err"] < 1e-4 * r["grad_scale"], r
             # Fused evaluation (after the step) equals the unsharded one.
@@ -66,14 +68,16 @@ def test_vocab_sharded_fit_matches_unsharded(devices):
     n = str(devices)
     # Vocabulary-parallel: no device gathers the [V, d] matrix and the
     # kernel gradient stays sharded; the gathered form does gather it.
-    assert not any(s.startswith(full) for s in hlo[n]["vocab_parallel"]["all_gather_shapes"])
+    for form in ("vocab_parallel", "vocab_parallel_summed"):
+        assert not any(s.startswith(full) for s in hlo[n][form]["all_gather_shapes"])
+        assert "model" in hlo[n][form]["grad_kernel_sharding"]
     assert any(s.startswith(full) for s in hlo[n]["gathered"]["all_gather_shapes"])
-    assert "model" in hlo[n]["vocab_parallel"]["grad_kernel_sharding"]
-    for form in ("vocab_parallel", "gathered"):
+    for form in ("vocab_parallel", "vocab_parallel_summed", "gathered"):
         assert abs(hlo[n][form]["loss"] - hlo["1"]["gathered"]["loss"]) < 1e-5
-    per_device = [hlo[k]["vocab_parallel"]["temp_bytes"] + hlo[k]["vocab_parallel"]["output_bytes"]
-                  for k in sorted(hlo, key=int)]
-    assert per_device[-1] < per_device[0], per_device
+    for form in ("vocab_parallel", "vocab_parallel_summed"):
+        per_device = [hlo[k][form]["temp_bytes"] + hlo[k][form]["output_bytes"]
+                      for k in sorted(hlo, key=int)]
+        assert per_device[-1] < per_device[0], (form, per_device)
     for key in ("options", "options_bias"):
         options = hlo[n][key]
         assert options["loss_max_err"] < 1e-5 and options["lse_max_err"] < 1e-5, (key, options)
@@ -132,15 +136,19 @@ def _child(devices):
         grads = [(a - np.asarray(v.value)) / LR for a, v in zip(w0, lm.trainable_variables)]
         return loss, grads
 
-    # Counts the vocabulary-parallel form's (traced) calls.
+    # Counts the vocabulary-parallel forms' (traced) calls.
     calls = []
-    parallel_stats = ksh.fused.vocab_parallel.vocab_parallel_stats
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return parallel_stats(*args, **kwargs)
+    def counted(fn, name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return call
 
-    ksh.fused.vocab_parallel.vocab_parallel_stats = counted
+    ksh.fused.vocab_parallel.vocab_parallel_stats = counted(
+        ksh.fused.vocab_parallel.vocab_parallel_stats, "stats")
+    ksh.fused.cross_entropy.vocab_parallel_summed = counted(
+        ksh.fused.cross_entropy.vocab_parallel_summed, "summed")
     mesh = keras.distribution.DeviceMesh(
         (1, devices), ("batch", "model"), keras.distribution.list_devices()[:devices])
     result = {"devices": devices}
@@ -154,8 +162,11 @@ def _child(devices):
         eval_ref = reference.evaluate(x, y, sample_weight=sw, verbose=0, return_dict=True)
         result[name] = {}
         # The vocabulary-parallel form over token blocks (32 tokens in blocks
-        # of 8, on each shard): the same step as the unsharded one pass.
+        # of 8, on each shard), and with the gradient in the forward pass
+        # (chunks of 8 tokens): the same step as the unsharded one pass.
         for form, options in (("vocab_parallel", {"token_chunk_size": 8}),
+                              ("vocab_parallel_summed", {"token_chunk_size": 8,
+                                                         "gradient_in_forward": True}),
                               ("gathered", {"vocab_parallel": False})):
             layout = factory()[0].__class__.get_layout_map(mesh)
             layout["token_embedding/reverse_embeddings"] = ("batch", "model")
@@ -168,7 +179,7 @@ def _child(devices):
                 applies = ksh.fused.vocab_parallel_layout(kernel, transposed) is not None
                 calls.clear()
                 loss, g = step(sharded)  # traced under the distribution
-                used = len(calls)
+                used = {name: calls.count(name) for name in ("stats", "summed")}
                 evaluated = sharded.evaluate(x, y, sample_weight=sw, verbose=0,
                                              return_dict=True)  # fused, sharded
             result[name][form] = {
@@ -177,7 +188,8 @@ def _child(devices):
                 "expected_spec": list(spec),
                 "kernel_shards": len({str(s.index) for s in kernel.value.addressable_shards}),
                 "vocab_parallel_applies": applies,
-                "vocab_parallel_used": used,
+                "vocab_parallel_used": used["stats"],
+                "vocab_parallel_summed_used": used["summed"],
                 "loss": loss, "loss_ref": loss_ref,
                 "loss_rel_err": abs(loss - loss_ref) / abs(loss_ref),
                 "grad_max_err": max(float(np.abs(a - b).max()) for a, b in zip(g, g_ref)),
@@ -214,7 +226,7 @@ def _hlo(devices):
         h = rng.normal(size=(N_HLO, D_HLO)).astype("float32")
         t = (np.arange(N_HLO) * 7 % V_HLO).astype("int32")
         out = {"jax_memory_stats": jax.devices()[0].memory_stats()}
-        for form in ("vocab_parallel", "gathered", "dense"):
+        for form in ("vocab_parallel", "vocab_parallel_summed", "gathered", "dense"):
             def loss(h, wv, t):
                 with keras.StatelessScope(state_mapping=[(w, wv)]):
                     if form == "dense":
@@ -223,7 +235,8 @@ def _hlo(devices):
                             z, t[:, None], axis=-1)[:, 0])
                     return ksh.linear_cross_entropy(
                         h, w, t, kernel_transposed=True, chunk_size=CHUNK_HLO,
-                        vocab_parallel="auto" if form == "vocab_parallel" else False)
+                        gradient_in_forward=form == "vocab_parallel_summed",
+                        vocab_parallel=False if form == "gathered" else "auto")
 
             compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(
                 h, w.value, t).compile()

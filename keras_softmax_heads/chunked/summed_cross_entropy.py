@@ -24,6 +24,11 @@ The price: a call whose gradient is not taken still computes it, and the
 kernel's gradient is accumulated over the chunks in float32 (a float32
 `[d, V]` buffer beside a bfloat16 kernel's). Design notes and measurements:
 `docs/chunked.md`, "The gradient in the forward pass".
+
+The same arithmetic runs on one device's shard of the vocabulary (`shards`:
+`fused.vocab_parallel.vocab_parallel_summed`), the row statistics (max,
+sum of exponentials, target score, score sum, argmax) then combined across
+the shards by the collectives `shards` names.
 """
 
 from keras import ops
@@ -42,34 +47,53 @@ from keras_softmax_heads.chunked.summed_divergence import unpadded_rows
 from keras_softmax_heads.chunked.tiling import kernel_geometry
 
 
-def chunk_loss(g, targets, weights, label_smoothing, z_loss, argmax):
+def chunk_loss(g, targets, weights, label_smoothing, z_loss, argmax, shards=None):
     """`(loss, dg, best)` of a chunk's scores `g` `[size, V]`, targets and
     weights `[size]`: the per-token loss `[size]`, the gradient of
     `sum_i w_i loss_i` with respect to `g` and the argmax word (int32, None
     unless `argmax`). The token weights scale the softmax's row and the
     target's column as they are written (`dispatch.scaled_minus_target`),
-    not in a pass of their own."""
-    vocab = g.shape[1]
-    lse, e, total = normaliser_and_exponentials(g)
+    not in a pass of their own.
+
+    With `shards` (see `summed_cross_entropy`) `g` is this device's columns
+    of the vocabulary and `targets` are shifted into them (negative: the
+    target is another shard's); the row statistics are combined across the
+    shards, `dg` is this shard's columns."""
+    if shards is None:
+        vocab = g.shape[1]
+        lse, e, total = normaliser_and_exponentials(g)
+    else:
+        vocab = shards.vocab
+        lse, e, total = normaliser_and_exponentials(g, shards)
+        inside = targets >= 0
+        targets = ops.where(inside, targets, ops.zeros_like(targets))
     target_score = ops.take_along_axis(g, targets[:, None], axis=1)[:, 0]
+    target_weights = (1.0 - label_smoothing) * weights
+    if shards is not None:  # the shard that holds the target gives its score
+        target_score = shards.sum(ops.where(inside, target_score, ops.zeros_like(target_score)))
+        target_weights = ops.where(inside, target_weights, ops.zeros_like(target_weights))
     loss = lse - target_score
     soft = ops.ones_like(lse)
     if label_smoothing:
-        mean_score = ops.sum(g, axis=1) / vocab
+        score_sum = ops.sum(g, axis=1)
+        mean_score = (score_sum if shards is None else shards.sum(score_sum)) / vocab
         loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - mean_score)
     if z_loss:
         loss = loss + z_loss * ops.square(lse)
         soft = soft + 2.0 * z_loss * lse
-    best = ops.cast(ops.argmax(g, axis=1), "int32") if argmax else None
-    dg = dispatch.scaled_minus_target(e, soft * weights / total, targets,
-                                      (1.0 - label_smoothing) * weights)
+    best = None
+    if argmax:
+        best = (ops.cast(ops.argmax(g, axis=1), "int32") if shards is None
+                else shards.argmax(g))
+    dg = dispatch.scaled_minus_target(e, soft * weights / total, targets, target_weights)
     if label_smoothing:
         dg = dg - (label_smoothing / vocab) * weights[:, None]
     return loss, dg, best
 
 
 def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss=0.0,
-                         token_chunk_size=None, argmax=False, implementation="auto"):
+                         token_chunk_size=None, argmax=False, implementation="auto",
+                         shards=None):
     """`sum_i w_i loss_i` and its gradient, over chunks of tokens.
 
     The core behind `linear_cross_entropy(..., gradient_in_forward=True)`
@@ -85,6 +109,19 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
     vocabulary at a time; the gradients are computed in the forward pass
     (the module docstring). `implementation`: as in
     `chunked.chunked_pointwise_nll`.
+
+    `shards` (None: one device) runs it on one device's columns of a
+    vocabulary split over devices, inside a `jax.shard_map`:
+    `layer`'s kernel and bias are this device's shard, `targets` are
+    shifted into it (-1 for a word of another shard) and `shards`
+    gives `vocab` (the whole vocabulary's size) and the collectives across
+    the shards, `max(x)`, `sum(x)` (elementwise over `[rows]` vectors) and
+    `argmax(g)` (a chunk's `[rows]` word ids over the whole vocabulary).
+    The sum and argmax returned are then the whole vocabulary's; the
+    gradients are this device's share (its kernel / bias shard, its
+    partial `dh`), scaled by `shards.sum` of the upstream cotangent, which
+    `jax.shard_map` splits evenly over the devices of an output they all
+    hold (`fused.vocab_parallel.vocab_parallel_summed`).
 
     Returns:
         The sum, a float32 scalar (float64 for float64 inputs); with
@@ -132,7 +169,7 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
             g, dg_dz = side.scores(h, 1.0)
             t = ops.slice(t_all, [start], [chunks.size])
             w = ops.slice(w_all, [start], [chunks.size])
-            loss, dg, best = chunk_loss(g, t, w, eps, zl, argmax)
+            loss, dg, best = chunk_loss(g, t, w, eps, zl, argmax, shards)
             # A weight-0 token (padding too) adds nothing, even a
             # non-finite loss.
             total = total + ops.sum(ops.where(w != 0, w * loss, ops.zeros_like(loss)))
@@ -157,7 +194,10 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
         def grad_fn(*args, upstream=None, variables=None):
             u = upstream_of(args, upstream, variables, "summed_cross_entropy")
             u = ops.cast(u[0] if argmax else u, acc)
-            out = side.scaled(u, grads, inputs)
+            # Under `shards` each device receives its share of `u` (the
+            # weights' gradient is a share too, as is `h`'s: `jax.shard_map`
+            # adds them across the shards).
+            out = side.scaled(u if shards is None else shards.sum(u), grads, inputs)
             return (None, ops.cast(u * per_token, weights.dtype), *out)
 
         inputs = args

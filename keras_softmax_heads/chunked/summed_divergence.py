@@ -243,7 +243,7 @@ def float_weights(weights, acc):
     return weights
 
 
-def normaliser_and_exponentials(s):
+def normaliser_and_exponentials(s, shards=None):
     """`(lse, e, total)` of a chunk's scores `s` `[rows, V]` with one `exp`
     pass: `e = exp(s - max_v s)`, `total = sum_v e`, `lse = max_v s +
     log(total)` (`logsumexp(s)`), so that the softmax is `e / total` and a
@@ -252,10 +252,17 @@ def normaliser_and_exponentials(s):
     passes): MoS(4)'s per-chunk work took about 1.3x this form's on a CPU,
     its Keras step up to 1.05x (`docs/chunked.md`, "One exponential pass").
     The scores are finite (a row's maximum is a real score). `e` is the
-    caller's to overwrite (`dispatch.scaled_minus_target`)."""
+    caller's to overwrite (`dispatch.scaled_minus_target`). With `shards`
+    (`summed_cross_entropy`) `s` is one device's columns of the vocabulary:
+    the maximum and the sum are the shards' (`shards.max`, `shards.sum`),
+    `e` this device's columns."""
     peak = ops.max(s, axis=1)
+    if shards is not None:
+        peak = shards.max(peak)
     e = dispatch.shifted_exp(s, peak)
     total = ops.sum(e, axis=1)
+    if shards is not None:
+        total = shards.sum(total)
     return peak + ops.log(total), e, total
 
 

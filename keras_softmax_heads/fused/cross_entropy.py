@@ -22,6 +22,7 @@ from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.fused.pallas_cross_entropy import check_filter_eps
 from keras_softmax_heads.fused.vocab_parallel import parallel_layout
 from keras_softmax_heads.fused.vocab_parallel import pointwise_stats
+from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_float_dtype
@@ -152,8 +153,9 @@ def linear_cross_entropy(
             the weights), and a call whose gradient is not taken
             (evaluation) still computes it; the kernel's gradient is
             accumulated in float32 over the chunks; `chunk_size` does not
-            apply (each chunk spans the vocabulary). Not with `return_lse`,
-            `implementation="pallas"` or the vocabulary-parallel form. See
+            apply (each chunk spans the vocabulary). Not with `return_lse`
+            or `implementation="pallas"`. Vocabulary-parallel too (each
+            device its shard's columns of the chunk, `vocab_parallel`). See
             `docs/chunked.md`, "The gradient in the forward pass".
         return_lse: also return the per-token `lse` (`[...]`,
             differentiable).
@@ -270,17 +272,16 @@ def summed_loss(
         f"filter_eps={filter_eps}": filter_eps is not None,
     }
     hidden, kernel, bias, vocab = projection(hidden, kernel, bias, kernel_transposed)
-    refused["a vocabulary-parallel kernel"] = (
-        parallel_layout(kernel, bias, kernel_transposed, vocab_parallel) is not None)
     for option, bad in refused.items():
         if bad:
             raise ValueError(
                 "`gradient_in_forward=True` computes the gradient of a summed loss "
-                "(reduction 'sum' or 'mean') on one device with the tiled pass's "
-                "arithmetic; the per-token cotangents, the log-sum-exp's gradient, "
-                "the Pallas kernel and the vocabulary-parallel form need "
-                f"gradient_in_forward=False. Received: {option}"
+                "(reduction 'sum' or 'mean') with the tiled pass's arithmetic; "
+                "the per-token cotangents, the log-sum-exp's gradient and the "
+                "Pallas kernel need gradient_in_forward=False. Received: "
+                f"{option}"
             )
+    layout = parallel_layout(kernel, bias, kernel_transposed, vocab_parallel)
     targets, ignored = checked_targets(targets, vocab, ignore_index)
     acc = accumulation_dtype(hidden, kernel)
     weights = broadcast_weights(sample_weight, ops.zeros(ops.shape(targets), acc))
@@ -290,12 +291,14 @@ def summed_loss(
     layer = OutputLayer(ops.reshape(hidden, (-1, d)), as_tensor(kernel),
                         None if bias is None else as_tensor(bias),
                         kernel_transposed, cap)
-    out = summed_cross_entropy(
-        layer, ops.reshape(targets, (-1,)), ops.reshape(weights, (-1,)),
-        label_smoothing=eps, z_loss=z_loss, token_chunk_size=token_chunk_size,
-        argmax=bool(return_argmax),
-        implementation="ops" if implementation == "ops" else "auto",
-    )
+    options = dict(label_smoothing=eps, z_loss=z_loss, token_chunk_size=token_chunk_size,
+                   argmax=bool(return_argmax),
+                   implementation="ops" if implementation == "ops" else "auto")
+    flat = ops.reshape(targets, (-1,)), ops.reshape(weights, (-1,))
+    if layout is None:
+        out = summed_cross_entropy(layer, *flat, **options)
+    else:  # each device its vocabulary shard
+        out = vocab_parallel_summed(layer, *flat, layout, **options)
     total, argmax = out if return_argmax else (out, None)
     # An id outside [0, V) gives NaN, as the per-token terms do.
     valid = ops.all(ops.logical_and(targets >= 0, targets < vocab))

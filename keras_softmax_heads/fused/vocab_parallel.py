@@ -5,7 +5,9 @@ single-device tiled pass (`chunked.chunked_pointwise_stats`), the Pallas GPU
 kernel (`fused.pallas_cross_entropy`, JAX on a GPU; `single_device_stats`
 picks it) and its vocabulary-parallel form (`vocab_parallel_stats`, JAX
 under a `keras.distribution` that shards the output matrix on V, each shard
-through `single_device_stats`). See `docs/chunked.md`, "Vocabulary sharding
+through `single_device_stats`); `vocab_parallel_summed`, the same for the
+gradient in the forward pass (`chunked.summed_cross_entropy` on each
+shard). See `docs/chunked.md`, "Vocabulary sharding
 (JAX)" and "The Pallas GPU kernel".
 """
 
@@ -247,6 +249,112 @@ def over_vocabulary_shards(local, num_outputs, hidden, kernel, bias, targets, la
         out_specs=(row_spec,) * num_outputs, check_vma=False,
     )(h, kernel, t, *((bias,) if has_bias else ()))
     return tuple(ops.reshape(x, lead) for x in out)
+
+
+class VocabShards:
+    """The collectives across the vocabulary mesh axis `axis` (inside a
+    `jax.shard_map`) that `chunked.summed_cross_entropy` takes as its
+    `shards`: `vocab`, the whole vocabulary's size; `start`, this device's
+    first word id; `max`, `sum` and `argmax` of per-row statistics."""
+
+    def __init__(self, axis, start, vocab):
+        self.axis, self.start, self.vocab = axis, start, vocab
+
+    def max(self, x):
+        import jax
+
+        return jax.lax.pmax(jax.lax.stop_gradient(x), self.axis)
+
+    def sum(self, x):
+        import jax
+
+        return jax.lax.psum(x, self.axis)
+
+    def argmax(self, g):
+        """The word id of each row's largest score `g` `[rows, V / n]` over
+        the whole vocabulary (the first of a tie, as `argmax` on one
+        device), int32."""
+        import jax
+        import jax.numpy as jnp
+
+        best = jnp.max(g, axis=1)
+        ids = jnp.argmax(g, axis=1).astype("int32") + self.start
+        top = jax.lax.pmax(best, self.axis)
+        ids = jnp.where(best == top, ids, jnp.iinfo("int32").max)
+        return jax.lax.pmin(ids, self.axis)
+
+
+def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.0,
+                          z_loss=0.0, token_chunk_size=None, argmax=False,
+                          implementation="auto"):
+    """`chunked.summed_cross_entropy` with the kernel sharded on V (JAX
+    only): the gradient in the forward pass, vocabulary-parallel.
+
+    Each device runs the summed pass over token chunks on its `[V / n, d]`
+    shard (and `[V / n]` bias slice), each chunk's row statistics (max, sum
+    of exponentials, target score, score sum, argmax) combined across the
+    vocabulary mesh axis (`VocabShards`): per chunk a few `[rows]`
+    all-reduces, never a `[V, d]` gather. The kernel and bias gradients
+    stay sharded; `h`'s is each device's partial sum, added across the
+    shards by `jax.shard_map`'s transpose (`h` is replicated over that
+    axis). Rows are split over the layout's batch axis when it divides
+    them.
+
+    Args:
+        layer: a `chunked.divergence.OutputLayer` (`hidden` `[N, d]`, the
+            kernel, the bias or None, the soft cap).
+        targets: `[N]` int32 ids in `[0, V)`; weights: `[N]` float.
+        layout: what `vocab_parallel_layout(kernel, kernel_transposed)`
+            returned (not None).
+        label_smoothing, z_loss, token_chunk_size, argmax, implementation:
+            as in `chunked.summed_cross_entropy` (`token_chunk_size` sized
+            for a shard's `V / n` words by default).
+
+    Returns:
+        The weighted sum (a scalar), with `argmax` the pair `(sum, argmax)`
+        as `chunked.summed_cross_entropy`'s.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
+
+    mesh, vocab_axis, batch_axis = layout
+    transposed, has_bias = layer.kernel_transposed, layer.bias is not None
+    kernel = ops.convert_to_tensor(layer.kernel)
+    vocab = kernel.shape[0] if transposed else kernel.shape[1]
+    rows = layer.hidden.shape[0]
+    if batch_axis is not None and (
+        rows is None or rows % mesh.shape[list(mesh.axis_names).index(batch_axis)]
+    ):
+        batch_axis = None
+    row_spec = PartitionSpec(batch_axis)
+
+    def shard(h, w, t, weights, *b):
+        v_local = w.shape[0] if transposed else w.shape[1]
+        start = jax.lax.axis_index(vocab_axis) * v_local
+        shifted = t - start
+        local_targets = jnp.where((shifted >= 0) & (shifted < v_local), shifted, -1)
+        local = type(layer)(h, w, b[0] if b else None, transposed, layer.soft_cap)
+        out = summed_cross_entropy(
+            local, local_targets, weights, label_smoothing=label_smoothing, z_loss=z_loss,
+            token_chunk_size=token_chunk_size, argmax=argmax, implementation=implementation,
+            shards=VocabShards(vocab_axis, start, vocab))
+        # One sum per device; those of a batch shard's vocabulary shards are equal.
+        return (out[0][None], out[1]) if argmax else (out[None],)
+
+    kernel_spec = (PartitionSpec(vocab_axis, None) if transposed
+                   else PartitionSpec(None, vocab_axis))
+    in_specs = (PartitionSpec(batch_axis, None), kernel_spec, row_spec, row_spec)
+    out = jax.shard_map(
+        shard, mesh=mesh.backend_mesh,
+        in_specs=in_specs + ((PartitionSpec(vocab_axis),) if has_bias else ()),
+        out_specs=(row_spec,) * (2 if argmax else 1), check_vma=False,
+    )(ops.convert_to_tensor(layer.hidden), kernel, targets, weights,
+      *((ops.convert_to_tensor(layer.bias),) if has_bias else ()))
+    total = jnp.sum(out[0])
+    return (total, out[1]) if argmax else total
 
 
 def combine_shards(lse, nll, inside, vocab_axis):

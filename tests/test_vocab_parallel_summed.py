@@ -1,0 +1,129 @@
+"""`linear_cross_entropy(..., gradient_in_forward=True)` vocabulary-parallel
+on JAX (4 simulated host devices, a subprocess: `XLA_FLAGS` must be set
+before JAX starts): with the kernel variable sharded on V by a
+`keras.distribution` (rows also split over a batch axis, or not), the
+summed loss, its argmax and its gradients (hidden states, kernel, bias,
+sample weights) equal the single-device summed pass, with label smoothing,
+z-loss, a soft cap, an ignore index and sample weights; and the compiled
+step gathers no `[V, d]` matrix and keeps the kernel's gradient sharded."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("jax")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEVICES = 4
+
+
+def test_vocab_parallel_summed_matches_single_device():
+    env = dict(os.environ)
+    env.update(KERAS_BACKEND="jax",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+               PYTHONPATH=os.pathsep.join(
+                   [os.path.dirname(HERE)] + [p for p in [env.get("PYTHONPATH")] if p]))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(result) == ["batch_plain", "model_transposed_bias"], result
+    for name, r in result.items():
+        assert r["vocab_parallel_used"] and not r["single_device_used"], (name, r)
+        assert abs(r["loss"][0] - r["loss"][1]) < 1e-6 * abs(r["loss"][1]), (name, r)
+        assert r["argmax_equal"], (name, r)
+        assert len(r["grad_err"]) == (4 if "bias" in name else 3), (name, r)
+        assert max(r["grad_err"]) < 1e-5, (name, r)
+        # No device gathers the [V, d] matrix; its gradient stays split on V.
+        assert not any(s.startswith(r["full_kernel"]) for s in r["all_gather_shapes"]), (name, r)
+        assert "model" in r["kernel_grad_spec"], (name, r)
+
+
+def child():
+    import jax
+    import keras
+    import numpy as np
+
+    import keras_softmax_heads as ksh
+    from keras_softmax_heads.fused import vocab_parallel
+
+    n, d, v = 24, 16, 96
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(n, d)).astype("float32")
+    y = rng.integers(0, v, n).astype("int32")
+    y[3] = -100
+    sw = rng.uniform(0.5, 2.0, n).astype("float32")
+    calls = {"vocab_parallel": 0, "single": 0}
+    summed = vocab_parallel.vocab_parallel_summed
+    single = ksh.fused.cross_entropy.summed_cross_entropy
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    ksh.fused.cross_entropy.vocab_parallel_summed = counted("vocab_parallel", summed)
+    ksh.fused.cross_entropy.summed_cross_entropy = counted("single", single)
+    result = {}
+    for name, mesh_shape, transposed, with_bias in (
+            ("model_transposed_bias", (1, DEVICES), True, True),
+            ("batch_plain", (2, DEVICES // 2), False, False)):
+        mesh = keras.distribution.DeviceMesh(mesh_shape, ("batch", "model"),
+                                             keras.distribution.list_devices())
+        layout_map = keras.distribution.LayoutMap(mesh)
+        layout_map["kernel"] = ("model", None) if transposed else (None, "model")
+        distribution = keras.distribution.ModelParallel(layout_map=layout_map,
+                                                        batch_dim_name="batch")
+        w = (rng.normal(size=(v, d) if transposed else (d, v)) * 0.5).astype("float32")
+        b = rng.normal(size=v).astype("float32")
+        with distribution.scope():
+            kernel = keras.Variable(w, name="kernel")
+            bias = keras.Variable(b, name="bias") if with_bias else None
+            outs, used = {}, {}
+            for mode in (True, False):
+                def loss(h, kval, bval, weights, mode=mode):
+                    mapping = [(kernel, kval)] + ([(bias, bval)] if with_bias else [])
+                    with keras.StatelessScope(state_mapping=mapping):
+                        value, aux = ksh.linear_cross_entropy(
+                            h, kernel, y, bias, kernel_transposed=transposed,
+                            sample_weight=weights, ignore_index=-100, label_smoothing=0.1,
+                            z_loss=1e-3, logit_soft_cap=2.0, return_argmax=True,
+                            gradient_in_forward=True, token_chunk_size=5,
+                            vocab_parallel=mode)
+                    return value, aux["argmax"]
+
+                argnums = (0, 1, 2, 3) if with_bias else (0, 1, 3)
+                step = jax.jit(jax.value_and_grad(loss, argnums=argnums, has_aux=True))
+                args = (h, kernel.value, bias.value if with_bias else None, sw)
+                before = dict(calls)
+                (value, argmax), grads = step(*args)
+                used[mode] = {k: calls[k] - before[k] for k in calls}
+                outs[mode] = (float(value), np.asarray(argmax), [np.asarray(g) for g in grads])
+                if mode:
+                    compiled = step.lower(*args).compile()
+                    gathers = sorted({
+                        line.split("=")[1].split("all-gather")[0].strip()
+                        for line in compiled.as_text().splitlines()
+                        if " all-gather(" in line or "all-gather-start(" in line})
+                    grad_spec = str(grads[1].sharding.spec)
+        a, r = outs[True], outs[False]
+        result[name] = {
+            "vocab_parallel_used": used[True]["vocab_parallel"] > 0,
+            "single_device_used": used[True]["single"] > 0 or used[False]["vocab_parallel"] > 0,
+            "loss": [a[0], r[0]],
+            "argmax_equal": bool(np.array_equal(a[1], r[1])),
+            "grad_err": [float(np.abs(x - z).max() / np.abs(z).max())
+                         for x, z in zip(a[2], r[2])],
+            "all_gather_shapes": gathers,
+            "full_kernel": f"f32[{w.shape[0]},{w.shape[1]}]",
+            "kernel_grad_spec": grad_spec,
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    child()
