@@ -74,6 +74,13 @@ def test_vocab_sharded_fit_matches_unsharded(devices):
     assert any(s.startswith(full) for s in hlo[n]["gathered"]["all_gather_shapes"])
     for form in ("vocab_parallel", "vocab_parallel_summed", "gathered"):
         assert abs(hlo[n][form]["loss"] - hlo["1"]["gathered"]["loss"]) < 1e-5
+    # A distillation fit step (Gemma 2 style student, Llama teacher, with
+    # the student's cross-entropy): the divergence and the cross-entropy
+    # each device on its shard, the unsharded step's loss and gradients.
+    r = result["distillation"]
+    assert r["divergence_vocab_parallel_used"] > 0 and r["cross_entropy_summed_used"] > 0, r
+    assert r["loss_rel_err"] < 1e-5, r
+    assert r["grad_max_err"] < 1e-4 * r["grad_scale"], r
     for form in ("vocab_parallel", "vocab_parallel_summed"):
         per_device = [hlo[k][form]["temp_bytes"] + hlo[k][form]["output_bytes"]
                       for k in sorted(hlo, key=int)]
@@ -197,8 +204,63 @@ def _child(devices):
                 "eval_ppl_rel_err": abs(evaluated["perplexity"] / eval_ref["perplexity"] - 1),
                 "eval_accuracy": [evaluated["token_accuracy"], eval_ref["token_accuracy"]],
             }
+    result["distillation"] = _distillation(mesh, gemma2, llama, x, y, sw, make, step, calls)
     result["hlo"] = {str(n): _hlo(n) for n in sorted({1, 2, devices})}
     print(json.dumps(result, default=str))
+
+
+def _distillation(mesh, student_factory, teacher_factory, x, y, sw, make, step, calls):
+    """One distillation `fit` step sharded on the vocabulary and unsharded:
+    the losses, the student's gradients, and the vocabulary-parallel
+    forms' traced calls."""
+    import keras
+    import numpy as np
+
+    import keras_softmax_heads as ksh
+    from keras_softmax_heads.fused import distillation
+
+    divergence_calls = []
+    parallel = distillation.vocab_parallel_divergence
+
+    def counted(*args, **kwargs):
+        divergence_calls.append(1)
+        return parallel(*args, **kwargs)
+
+    distillation.vocab_parallel_divergence = counted
+
+    def distiller(distribution=None):
+        scope = distribution.scope() if distribution else _null()
+        with scope:
+            student = make(student_factory, distribution)
+            teacher = make(teacher_factory, distribution)
+            model = ksh.fused.DistillationCausalLM(
+                student, teacher, divergence="jsd", beta=0.4, temperature=2.0,
+                chunk_size=40, token_chunk_size=8, cross_entropy_weight=0.5)
+            model.compile(optimizer=keras.optimizers.SGD(LR))
+        return model
+
+    reference = distiller()
+    student_weights = reference.student.get_weights()
+    teacher_weights = reference.teacher.get_weights()
+    loss_ref, g_ref = step(reference)
+    # The student's map (the teacher's variables that match it are sharded
+    # too: its embeddings, and its untied output matrix on V).
+    layout = student_factory()[0].__class__.get_layout_map(mesh)
+    layout["token_embedding/reverse_embeddings"] = ("batch", "model")
+    distribution = keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch")
+    sharded = distiller(distribution)
+    sharded.student.set_weights(student_weights)
+    sharded.teacher.set_weights(teacher_weights)
+    with distribution.scope():
+        calls.clear()
+        loss, g = step(sharded)
+    return {
+        "divergence_vocab_parallel_used": len(divergence_calls),
+        "cross_entropy_summed_used": calls.count("summed"),
+        "loss_rel_err": abs(loss - loss_ref) / abs(loss_ref),
+        "grad_max_err": max(float(np.abs(a - b).max()) for a, b in zip(g, g_ref)),
+        "grad_scale": max(float(np.abs(b).max()) for b in g_ref),
+    }
 
 
 def _hlo(devices):

@@ -1,11 +1,20 @@
-"""`linear_cross_entropy(..., gradient_in_forward=True)` vocabulary-parallel
-on JAX (4 simulated host devices, a subprocess: `XLA_FLAGS` must be set
-before JAX starts): with the kernel variable sharded on V by a
-`keras.distribution` (rows also split over a batch axis, or not), the
-summed loss, its argmax and its gradients (hidden states, kernel, bias,
-sample weights) equal the single-device summed pass, with label smoothing,
-z-loss, a soft cap, an ignore index and sample weights; and the compiled
-step gathers no `[V, d]` matrix and keeps the kernel's gradient sharded."""
+"""The summed passes vocabulary-parallel on JAX (4 simulated host devices,
+a subprocess: `XLA_FLAGS` must be set before JAX starts).
+
+`linear_cross_entropy(..., gradient_in_forward=True)`: with the kernel
+variable sharded on V by a `keras.distribution` (rows also split over a
+batch axis, or not), the summed loss, its argmax and its gradients (hidden
+states, kernel, bias, sample weights) equal the single-device summed pass,
+with label smoothing, z-loss, a soft cap, an ignore index and sample
+weights; and the compiled step gathers no `[V, d]` matrix and keeps the
+kernel's gradient sharded.
+
+`linear_divergence` (summed, its gradient in the forward pass): with the
+student's kernel sharded on V and the teacher's replicated (another hidden
+size, the other kernel layout), both with biases, each divergence (forward
+and reverse KL, JSD) at a temperature with soft caps, weights and an ignore
+index gives the single-device value and gradients (the teacher's too with
+`teacher_gradient`), without gathering the student's `[V, d]` matrix."""
 
 import json
 import os
@@ -30,6 +39,7 @@ def test_vocab_parallel_summed_matches_single_device():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    divergences = result.pop("divergence")
     assert sorted(result) == ["batch_plain", "model_transposed_bias"], result
     for name, r in result.items():
         assert r["vocab_parallel_used"] and not r["single_device_used"], (name, r)
@@ -38,6 +48,15 @@ def test_vocab_parallel_summed_matches_single_device():
         assert len(r["grad_err"]) == (4 if "bias" in name else 3), (name, r)
         assert max(r["grad_err"]) < 1e-5, (name, r)
         # No device gathers the [V, d] matrix; its gradient stays split on V.
+        assert not any(s.startswith(r["full_kernel"]) for s in r["all_gather_shapes"]), (name, r)
+        assert "model" in r["kernel_grad_spec"], (name, r)
+    assert sorted(divergences) == ["forward_kl", "jsd", "reverse_kl"], divergences
+    for name, r in divergences.items():
+        assert r["vocab_parallel_used"] and not r["single_device_used"], (name, r)
+        assert abs(r["value"][0] - r["value"][1]) < 1e-5 * abs(r["value"][1]), (name, r)
+        # student h, kernel, bias (and with the teacher's gradient its h, kernel, bias)
+        assert len(r["grad_err"]) == (6 if r["teacher_gradient"] else 3), (name, r)
+        assert max(r["grad_err"]) < 1e-4, (name, r)
         assert not any(s.startswith(r["full_kernel"]) for s in r["all_gather_shapes"]), (name, r)
         assert "model" in r["kernel_grad_spec"], (name, r)
 
@@ -122,7 +141,89 @@ def child():
             "full_kernel": f"f32[{w.shape[0]},{w.shape[1]}]",
             "kernel_grad_spec": grad_spec,
         }
+    result["divergence"] = divergences(rng)
     print(json.dumps(result))
+
+
+def divergences(rng):
+    """The distillation's summed divergence, vocabulary-parallel against one
+    device: `{divergence: result}`."""
+    import jax
+    import keras
+    import numpy as np
+
+    import keras_softmax_heads as ksh
+    from keras_softmax_heads.fused import distillation
+
+    n, d_s, d_t, v = 24, 16, 24, 96
+    h_s = rng.normal(size=(n, d_s)).astype("float32")
+    h_t = rng.normal(size=(n, d_t)).astype("float32")
+    y = rng.integers(0, v, n).astype("int32")
+    y[5] = -1
+    sw = rng.uniform(0.5, 2.0, n).astype("float32")
+    calls = {"vocab_parallel": 0, "single": 0}
+    for name, attr in (("vocab_parallel", "vocab_parallel_divergence"),
+                       ("single", "summed_divergence")):
+        fn = getattr(distillation, attr)
+
+        def call(*args, _fn=fn, _name=name, **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+
+        setattr(distillation, attr, call)
+    mesh = keras.distribution.DeviceMesh((2, DEVICES // 2), ("batch", "model"),
+                                         keras.distribution.list_devices())
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map["student_kernel"] = ("model", None)  # tied [V, d_s]
+    distribution = keras.distribution.ModelParallel(layout_map=layout_map,
+                                                    batch_dim_name="batch")
+    result = {}
+    with distribution.scope():
+        w_s = keras.Variable((rng.normal(size=(v, d_s)) * 0.5).astype("float32"),
+                             name="student_kernel")
+        w_t = (rng.normal(size=(d_t, v)) * 0.5).astype("float32")  # [d_t, V], replicated
+        b_s, b_t = (rng.normal(size=v).astype("float32") for _ in range(2))
+        for divergence, teacher_gradient in (("forward_kl", False), ("reverse_kl", True),
+                                             ("jsd", False)):
+            outs, used = {}, {}
+            for mode in (True, False):
+                def loss(h_s, w, b_s, h_t, w_t, b_t, mode=mode):
+                    with keras.StatelessScope(state_mapping=[(w_s, w)]):
+                        return ksh.linear_divergence(
+                            h_s, w_s, h_t, w_t, y, student_bias=b_s, teacher_bias=b_t,
+                            student_kernel_transposed=True, divergence=divergence,
+                            beta=0.3, temperature=1.5, student_soft_cap=3.0,
+                            teacher_soft_cap=2.0, ignore_index=-1, sample_weight=sw,
+                            teacher_gradient=teacher_gradient, token_chunk_size=5,
+                            vocab_parallel=mode)
+
+                argnums = (0, 1, 2, 3, 4, 5) if teacher_gradient else (0, 1, 2)
+                step = jax.jit(jax.value_and_grad(loss, argnums=argnums))
+                args = (h_s, w_s.value, b_s, h_t, w_t, b_t)
+                before = dict(calls)
+                value, grads = step(*args)
+                used[mode] = {k: calls[k] - before[k] for k in calls}
+                outs[mode] = (float(value), [np.asarray(g) for g in grads])
+                if mode:
+                    gathers = sorted({
+                        line.split("=")[1].split("all-gather")[0].strip()
+                        for line in step.lower(*args).compile().as_text().splitlines()
+                        if " all-gather(" in line or "all-gather-start(" in line})
+                    grad_spec = str(grads[1].sharding.spec)
+            a, r = outs[True], outs[False]
+            result[divergence] = {
+                "teacher_gradient": teacher_gradient,
+                "vocab_parallel_used": used[True]["vocab_parallel"] > 0,
+                "single_device_used": used[True]["single"] > 0
+                or used[False]["vocab_parallel"] > 0,
+                "value": [a[0], r[0]],
+                "grad_err": [float(np.abs(x - z).max() / np.abs(z).max())
+                             for x, z in zip(a[1], r[1])],
+                "all_gather_shapes": gathers,
+                "full_kernel": f"f32[{v},{d_s}]",
+                "kernel_grad_spec": grad_spec,
+            }
+    return result
 
 
 if __name__ == "__main__":

@@ -266,7 +266,7 @@ def normaliser_and_exponentials(s, shards=None):
     return peak + ops.log(total), e, total
 
 
-def chunk_divergence(divergence, beta, s, t, teacher_gradient):
+def chunk_divergence(divergence, beta, s, t, teacher_gradient, shards=None):
     """`(D, ds, dt)` of a chunk's scores `s` (student), `t` (teacher)
     `[size, V]`: the per-token divergence `[size]` and its gradients with
     respect to `s` and `t` (`dt` None without `teacher_gradient`).
@@ -280,27 +280,41 @@ def chunk_divergence(divergence, beta, s, t, teacher_gradient):
     compiled temporaries of the mean forward KL at N = 4,096, d = 1,024,
     V = 131,072 grew from 770 to 1,282 MiB (1,026 MiB with one side's
     exponentials only), past the tenth of the dense KL's that
-    `docs/distillation.md` holds it to."""
-    lse_s = ops.logsumexp(s, axis=-1, keepdims=True)
-    lse_t = ops.logsumexp(t, axis=-1, keepdims=True)
+    `docs/distillation.md` holds it to.
+
+    With `shards` (`summed_divergence`) `s` and `t` are one device's
+    columns of the vocabulary: the log-sum-exps and the row sums are the
+    shards' (`shards.logsumexp`, `shards.sum`), the gradients this
+    device's columns."""
+    if shards is None:
+        lse_s = ops.logsumexp(s, axis=-1, keepdims=True)
+        lse_t = ops.logsumexp(t, axis=-1, keepdims=True)
+
+        def row_sum(x):
+            return ops.sum(x, axis=1)
+    else:
+        lse_s, lse_t = shards.logsumexp(s), shards.logsumexp(t)
+
+        def row_sum(x):
+            return shards.sum(ops.sum(x, axis=1))
     if divergence == "jsd":
         log_q, log_p = s - lse_s, t - lse_t
         q, p = ops.exp(log_q), ops.exp(log_p)
         log_m = log_mixture(log_p, log_q, beta)
-        kls = {"kl_p": ops.sum(p * (log_p - log_m), axis=1),
-               "kl_q": ops.sum(q * (log_q - log_m), axis=1)}
+        kls = {"kl_p": row_sum(p * (log_p - log_m)),
+               "kl_q": row_sum(q * (log_q - log_m))}
         ds, dt = score_gradients(divergence, beta, log_q, log_p, q, p, kls)
         return beta * kls["kl_p"] + (1.0 - beta) * kls["kl_q"], ds, dt
     if divergence == "forward_kl":  # (on PyTorch written in place: `dispatch`)
         p = dispatch.shifted_exp(t, lse_t[:, 0])
-        kl = ops.sum(p * (t - s), axis=1) + (lse_s - lse_t)[:, 0]
+        kl = row_sum(p * (t - s)) + (lse_s - lse_t)[:, 0]
         ds = dispatch.subtract(dispatch.shifted_exp(s, lse_s[:, 0]), p)
         dt = None
         if teacher_gradient:
             dt = p * ((t - lse_t) - (s - lse_s) - kl[:, None])
         return kl, ds, dt
     q = dispatch.shifted_exp(s, lse_s[:, 0])  # reverse KL(q || p)
-    kl = ops.sum(q * (s - t), axis=1) + (lse_t - lse_s)[:, 0]
+    kl = row_sum(q * (s - t)) + (lse_t - lse_s)[:, 0]
     ds = q * ((s - lse_s) - (t - lse_t) - kl[:, None])
     dt = dispatch.subtract(dispatch.shifted_exp(t, lse_t[:, 0]), q) if teacher_gradient else None
     return kl, ds, dt
@@ -308,7 +322,7 @@ def chunk_divergence(divergence, beta, s, t, teacher_gradient):
 
 def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
                       beta=0.5, temperature=1.0, token_chunk_size=None,
-                      teacher_gradient=False, implementation="auto"):
+                      teacher_gradient=False, implementation="auto", shards=None):
     """`sum_i w_i D_i` and its gradient, over chunks of tokens.
 
     The core behind `linear_divergence`'s `"sum"` / `"mean"` reductions
@@ -319,6 +333,14 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
     At most `token_chunk_size` tokens (default `default_token_chunk(V)`)
     are scored over the whole vocabulary at a time; the gradients are
     computed in the forward pass (the module docstring).
+
+    `shards` (None: one device): both sides' kernels and biases are one
+    device's columns of a vocabulary split over devices, inside a
+    `jax.shard_map` (`fused.vocab_parallel.vocab_parallel_divergence`):
+    the per-token log-sum-exps and sums are combined across the shards
+    (`shards.logsumexp`, `shards.sum`), the returned sum is the whole
+    vocabulary's, the gradients this device's share, as in
+    `chunked.summed_cross_entropy`.
 
     Returns:
         A scalar, float32 (float64 for float64 inputs).
@@ -366,7 +388,8 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
             h_s, h_t = s.rows(start, chunks.size), t.rows(start, chunks.size)
             g_s, d_s = s.scores(h_s, inv_t)
             g_t, d_t = t.scores(h_t, inv_t)
-            value, ds, dt = chunk_divergence(divergence, beta, g_s, g_t, teacher_gradient)
+            value, ds, dt = chunk_divergence(divergence, beta, g_s, g_t, teacher_gradient,
+                                             shards)
             w = ops.slice(w_all, [start], [chunks.size])
             # A weight-0 token (padding too) adds nothing, even a non-finite
             # divergence.
@@ -391,9 +414,11 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
 
         def grad_fn(*args, upstream=None, variables=None):
             u = ops.cast(upstream_of(args, upstream, variables, "summed_divergence"), acc)
-
-            s_out = s.scaled(u, s_grads, s_args)
-            t_out = (t.scaled(u, t_grads, t_args) if teacher_gradient
+            # Under `shards` each device receives its share of `u`
+            # (`chunked.summed_cross_entropy`).
+            u_all = u if shards is None else shards.sum(u)
+            s_out = s.scaled(u_all, s_grads, s_args)
+            t_out = (t.scaled(u_all, t_grads, t_args) if teacher_gradient
                      else [None] * len(t_args))
             return (ops.cast(u * per_token, weights.dtype), *s_out, *t_out)
 

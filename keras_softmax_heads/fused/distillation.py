@@ -21,6 +21,8 @@ from keras_softmax_heads.fused.cross_entropy import broadcast_weights
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
 from keras_softmax_heads.fused.cross_entropy import mean_of_weighted_sum
 from keras_softmax_heads.fused.cross_entropy import reduce_loss
+from keras_softmax_heads.fused.vocab_parallel import parallel_layout
+from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_divergence
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_float_dtype
@@ -112,6 +114,7 @@ def linear_divergence(
     implementation="auto",
     gradient_in_forward=None,
     token_chunk_size=None,
+    vocab_parallel="auto",
 ):
     """Divergence between a student's and a teacher's output softmax, tiled.
 
@@ -179,6 +182,18 @@ def linear_divergence(
             `2**25` on TensorFlow: `chunked.summed_divergence.
             default_token_chunk`) or an integer >= 1, the most tokens a
             chunk with `gradient_in_forward`.
+        vocab_parallel: `"auto"` (default), True or False. On JAX, under a
+            `keras.distribution` whose layout shards the student's kernel
+            variable on its vocabulary axis (`linear_cross_entropy`'s
+            `vocab_parallel`), `"auto"` and True run the summed pass
+            (`gradient_in_forward`) on each device's columns of both sides
+            (the teacher's kernel and the biases split the same way) and
+            combine the per-token log-sum-exps and sums across that mesh
+            axis: no device gathers either `[V, d]` matrix
+            (`fused.vocab_parallel.vocab_parallel_divergence`). The
+            per-token form (`reduction="none"`, `gradient_in_forward=False`)
+            has no vocabulary-parallel form: `"auto"` runs it on one device
+            (XLA's partitioner gathers the matrices), True raises.
 
     Returns:
         The divergence, float32 (float64 for float64 inputs), reduced as
@@ -239,19 +254,32 @@ def linear_divergence(
         )
     if gradient_in_forward is None:
         gradient_in_forward = options["reduction"] != "none"
+    layout = parallel_layout(student_kernel, None, student.kernel_transposed, vocab_parallel)
+    if layout is not None and not gradient_in_forward:
+        if vocab_parallel is True:
+            raise ValueError(
+                "`vocab_parallel=True` needs the summed divergence with its gradient "
+                "in the forward pass (reduction 'sum' or 'mean', gradient_in_forward "
+                "not False). Received: reduction="
+                f"{options['reduction']!r}, gradient_in_forward={gradient_in_forward}"
+            )
+        layout = None
     if gradient_in_forward:
         # Weights in the accumulation dtype, as the per-token form's are.
         acc = accumulation_dtype(student.hidden, student.kernel, teacher.hidden,
                                  teacher.kernel)
         weights, _ = token_weights(ops.zeros(lead, acc), targets, sample_weight,
                                    options["ignore_index"])
-        total = summed_divergence(
-            student, teacher, ops.reshape(weights, (-1,)), options["divergence"],
-            beta=options["beta"], temperature=options["temperature"],
-            token_chunk_size=token_chunk_size,
-            teacher_gradient=options["teacher_gradient"],
-            implementation=options["implementation"],
-        )
+        summed = dict(beta=options["beta"], temperature=options["temperature"],
+                      token_chunk_size=token_chunk_size,
+                      teacher_gradient=options["teacher_gradient"],
+                      implementation=options["implementation"])
+        flat = ops.reshape(weights, (-1,))
+        if layout is None:
+            total = summed_divergence(student, teacher, flat, options["divergence"], **summed)
+        else:  # each device its vocabulary shard of both sides
+            total = vocab_parallel_divergence(student, teacher, flat, layout,
+                                              options["divergence"], **summed)
         if options["reduction"] == "sum":
             return total
         return mean_of_weighted_sum(total, weights)

@@ -64,7 +64,11 @@ class DistillationCausalLM(keras.Model):
             `token_chunk_size` tokens; `linear_divergence`'s
             `gradient_in_forward`), an evaluation step does not; the
             cross-entropy term likewise (`linear_cross_entropy`'s
-            `gradient_in_forward`).
+            `gradient_in_forward`). Under a `keras.distribution` that shards
+            the student's output matrix on V (JAX) the training step's
+            divergence and cross-entropy are vocabulary-parallel
+            (`linear_divergence`'s and `linear_cross_entropy`'s
+            `vocab_parallel="auto"`).
         reduction: `"mean"` (default) or `"sum"`, as in
             `linear_divergence`.
         cross_entropy_weight: float >= 0 (default 0): the weight of the

@@ -7,7 +7,8 @@ picks it) and its vocabulary-parallel form (`vocab_parallel_stats`, JAX
 under a `keras.distribution` that shards the output matrix on V, each shard
 through `single_device_stats`); `vocab_parallel_summed`, the same for the
 gradient in the forward pass (`chunked.summed_cross_entropy` on each
-shard). See `docs/chunked.md`, "Vocabulary sharding
+shard), and `vocab_parallel_divergence`, the distillation's
+(`chunked.summed_divergence` on each shard). See `docs/chunked.md`, "Vocabulary sharding
 (JAX)" and "The Pallas GPU kernel".
 """
 
@@ -270,6 +271,14 @@ class VocabShards:
 
         return jax.lax.psum(x, self.axis)
 
+    def logsumexp(self, g):
+        """`log sum_v exp(g_v)` of each row of `g` `[rows, V / n]` over the
+        whole vocabulary, `[rows, 1]`."""
+        import jax.numpy as jnp
+
+        peak = self.max(jnp.max(g, axis=1, keepdims=True))
+        return peak + jnp.log(self.sum(jnp.sum(jnp.exp(g - peak), axis=1, keepdims=True)))
+
     def argmax(self, g):
         """The word id of each row's largest score `g` `[rows, V / n]` over
         the whole vocabulary (the first of a tie, as `argmax` on one
@@ -355,6 +364,84 @@ def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.
       *((ops.convert_to_tensor(layer.bias),) if has_bias else ()))
     total = jnp.sum(out[0])
     return (total, out[1]) if argmax else total
+
+
+def vocab_parallel_divergence(student, teacher, weights, layout, divergence, **options):
+    """`chunked.summed_divergence` with the output matrices sharded on V
+    (JAX only): the distillation's summed divergence with its gradient in
+    the forward pass, vocabulary-parallel.
+
+    Each device runs the summed pass over token chunks on its `[V / n]`
+    columns of both sides (the student's kernel shard; the teacher's kernel
+    and both biases are split the same way whatever their own layouts),
+    each chunk's per-token log-sum-exps and sums combined across the
+    vocabulary mesh axis (`VocabShards`). The student's kernel and bias
+    gradients stay sharded (the teacher's too, with `teacher_gradient`);
+    the hidden states' are each device's partial sums, added across the
+    shards by `jax.shard_map`'s transpose. Rows are split over the
+    layout's batch axis when it divides them.
+
+    Args:
+        student, teacher: `chunked.divergence.OutputLayer`s (flat hidden
+            states `[N, d_s]`, `[N, d_t]`; the same `V`).
+        weights: `[N]` float.
+        layout: `vocab_parallel_layout` of the student's kernel (not None).
+        divergence, **options: as in `chunked.summed_divergence` (`beta`,
+            `temperature`, `token_chunk_size`, `teacher_gradient`,
+            `implementation`).
+
+    Returns:
+        The weighted sum, a scalar.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    from keras_softmax_heads.chunked.summed_divergence import summed_divergence
+
+    mesh, vocab_axis, batch_axis = layout
+    rows = student.hidden.shape[0]
+    if batch_axis is not None and (
+        rows is None or rows % mesh.shape[list(mesh.axis_names).index(batch_axis)]
+    ):
+        batch_axis = None
+    row_spec = PartitionSpec(batch_axis)
+    sides = (student, teacher)
+    # Flat inputs and their specs: hidden states (rows), kernel and bias
+    # (vocabulary columns) of each side, then the weights.
+    inputs, specs, slots = [], [], []
+    for side in sides:
+        kernel = ops.convert_to_tensor(side.kernel)
+        vocab = kernel.shape[0] if side.kernel_transposed else kernel.shape[1]
+        inputs += [ops.convert_to_tensor(side.hidden), kernel]
+        specs += [PartitionSpec(batch_axis, None),
+                  PartitionSpec(vocab_axis, None) if side.kernel_transposed
+                  else PartitionSpec(None, vocab_axis)]
+        slots.append(side.bias is not None)
+        if side.bias is not None:
+            inputs.append(ops.convert_to_tensor(side.bias))
+            specs.append(PartitionSpec(vocab_axis))
+    inputs.append(weights)
+    specs.append(row_spec)
+
+    def shard(*args):
+        args = list(args)
+        local = []
+        for side, has_bias in zip(sides, slots):
+            h, w = args.pop(0), args.pop(0)
+            b = args.pop(0) if has_bias else None
+            local.append(type(side)(h, w, b, side.kernel_transposed, side.soft_cap))
+        v_local = (local[0].kernel.shape[0] if student.kernel_transposed
+                   else local[0].kernel.shape[1])
+        start = jax.lax.axis_index(vocab_axis) * v_local
+        total = summed_divergence(local[0], local[1], args[0], divergence,
+                                  shards=VocabShards(vocab_axis, start, vocab), **options)
+        # One sum per device; those of a batch shard's vocabulary shards are equal.
+        return total[None]
+
+    out = jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
+                        out_specs=row_spec, check_vma=False)(*inputs)
+    return jnp.sum(out)
 
 
 def combine_shards(lse, nll, inside, vocab_axis):
