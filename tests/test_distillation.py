@@ -321,6 +321,9 @@ def test_leading_shape_and_divisible_tiles():
     (dict(gradient_in_forward=True, reduction="none"), "gradient_in_forward"),
     (dict(gradient_in_forward="yes"), "gradient_in_forward"),
     (dict(token_chunk_size=0), "token_chunk_size"),
+    (dict(vocab_parallel="yes"), "vocab_parallel"),
+    # A kernel no keras.distribution shards (any backend).
+    (dict(vocab_parallel=True), "vocab_parallel=True needs .*Received: kernel"),
 ])
 def test_bad_options(bad, match):
     inputs, _, _, _ = _case("forward_kl")

@@ -281,7 +281,7 @@ def summed_loss(
                 "Pallas kernel need gradient_in_forward=False. Received: "
                 f"{option}"
             )
-    layout = parallel_layout(kernel, bias, kernel_transposed, vocab_parallel)
+    layout = parallel_layout(kernel, kernel_transposed, vocab_parallel)
     targets, ignored = checked_targets(targets, vocab, ignore_index)
     acc = accumulation_dtype(hidden, kernel)
     weights = broadcast_weights(sample_weight, ops.zeros(ops.shape(targets), acc))

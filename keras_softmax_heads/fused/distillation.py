@@ -254,7 +254,7 @@ def linear_divergence(
         )
     if gradient_in_forward is None:
         gradient_in_forward = options["reduction"] != "none"
-    layout = parallel_layout(student_kernel, None, student.kernel_transposed, vocab_parallel)
+    layout = parallel_layout(student_kernel, student.kernel_transposed, vocab_parallel)
     if layout is not None and not gradient_in_forward:
         if vocab_parallel is True:
             raise ValueError(

@@ -97,7 +97,7 @@ def pointwise_stats(hidden, kernel, bias, targets, *, transform_fn, chunk_size,
     check_vocab_parallel(vocab_parallel)
     implementation = check_choice("implementation", implementation, IMPLEMENTATIONS)
     filter_eps = check_filter_eps(filter_eps)
-    layout = parallel_layout(kernel, bias, kernel_transposed, vocab_parallel)
+    layout = parallel_layout(kernel, kernel_transposed, vocab_parallel)
     if layout is not None:
         return vocab_parallel_stats(
             hidden, kernel, targets, layout, bias=bias, transform_fn=transform_fn,
@@ -457,12 +457,11 @@ def combine_shards(lse, nll, inside, vocab_axis):
     return total_lse, target
 
 
-def parallel_layout(kernel, bias, kernel_transposed, vocab_parallel):
+def parallel_layout(kernel, kernel_transposed, vocab_parallel):
     """`vocab_parallel_layout(kernel, kernel_transposed)` where the
     `vocab_parallel` option asks for it, else None; raises for
-    `vocab_parallel=True` without one. (`bias`, if any, is split like the
-    kernel's vocabulary axis whatever its own layout.)"""
-    del bias  # any bias goes with the kernel's shards
+    `vocab_parallel=True` without one. (A bias goes with the kernel's
+    shards, whatever its own layout.)"""
     check_vocab_parallel(vocab_parallel)
     if not vocab_parallel:
         return None
@@ -489,7 +488,7 @@ def pointwise_entropy(hidden, kernel, bias, targets, *, transform_fn, chunk_size
     Returns:
         `(nll, lse, entropy)`, each of the targets' shape, differentiable.
     """
-    layout = parallel_layout(kernel, bias, kernel_transposed, vocab_parallel)
+    layout = parallel_layout(kernel, kernel_transposed, vocab_parallel)
     if layout is not None:
         return vocab_parallel_entropy(
             hidden, kernel, targets, layout, bias=bias, transform_fn=transform_fn,
