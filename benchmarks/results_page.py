@@ -1289,6 +1289,48 @@ def section_tail_tile(name="bench_tail_tile.json"):
         provenance(name, _with_command(data))])
 
 
+#: `bench_forward_only.py`'s files, one per backend.
+FORWARD_ONLY_FILES = tuple(f"forward_only/{b}.json" for b in ("jax", "tensorflow", "torch"))
+FORWARD_ONLY_MODES = {"jit": "`jax.jit`", "graph": "`tf.function` graph",
+                      "xla": "`tf.function(jit_compile=True)`", "eager": "eager"}
+
+
+def section_forward_only(names=FORWARD_ONLY_FILES):
+    """A summed loss's forward pass alone (evaluation), the tiled form's and
+    the summed form's (`gradient_in_forward`), per backend and mode."""
+    out, sources, shape = [], [], None
+    for name in names:
+        data = load(name)
+        if data is None:
+            sources.append(missing(name))
+            continue
+        a = data["args"]
+        shape = f"N = {a['tokens']:,}, d = {a['dim']:,}, V = {a['vocab']:,}"
+        by = {(r["mode"], r["loss"], r["form"]): r for r in data["rows"]}
+        for mode, loss, form in by:
+            if form != "summed":
+                continue
+            r, tiled = by[mode, loss, form], by[mode, loss, "tiled"]
+            memory = r["compiled_temp_mib"]
+            out.append([data["backend"], FORWARD_ONLY_MODES.get(mode, mode),
+                        loss.replace("_", " "), fmt(tiled["forward_s"], 3),
+                        fmt(r["forward_s"], 3), f"**{fmt(r['forward_over_tiled_forward'])}**",
+                        fmt(r["train_s"], 3),
+                        "–" if memory is None else
+                        f"{fmt(memory['forward'], 0)} / {fmt(memory['train'], 0)}"])
+        sources.append(provenance(name, _with_command(data)))
+    if not out:
+        return "\n\n".join(sources)
+    return "\n\n".join([
+        f"Mean loss, float32, {shape} (the forward KL's teacher twice as wide), the "
+        f"forward pass alone (evaluation) against the loss with its gradients, medians of "
+        f"interleaved rounds in one process per backend:",
+        table(["backend", "mode", "loss", "tiled forward s", "summed forward s",
+               "summed / tiled forward", "summed train s",
+               "summed compiled temp MiB (forward / train)"], out),
+        *sources])
+
+
 def section_tiled_memory(name="gpu_cross_entropy/tiled_memory_cpu.json"):
     """The tiled pass's compiled memory per tile width (`bench_cross_entropy_memory.py`)."""
     data = load(name)
@@ -1562,6 +1604,7 @@ def build(make_figures=True):
         "token_blocks": section_token_blocks(),
         "tiled_memory": section_tiled_memory(),
         "tail_tile": section_tail_tile(),
+        "forward_only": section_forward_only(),
         "gpu_causal_lm": section_gpu_causal_lm(),
         "filter_eps": section_filter_eps(),
     }

@@ -350,6 +350,26 @@ def test_linear_cross_entropy_benchmark_smoke(tmp_path):
     assert result["command"].startswith("python ") and result["machine"]["cores"] >= 1
 
 
+@pytest.mark.parametrize("backend", ["tensorflow"] + BACKENDS)
+def test_forward_only_benchmark_smoke(backend, tmp_path):
+    """Both losses, both forms, every mode of the backend at tiny sizes:
+    each row timed (forward alone and with gradients), its ratios set; on
+    JAX the compiled temporaries too."""
+    out = tmp_path / "forward_only.json"
+    _run("bench_forward_only.py", f"--backend={backend}", "--tokens=32", "--dim=8",
+         "--vocab=96", "--rounds=1", f"--out={out}", timeout=300)
+    result = json.loads(out.read_text())
+    modes = {"jax": {"jit"}, "tensorflow": {"graph", "xla"}, "torch": {"eager"}}[backend]
+    rows = result["rows"]
+    assert {(r["mode"], r["loss"], r["form"]) for r in rows} == {
+        (m, loss, form) for m in modes for loss in ("cross_entropy", "forward_kl")
+        for form in ("tiled", "summed")}
+    for r in rows:
+        assert r["forward_s"] > 0 and r["train_s"] > 0 and r["forward_over_tiled_forward"] > 0, r
+        assert (r["compiled_temp_mib"] is not None) == (backend == "jax"), r
+    assert result["backend"] == backend and result["machine"]["cores"] >= 1
+
+
 @pytest.mark.slow
 def test_fused_causal_lm_benchmark_smoke(tmp_path):
     """A tiny Gemma's fit step, stock and fused, and the memory-cap search

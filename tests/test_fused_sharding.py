@@ -81,6 +81,7 @@ def test_vocab_sharded_fit_matches_unsharded(devices):
     assert r["divergence_vocab_parallel_used"] > 0 and r["cross_entropy_summed_used"] > 0, r
     assert r["loss_rel_err"] < 1e-5, r
     assert r["grad_max_err"] < 1e-4 * r["grad_scale"], r
+    assert r["evaluate_vocab_parallel_used"] > 0 and r["eval_rel_err"] < 1e-5, r
     for form in ("vocab_parallel", "vocab_parallel_summed"):
         per_device = [hlo[k][form]["temp_bytes"] + hlo[k][form]["output_bytes"]
                       for k in sorted(hlo, key=int)]
@@ -254,8 +255,15 @@ def _distillation(mesh, student_factory, teacher_factory, x, y, sw, make, step, 
     with distribution.scope():
         calls.clear()
         loss, g = step(sharded)
+        trained = len(divergence_calls)
+        # Evaluation: vocabulary-parallel too (the summed pass).
+        evaluated = sharded.evaluate(x, y, sample_weight=sw, verbose=0, return_dict=True)
+    expected = reference.evaluate(x, y, sample_weight=sw, verbose=0, return_dict=True)
     return {
-        "divergence_vocab_parallel_used": len(divergence_calls),
+        "evaluate_vocab_parallel_used": len(divergence_calls) - trained,
+        "eval_rel_err": max(abs(evaluated[k] / expected[k] - 1)
+                            for k in ("loss", "divergence", "cross_entropy")),
+        "divergence_vocab_parallel_used": trained,
         "cross_entropy_summed_used": calls.count("summed"),
         "loss_rel_err": abs(loss - loss_ref) / abs(loss_ref),
         "grad_max_err": max(float(np.abs(a - b).max()) for a, b in zip(g, g_ref)),

@@ -20,7 +20,10 @@ Per token, with `g` the scores (soft-capped or not), `lse = logsumexp g`,
     loss = (1 - eps) (lse - g_target) + eps (lse - mean_v g_v) + zl lse**2
     dloss/dg_v = (1 + 2 zl lse) p_v - (1 - eps) [v = target] - eps / V
 
-The price: a call whose gradient is not taken still computes it, and the
+The price: a call whose gradient is not taken still computes it in a
+TensorFlow graph without XLA (not under `jax.jit` or `jit_compile=True`,
+where XLA removes the unused work, nor on PyTorch, where
+`dispatch.needs_gradient` skips it: `docs/results/forward_only/`), and the
 kernel's gradient is accumulated over the chunks in float32 (a float32
 `[d, V]` buffer beside a bfloat16 kernel's). Design notes and measurements:
 `docs/chunked.md`, "The gradient in the forward pass".

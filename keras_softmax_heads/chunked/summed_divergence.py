@@ -13,8 +13,11 @@ its divergence, its score gradients (`divergence.score_gradients`), its
 rows of `dh` and its term of `dW` (and `db`). Four products, as dense; the
 backward pass only scales the stored gradients by the upstream scalar (the
 fused linear losses of Liger-Kernel work the same way). The price: a
-forward pass whose gradient is not wanted still computes it
-(`linear_divergence`'s `gradient_in_forward=False` avoids that).
+forward pass whose gradient is not wanted still computes it in a
+TensorFlow graph without XLA (under `jax.jit` and `jit_compile=True` XLA
+removes the unused work; on PyTorch `dispatch.needs_gradient` skips it:
+`docs/results/forward_only/`); `linear_divergence`'s
+`gradient_in_forward=False` avoids it everywhere.
 
 Chunks: all of one width (`chunked.tiling.tile_width` of the token count
 when it is static: a divisor where there is one); the hidden states and

@@ -151,7 +151,9 @@ def linear_cross_entropy(
             (`chunked.summed_cross_entropy`; Liger-Kernel's form). Needs a
             summed reduction (`"sum"` / `"mean"`: the cotangents are then
             the weights), and a call whose gradient is not taken
-            (evaluation) still computes it; the kernel's gradient is
+            (evaluation) still computes it in a TensorFlow graph without
+            XLA (not under `jax.jit`, `jit_compile=True` or PyTorch's
+            `no_grad`: `docs/results/forward_only/`); the kernel's gradient is
             accumulated in float32 over the chunks; `chunk_size` does not
             apply (each chunk spans the vocabulary). Not with `return_lse`
             or `implementation="pallas"`. Vocabulary-parallel too (each

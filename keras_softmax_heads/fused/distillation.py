@@ -139,7 +139,9 @@ def linear_divergence(
     are scored over the whole vocabulary at a time and the gradient is computed in the forward pass
     (`chunked.summed_divergence`): as many products as the dense
     divergence, but a call whose gradient is not taken (evaluation) pays
-    for it too; pass `gradient_in_forward=False` there. Gradients are exact
+    for it too in a TensorFlow graph without XLA (not under `jax.jit`,
+    `jit_compile=True` or PyTorch's `no_grad`: `docs/results/forward_only/`);
+    `gradient_in_forward=False` avoids it everywhere. Gradients are exact
     per token for every reduction, weight and mask; they reach the student's hidden
     states, kernel and bias, and the teacher's only with
     `teacher_gradient=True` (by default the teacher is under

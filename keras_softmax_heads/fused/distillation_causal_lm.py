@@ -13,6 +13,7 @@ from keras_softmax_heads.fused.causal_lm import FusedLossCausalLM
 from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
 from keras_softmax_heads.fused.distillation import check_divergence_options
 from keras_softmax_heads.fused.distillation import linear_divergence
+from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_number
@@ -65,10 +66,11 @@ class DistillationCausalLM(keras.Model):
             `gradient_in_forward`), an evaluation step does not; the
             cross-entropy term likewise (`linear_cross_entropy`'s
             `gradient_in_forward`). Under a `keras.distribution` that shards
-            the student's output matrix on V (JAX) the training step's
-            divergence and cross-entropy are vocabulary-parallel
-            (`linear_divergence`'s and `linear_cross_entropy`'s
-            `vocab_parallel="auto"`).
+            the student's output matrix on V (JAX) the divergence and the
+            cross-entropy are vocabulary-parallel (`linear_divergence`'s
+            and `linear_cross_entropy`'s `vocab_parallel="auto"`), in
+            evaluation too (the divergence then through the summed pass,
+            whose unused gradient XLA removes under `jit`).
         reduction: `"mean"` (default) or `"sum"`, as in
             `linear_divergence`.
         cross_entropy_weight: float >= 0 (default 0): the weight of the
@@ -138,8 +140,13 @@ class DistillationCausalLM(keras.Model):
             teacher_soft_cap=t_cap, ignore_index=ignore_index,
             sample_weight=sample_weight, reduction=reduction,
             chunk_size=self.chunk_size, token_chunk_size=self.token_chunk_size,
-            # No gradient is taken in evaluation: the tiled forward pass alone.
-            gradient_in_forward=None if training else False, **options,
+            # No gradient is taken in evaluation: the tiled forward pass alone,
+            # unless the student's output matrix is sharded on V, where only
+            # the summed pass is vocabulary-parallel (the tiled one would
+            # gather both matrices on every device); XLA then drops its
+            # unused gradient work (`docs/distillation.md`).
+            gradient_in_forward=None if training or vocab_parallel_layout(
+                s_kernel, s_transposed) is not None else False, **options,
         )
         self.divergence_tracker.update_state(ops.mean(loss))
         if self.cross_entropy_weight:
