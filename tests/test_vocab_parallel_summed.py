@@ -14,7 +14,8 @@ student's kernel sharded on V and the teacher's replicated (another hidden
 size, the other kernel layout), both with biases, each divergence (forward
 and reverse KL, JSD) at a temperature with soft caps, weights and an ignore
 index gives the single-device value and gradients (the teacher's too with
-`teacher_gradient`), without gathering the student's `[V, d]` matrix."""
+`teacher_gradient`), without gathering the student's `[V, d]` matrix; and
+`examples/hub_distillation.py --model_parallel=4` trains that way."""
 
 import json
 import os
@@ -39,6 +40,7 @@ def test_vocab_parallel_summed_matches_single_device():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    example = result.pop("example")
     divergences = result.pop("divergence")
     assert sorted(result) == ["batch_plain", "model_transposed_bias"], result
     for name, r in result.items():
@@ -50,6 +52,12 @@ def test_vocab_parallel_summed_matches_single_device():
         # No device gathers the [V, d] matrix; its gradient stays split on V.
         assert not any(s.startswith(r["full_kernel"]) for s in r["all_gather_shapes"]), (name, r)
         assert "model" in r["kernel_grad_spec"], (name, r)
+    # examples/hub_distillation.py --model_parallel=4: trains, vocabulary-parallel
+    # (None: keras-hub is not installed).
+    if example is not None:
+        assert example["vocab_parallel_calls"] > 0, example
+        assert example["unchanged"], example
+        assert example["divergences"][-1] < example["divergences"][0], example
     assert sorted(divergences) == ["forward_kl", "jsd", "reverse_kl"], divergences
     for name, r in divergences.items():
         assert r["vocab_parallel_used"] and not r["single_device_used"], (name, r)
@@ -142,7 +150,39 @@ def child():
             "kernel_grad_spec": grad_spec,
         }
     result["divergence"] = divergences(rng)
+    result["example"] = distillation_example()  # last: it sets a global distribution
     print(json.dumps(result))
+
+
+def distillation_example():
+    """`examples/hub_distillation.py --model_parallel=4` at a tiny shape:
+    its divergences, whether the teacher is unchanged, and how many times
+    the vocabulary-parallel divergence was traced."""
+    import importlib.util
+    import pathlib
+
+    from keras_softmax_heads.fused import distillation
+
+    if importlib.util.find_spec("keras_hub") is None:
+        return None
+    calls = []
+    parallel = distillation.vocab_parallel_divergence
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return parallel(*args, **kwargs)
+
+    distillation.vocab_parallel_divergence = counted
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "hub_distillation.py"
+    spec = importlib.util.spec_from_file_location("hub_distillation", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    divergences, unchanged = example.main([
+        f"--model_parallel={DEVICES}", "--steps=3", "--vocab_size=64", "--student_dim=16",
+        "--teacher_dim=24", "--batch_size=2", "--seq_len=6", "--chunk_size=24",
+        "--divergence=jsd", "--learning_rate=1e-2"])
+    return {"divergences": divergences, "unchanged": unchanged,
+            "vocab_parallel_calls": len(calls)}
 
 
 def divergences(rng):
