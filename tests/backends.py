@@ -18,8 +18,17 @@ public function for are dispatched here, once, on `keras.backend.backend()`:
   `variable`'s gradient, asserting it is a `tf.IndexedSlices`;
 * `build_optimizer(model)`: a compiled, built model's optimizer built before
   `fit`, so that TensorFlow traces the train step once;
-* `torch_flops(fn)` (PyTorch only): the matrix-product FLOPs of `fn()`.
+* `torch_flops(fn)` (PyTorch only): the matrix-product FLOPs of `fn()`;
+* `run_on_simulated_devices(script, devices, *args)`: a test module run as a
+  JAX child process on simulated host devices (the vocabulary-parallel
+  tests), its JSON result; `count_calls(module, name, calls)`: a module
+  function that records its (traced) calls.
 """
+
+import json
+import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -175,3 +184,32 @@ def torch_flops(fn):
     with FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
+
+
+def run_on_simulated_devices(script, devices, *args, timeout=600):
+    """Runs `script` (a path: a test module whose `__main__` prints one JSON
+    line last) with `args` in a child process on JAX with `devices`
+    simulated host devices (`XLA_FLAGS` must be set before JAX starts),
+    the repository on its path; asserts it succeeded and returns that
+    JSON."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env.update(KERAS_BACKEND="jax",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               PYTHONPATH=os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p]))
+    out = subprocess.run([sys.executable, os.path.abspath(script), *map(str, args)], env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def count_calls(module, name, calls, key=None):
+    """Replaces `module.name` by a wrapper that appends `key` (default
+    `name`) to the list `calls` at each call (under `jit`: each trace)."""
+    fn = getattr(module, name)
+
+    def call(*args, **kwargs):
+        calls.append(key or name)
+        return fn(*args, **kwargs)
+
+    setattr(module, name, call)

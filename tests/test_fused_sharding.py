@@ -16,38 +16,22 @@ one.
 """
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
+from backends import count_calls
+from backends import run_on_simulated_devices
 
 pytest.importorskip("jax")
 keras_hub = pytest.importorskip("keras_hub")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _run_child(devices):
-    env = dict(os.environ)
-    env.update(
-        KERAS_BACKEND="jax",
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        PYTHONPATH=os.pathsep.join(
-            [os.path.dirname(HERE)] + [p for p in [env.get("PYTHONPATH")] if p]),
-    )
-    out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), str(devices)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", [2, 8])
 def test_vocab_sharded_fit_matches_unsharded(devices):
-    result = _run_child(devices)
+    # Eight devices, of which the child uses `devices` (and 1 and 2 for its HLO).
+    result = run_on_simulated_devices(__file__, 8, devices)
     for name in ("gemma2", "llama"):
         for form in ("vocab_parallel", "vocab_parallel_summed", "gathered"):
             r = result[name][form]
@@ -146,17 +130,8 @@ def _child(devices):
 
     # Counts the vocabulary-parallel forms' (traced) calls.
     calls = []
-
-    def counted(fn, name):
-        def call(*args, **kwargs):
-            calls.append(name)
-            return fn(*args, **kwargs)
-        return call
-
-    ksh.fused.vocab_parallel.vocab_parallel_stats = counted(
-        ksh.fused.vocab_parallel.vocab_parallel_stats, "stats")
-    ksh.fused.cross_entropy.vocab_parallel_summed = counted(
-        ksh.fused.cross_entropy.vocab_parallel_summed, "summed")
+    count_calls(ksh.fused.vocab_parallel, "vocab_parallel_stats", calls, "stats")
+    count_calls(ksh.fused.cross_entropy, "vocab_parallel_summed", calls, "summed")
     mesh = keras.distribution.DeviceMesh(
         (1, devices), ("batch", "model"), keras.distribution.list_devices()[:devices])
     result = {"devices": devices}
@@ -221,13 +196,7 @@ def _distillation(mesh, student_factory, teacher_factory, x, y, sw, make, step, 
     from keras_softmax_heads.fused import distillation
 
     divergence_calls = []
-    parallel = distillation.vocab_parallel_divergence
-
-    def counted(*args, **kwargs):
-        divergence_calls.append(1)
-        return parallel(*args, **kwargs)
-
-    distillation.vocab_parallel_divergence = counted
+    count_calls(distillation, "vocab_parallel_divergence", divergence_calls)
 
     def distiller(distribution=None):
         scope = distribution.scope() if distribution else _null()

@@ -5,29 +5,18 @@ entropies and their gradients (temperature, soft cap, `[d, V]` and
 `[V, d]` kernels, with and without a bias) equal the single-device pass."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from backends import run_on_simulated_devices
 
 pytest.importorskip("jax")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 DEVICES = 4
 
 
 @pytest.mark.slow
 def test_vocab_parallel_scores_match_single_device():
-    env = dict(os.environ)
-    env.update(KERAS_BACKEND="jax",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
-               PYTHONPATH=os.pathsep.join(
-                   [os.path.dirname(HERE)] + [p for p in [env.get("PYTHONPATH")] if p]))
-    out = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-4000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_on_simulated_devices(__file__, DEVICES)
     assert sorted(result) == ["plain", "plain_bias", "transposed", "transposed_bias"]
     for name, r in result.items():
         assert r["applies"], name
