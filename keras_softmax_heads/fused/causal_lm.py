@@ -36,7 +36,8 @@ class FusedLossCausalLM:
     `perplexity` (`exp` of the token-weighted mean negative
     log-likelihood over the whole evaluation). `predict` and `generate` are
     unchanged (logits). On JAX under a `keras.distribution` that shards the
-    output matrix on its vocabulary axis, the loss is vocabulary-parallel.
+    output matrix on its vocabulary axis, the loss is vocabulary-parallel
+    (with `gradient_in_forward` too).
 
     For models whose logits are `token_embedding(backbone(x), reverse=True)`
     (GPT-2, Gemma / Gemma 2, Llama, Mistral, ...); not for a quantized

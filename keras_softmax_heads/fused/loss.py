@@ -83,8 +83,9 @@ class LinearCrossEntropy(keras.losses.Loss):
         gradient_in_forward: bool (default False), as in
             `linear_cross_entropy`: the gradient computed in the forward
             pass (three products a step instead of four; an evaluation
-            still computes it in a TensorFlow graph without XLA). Needs a summed reduction (not `None` /
-            `"none"`); `call` (per token) does not use it.
+            still computes it in a TensorFlow graph without XLA). Needs a
+            summed reduction (not `None` / `"none"`); `call` (per token)
+            does not use it.
         kernel_path, bias_path: used by `from_config`.
         reduction, name, dtype: as for every `keras.losses.Loss`.
 
