@@ -32,6 +32,7 @@ def test_vocab_parallel_summed_matches_single_device():
     result = run_on_simulated_devices(__file__, DEVICES)
     example = result.pop("example")
     divergences = result.pop("divergence")
+    head = result.pop("head")
     assert sorted(result) == ["batch_plain", "model_transposed_bias"], result
     for name, r in result.items():
         assert r["vocab_parallel_used"] and not r["single_device_used"], (name, r)
@@ -48,6 +49,11 @@ def test_vocab_parallel_summed_matches_single_device():
         assert example["vocab_parallel_calls"] > 0, example
         assert example["unchanged"], example
         assert example["divergences"][-1] < example["divergences"][0], example
+    # FullSoftmax(chunk_size) trained with HeadLoss, its kernel sharded on V:
+    # each device its shard, the unsharded step's loss and weights.
+    assert head["vocab_parallel_calls"] > 0, head
+    assert head["loss_rel_err"] < 1e-5 and head["step_max_err"] < 1e-4 * head["step_scale"], head
+    assert head["kernel_spec"] == [None, "model"], head
     assert sorted(divergences) == ["forward_kl", "jsd", "reverse_kl"], divergences
     for name, r in divergences.items():
         assert r["vocab_parallel_used"] and not r["single_device_used"], (name, r)
@@ -130,6 +136,7 @@ def child():
             "kernel_grad_spec": grad_spec,
         }
     result["divergence"] = divergences(rng)
+    result["head"] = full_softmax_head(rng)
     result["example"] = distillation_example()  # last: it sets a global distribution
     print(json.dumps(result))
 
@@ -157,6 +164,57 @@ def distillation_example():
         "--divergence=jsd", "--learning_rate=1e-2"])
     return {"divergences": divergences, "unchanged": unchanged,
             "vocab_parallel_calls": len(calls)}
+
+
+def full_softmax_head(rng):
+    """One SGD step of `Sequential([Embedding, FullSoftmax(chunk_size)])`
+    with `HeadLoss` (the summed objective, its gradient in the forward
+    pass), the head's `[d, V]` kernel sharded on V, against the same step
+    unsharded."""
+    import keras
+    import numpy as np
+
+    import keras_softmax_heads as ksh
+    from keras_softmax_heads.heads import full_softmax
+
+    v, d, batch, steps, lr = 96, 16, 4, 6, 0.5
+    x = rng.integers(0, v, (batch, steps)).astype("int32")
+    y = rng.integers(0, v, (batch, steps)).astype("int32")
+    calls = []
+    count_calls(full_softmax, "vocab_parallel_summed", calls)
+
+    def model(distribution=None):
+        keras.utils.set_random_seed(0)
+        with (distribution.scope() if distribution else keras.name_scope("unsharded")):
+            head = ksh.FullSoftmax(v, chunk_size=40, name="head", logit_soft_cap=3.0)
+            m = keras.Sequential([keras.Input((steps,), dtype="int32"),
+                                  keras.layers.Embedding(v, d), head])
+            m.compile(keras.optimizers.SGD(lr), loss=ksh.HeadLoss(head))
+        return m, head
+
+    def step(m):
+        w0 = [np.asarray(w) for w in m.get_weights()]
+        loss = m.fit(x, y, batch_size=batch, epochs=1, verbose=0).history["loss"][0]
+        return loss, [(a - np.asarray(b)) / lr for a, b in zip(w0, m.get_weights())]
+
+    reference, _ = model()
+    loss_ref, steps_ref = step(reference)
+    mesh = keras.distribution.DeviceMesh((1, DEVICES), ("batch", "model"),
+                                         keras.distribution.list_devices())
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map[".*head/kernel"] = (None, "model")
+    distribution = keras.distribution.ModelParallel(layout_map=layout_map,
+                                                    batch_dim_name="batch")
+    sharded, head = model(distribution)
+    with distribution.scope():
+        loss, steps_ = step(sharded)
+    return {
+        "vocab_parallel_calls": len(calls),
+        "kernel_spec": list(head.kernel.value.sharding.spec),
+        "loss_rel_err": abs(loss - loss_ref) / abs(loss_ref),
+        "step_max_err": max(float(np.abs(a - b).max()) for a, b in zip(steps_, steps_ref)),
+        "step_scale": max(float(np.abs(b).max()) for b in steps_ref),
+    }
 
 
 def divergences(rng):

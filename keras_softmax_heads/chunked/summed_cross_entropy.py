@@ -29,7 +29,7 @@ kernel's gradient is accumulated over the chunks in float32 (a float32
 `docs/chunked.md`, "The gradient in the forward pass".
 
 The same arithmetic runs on one device's shard of the vocabulary (`shards`:
-`fused.vocab_parallel.vocab_parallel_summed`), the row statistics (max,
+`chunked.vocab_parallel.vocab_parallel_summed`), the row statistics (max,
 sum of exponentials, target score, score sum, argmax) then combined across
 the shards by the collectives `shards` names.
 """
@@ -124,7 +124,7 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
     gradients are this device's share (its kernel / bias shard, its
     partial `dh`), scaled by `shards.sum` of the upstream cotangent, which
     `jax.shard_map` splits evenly over the devices of an output they all
-    hold (`fused.vocab_parallel.vocab_parallel_summed`).
+    hold (`chunked.vocab_parallel.vocab_parallel_summed`).
 
     Returns:
         The sum, a float32 scalar (float64 for float64 inputs); with

@@ -339,7 +339,7 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
 
     `shards` (None: one device): both sides' kernels and biases are one
     device's columns of a vocabulary split over devices, inside a
-    `jax.shard_map` (`fused.vocab_parallel.vocab_parallel_divergence`):
+    `jax.shard_map` (`chunked.vocab_parallel.vocab_parallel_divergence`):
     the per-token log-sum-exps and sums are combined across the shards
     (`shards.logsumexp`, `shards.sum`), the returned sum is the whole
     vocabulary's, the gradients this device's share, as in

@@ -18,11 +18,11 @@ from keras_softmax_heads.chunked.core import accumulation_dtype
 from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.fused.pallas_cross_entropy import check_filter_eps
 from keras_softmax_heads.fused.vocab_parallel import parallel_layout
 from keras_softmax_heads.fused.vocab_parallel import pointwise_stats
-from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_float_dtype

@@ -17,12 +17,12 @@ from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.divergence import tiled_divergence
 from keras_softmax_heads.chunked.summed_divergence import summed_divergence
 from keras_softmax_heads.chunked.tiling import kernel_geometry
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_divergence
 from keras_softmax_heads.fused.cross_entropy import broadcast_weights
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
 from keras_softmax_heads.fused.cross_entropy import mean_of_weighted_sum
 from keras_softmax_heads.fused.cross_entropy import reduce_loss
 from keras_softmax_heads.fused.vocab_parallel import parallel_layout
-from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_divergence
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_float_dtype
@@ -192,7 +192,7 @@ def linear_divergence(
             (the teacher's kernel and the biases split the same way) and
             combine the per-token log-sum-exps and sums across that mesh
             axis: no device gathers either `[V, d]` matrix
-            (`fused.vocab_parallel.vocab_parallel_divergence`). The
+            (`chunked.vocab_parallel.vocab_parallel_divergence`). The
             per-token form (`reduction="none"`, `gradient_in_forward=False`)
             has no vocabulary-parallel form: `"auto"` runs it on one device
             (XLA's partitioner gathers the matrices), True raises.

@@ -4,6 +4,8 @@ import keras
 
 from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
@@ -70,14 +72,22 @@ class FullSoftmax(PointwiseSoftmaxHead):
         with `gradient_in_forward=True` computed with its gradient over
         token chunks (`chunked.summed_cross_entropy`), otherwise
         `training_loss` weighted and summed. A word id outside `[0, V)`
-        with a non-zero weight makes the sum NaN."""
+        with a non-zero weight makes the sum NaN. On JAX, under a
+        `keras.distribution` whose layout shards the kernel (or the tied
+        embedding) on its vocabulary axis, the summed pass runs on each
+        device's shard (`chunked.vocab_parallel.vocab_parallel_summed`)."""
         if not self.gradient_in_forward:
             return super().summed_training_loss(inputs, targets, weights, training)
         rows, targets, kernel, transposed, bias = self._summed_loss_operands(inputs, targets)
         layer = OutputLayer(rows, kernel, bias, transposed, self.logit_soft_cap)
-        return summed_over_valid_targets(
-            targets, weights, self.vocab_size,
-            lambda ids, weights: summed_cross_entropy(layer, ids, weights))
+        layout = vocab_parallel_layout(self.chunked_projection()[0], transposed)
+
+        def total(ids, weights):
+            if layout is None:
+                return summed_cross_entropy(layer, ids, weights)
+            return vocab_parallel_summed(layer, ids, weights, layout)
+
+        return summed_over_valid_targets(targets, weights, self.vocab_size, total)
 
     def score_transform(self, z):
         if self.logit_soft_cap is None:

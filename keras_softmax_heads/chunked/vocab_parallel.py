@@ -1,0 +1,237 @@
+"""The vocabulary-parallel form of the summed passes (JAX): the kernel
+sharded on its vocabulary axis by a `keras.distribution`, each device
+running `chunked.summed_cross_entropy` / `chunked.summed_divergence` on its
+own `[V / n]` columns inside `jax.shard_map`, the per-token statistics
+combined across the devices (`VocabShards`).
+
+`vocab_parallel_layout` says whether a kernel variable is so sharded (the
+one test; `fused.vocab_parallel` uses it for the fused loss's per-token
+pass too). The shard map and the collectives are JAX's, imported lazily;
+elsewhere nothing here runs. See `docs/chunked.md`, "Sharding" and "The
+gradient in the forward pass".
+"""
+
+import keras
+from keras import ops
+
+from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
+from keras_softmax_heads.chunked.summed_divergence import summed_divergence
+
+
+def batch_axis_for(layout, rows):
+    """The layout's batch axis if it divides `rows` (static), else None:
+    rows are then not split."""
+    mesh, _, batch_axis = layout
+    if batch_axis is not None and (
+        rows is None or rows % mesh.shape[list(mesh.axis_names).index(batch_axis)]
+    ):
+        return None
+    return batch_axis
+
+
+def vocab_parallel_layout(kernel, kernel_transposed):
+    """`(device_mesh, vocab_axis, batch_axis)` when the vocabulary-parallel
+    form applies: the JAX backend, a current `keras.distribution`, and a
+    `kernel` variable whose layout shards its vocabulary axis (dividing V)
+    over a mesh axis of size > 1. None otherwise."""
+    if keras.backend.backend() != "jax" or not isinstance(kernel, keras.Variable):
+        return None
+    distribution = keras.distribution.distribution()
+    if distribution is None or len(kernel.shape) != 2:
+        return None
+    layout = distribution.get_variable_layout(kernel)
+    axes = tuple(getattr(layout, "axes", None) or ())
+    if len(axes) != 2:
+        return None
+    vocab_axis = axes[0] if kernel_transposed else axes[1]
+    mesh = layout.device_mesh
+    if vocab_axis is None or mesh is None or vocab_axis not in mesh.axis_names:
+        return None
+    size = mesh.shape[list(mesh.axis_names).index(vocab_axis)]
+    vocab = kernel.shape[0] if kernel_transposed else kernel.shape[1]
+    if size <= 1 or vocab % size:
+        return None
+    batch_axis = getattr(distribution, "batch_dim_name", None)
+    if batch_axis == vocab_axis or batch_axis not in mesh.axis_names:
+        batch_axis = None
+    return mesh, vocab_axis, batch_axis
+
+
+class VocabShards:
+    """The collectives across the vocabulary mesh axis `axis` (inside a
+    `jax.shard_map`) that `chunked.summed_cross_entropy` takes as its
+    `shards`: `vocab`, the whole vocabulary's size; `start`, this device's
+    first word id; `max`, `sum` and `argmax` of per-row statistics."""
+
+    def __init__(self, axis, start, vocab):
+        self.axis, self.start, self.vocab = axis, start, vocab
+
+    def max(self, x):
+        import jax
+
+        return jax.lax.pmax(jax.lax.stop_gradient(x), self.axis)
+
+    def sum(self, x):
+        import jax
+
+        return jax.lax.psum(x, self.axis)
+
+    def logsumexp(self, g):
+        """`log sum_v exp(g_v)` of each row of `g` `[rows, V / n]` over the
+        whole vocabulary, `[rows, 1]`."""
+        import jax.numpy as jnp
+
+        peak = self.max(jnp.max(g, axis=1, keepdims=True))
+        return peak + jnp.log(self.sum(jnp.sum(jnp.exp(g - peak), axis=1, keepdims=True)))
+
+    def argmax(self, g):
+        """The word id of each row's largest score `g` `[rows, V / n]` over
+        the whole vocabulary (the first of a tie, as `argmax` on one
+        device), int32."""
+        import jax
+        import jax.numpy as jnp
+
+        best = jnp.max(g, axis=1)
+        ids = jnp.argmax(g, axis=1).astype("int32") + self.start
+        top = jax.lax.pmax(best, self.axis)
+        ids = jnp.where(best == top, ids, jnp.iinfo("int32").max)
+        return jax.lax.pmin(ids, self.axis)
+
+
+def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.0,
+                          z_loss=0.0, token_chunk_size=None, argmax=False,
+                          implementation="auto"):
+    """`chunked.summed_cross_entropy` with the kernel sharded on V (JAX
+    only): the gradient in the forward pass, vocabulary-parallel.
+
+    Each device runs the summed pass over token chunks on its `[V / n, d]`
+    shard (and `[V / n]` bias slice), each chunk's row statistics (max, sum
+    of exponentials, target score, score sum, argmax) combined across the
+    vocabulary mesh axis (`VocabShards`): per chunk a few `[rows]`
+    all-reduces, never a `[V, d]` gather. The kernel and bias gradients
+    stay sharded; `h`'s is each device's partial sum, added across the
+    shards by `jax.shard_map`'s transpose (`h` is replicated over that
+    axis). Rows are split over the layout's batch axis when it divides
+    them.
+
+    Args:
+        layer: a `chunked.divergence.OutputLayer` (`hidden` `[N, d]`, the
+            kernel, the bias or None, the soft cap).
+        targets: `[N]` int32 ids in `[0, V)`; weights: `[N]` float.
+        layout: what `vocab_parallel_layout(kernel, kernel_transposed)`
+            returned (not None).
+        label_smoothing, z_loss, token_chunk_size, argmax, implementation:
+            as in `chunked.summed_cross_entropy` (`token_chunk_size` sized
+            for a shard's `V / n` words by default).
+
+    Returns:
+        The weighted sum (a scalar), with `argmax` the pair `(sum, argmax)`
+        as `chunked.summed_cross_entropy`'s.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    mesh, vocab_axis, _ = layout
+    transposed, has_bias = layer.kernel_transposed, layer.bias is not None
+    kernel = ops.convert_to_tensor(layer.kernel)
+    vocab = kernel.shape[0] if transposed else kernel.shape[1]
+    batch_axis = batch_axis_for(layout, layer.hidden.shape[0])
+    row_spec = PartitionSpec(batch_axis)
+
+    def shard(h, w, t, weights, *b):
+        v_local = w.shape[0] if transposed else w.shape[1]
+        start = jax.lax.axis_index(vocab_axis) * v_local
+        shifted = t - start
+        local_targets = jnp.where((shifted >= 0) & (shifted < v_local), shifted, -1)
+        local = type(layer)(h, w, b[0] if b else None, transposed, layer.soft_cap)
+        out = summed_cross_entropy(
+            local, local_targets, weights, label_smoothing=label_smoothing, z_loss=z_loss,
+            token_chunk_size=token_chunk_size, argmax=argmax, implementation=implementation,
+            shards=VocabShards(vocab_axis, start, vocab))
+        # One sum per device; those of a batch shard's vocabulary shards are equal.
+        return (out[0][None], out[1]) if argmax else (out[None],)
+
+    kernel_spec = (PartitionSpec(vocab_axis, None) if transposed
+                   else PartitionSpec(None, vocab_axis))
+    in_specs = (PartitionSpec(batch_axis, None), kernel_spec, row_spec, row_spec)
+    out = jax.shard_map(
+        shard, mesh=mesh.backend_mesh,
+        in_specs=in_specs + ((PartitionSpec(vocab_axis),) if has_bias else ()),
+        out_specs=(row_spec,) * (2 if argmax else 1), check_vma=False,
+    )(ops.convert_to_tensor(layer.hidden), kernel, targets, weights,
+      *((ops.convert_to_tensor(layer.bias),) if has_bias else ()))
+    total = jnp.sum(out[0])
+    return (total, out[1]) if argmax else total
+
+
+def vocab_parallel_divergence(student, teacher, weights, layout, divergence, **options):
+    """`chunked.summed_divergence` with the output matrices sharded on V
+    (JAX only): the distillation's summed divergence with its gradient in
+    the forward pass, vocabulary-parallel.
+
+    Each device runs the summed pass over token chunks on its `[V / n]`
+    columns of both sides (the student's kernel shard; the teacher's kernel
+    and both biases are split the same way whatever their own layouts),
+    each chunk's per-token log-sum-exps and sums combined across the
+    vocabulary mesh axis (`VocabShards`). The student's kernel and bias
+    gradients stay sharded (the teacher's too, with `teacher_gradient`);
+    the hidden states' are each device's partial sums, added across the
+    shards by `jax.shard_map`'s transpose. Rows are split over the
+    layout's batch axis when it divides them.
+
+    Args:
+        student, teacher: `chunked.divergence.OutputLayer`s (flat hidden
+            states `[N, d_s]`, `[N, d_t]`; the same `V`).
+        weights: `[N]` float.
+        layout: `vocab_parallel_layout` of the student's kernel (not None).
+        divergence, **options: as in `chunked.summed_divergence` (`beta`,
+            `temperature`, `token_chunk_size`, `teacher_gradient`,
+            `implementation`).
+
+    Returns:
+        The weighted sum, a scalar.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    mesh, vocab_axis, _ = layout
+    batch_axis = batch_axis_for(layout, student.hidden.shape[0])
+    row_spec = PartitionSpec(batch_axis)
+    sides = (student, teacher)
+    # Flat inputs and their specs: hidden states (rows), kernel and bias
+    # (vocabulary columns) of each side, then the weights.
+    inputs, specs, slots = [], [], []
+    for side in sides:
+        kernel = ops.convert_to_tensor(side.kernel)
+        vocab = kernel.shape[0] if side.kernel_transposed else kernel.shape[1]
+        inputs += [ops.convert_to_tensor(side.hidden), kernel]
+        specs += [PartitionSpec(batch_axis, None),
+                  PartitionSpec(vocab_axis, None) if side.kernel_transposed
+                  else PartitionSpec(None, vocab_axis)]
+        slots.append(side.bias is not None)
+        if side.bias is not None:
+            inputs.append(ops.convert_to_tensor(side.bias))
+            specs.append(PartitionSpec(vocab_axis))
+    inputs.append(weights)
+    specs.append(row_spec)
+
+    def shard(*args):
+        args = list(args)
+        local = []
+        for side, has_bias in zip(sides, slots):
+            h, w = args.pop(0), args.pop(0)
+            b = args.pop(0) if has_bias else None
+            local.append(type(side)(h, w, b, side.kernel_transposed, side.soft_cap))
+        v_local = (local[0].kernel.shape[0] if student.kernel_transposed
+                   else local[0].kernel.shape[1])
+        start = jax.lax.axis_index(vocab_axis) * v_local
+        total = summed_divergence(local[0], local[1], args[0], divergence,
+                                  shards=VocabShards(vocab_axis, start, vocab), **options)
+        # One sum per device; those of a batch shard's vocabulary shards are equal.
+        return total[None]
+
+    out = jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
+                        out_specs=row_spec, check_vma=False)(*inputs)
+    return jnp.sum(out)
