@@ -22,7 +22,8 @@ public function for are dispatched here, once, on `keras.backend.backend()`:
 * `run_on_simulated_devices(script, devices, *args)`: a test module run as a
   JAX child process on simulated host devices (the vocabulary-parallel
   tests), its JSON result; `count_calls(module, name, calls)`: a module
-  function that records its (traced) calls.
+  function that records its (traced) calls; `vocabulary_sharding(mesh,
+  transposed)`: a `keras.distribution` that splits a kernel on V.
 """
 
 import json
@@ -213,3 +214,13 @@ def count_calls(module, name, calls, key=None):
         return fn(*args, **kwargs)
 
     setattr(module, name, call)
+
+
+def vocabulary_sharding(mesh, transposed, path="kernel"):
+    """A `keras.distribution.ModelParallel` over `mesh` (axes `"batch"`,
+    `"model"`) whose layout splits the variable at `path` (a regex of its
+    whole path) on its vocabulary axis over `"model"`: the first of a
+    `[V, d]` (`transposed`) matrix, the second of a `[d, V]` one."""
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map[path] = ("model", None) if transposed else (None, "model")
+    return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from backends import run_on_simulated_devices
+from backends import vocabulary_sharding
 
 pytest.importorskip("jax")
 
@@ -42,10 +43,7 @@ def child():
                                          keras.distribution.list_devices())
     result = {}
     for transposed, with_bias in ((False, False), (True, False), (False, True), (True, True)):
-        layout_map = keras.distribution.LayoutMap(mesh)
-        layout_map["kernel"] = ("model", None) if transposed else (None, "model")
-        distribution = keras.distribution.ModelParallel(layout_map=layout_map,
-                                                        batch_dim_name="batch")
+        distribution = vocabulary_sharding(mesh, transposed)
         w = (rng.normal(size=(v, d) if transposed else (d, v)) * 0.5).astype("float32")
         # A bias variable with no layout of its own (replicated): the
         # vocabulary-parallel form splits it like the kernel.

@@ -22,6 +22,7 @@ import json
 import pytest
 from backends import count_calls
 from backends import run_on_simulated_devices
+from backends import vocabulary_sharding
 
 pytest.importorskip("jax")
 
@@ -87,10 +88,7 @@ def child():
             ("batch_plain", (2, DEVICES // 2), False, False)):
         mesh = keras.distribution.DeviceMesh(mesh_shape, ("batch", "model"),
                                              keras.distribution.list_devices())
-        layout_map = keras.distribution.LayoutMap(mesh)
-        layout_map["kernel"] = ("model", None) if transposed else (None, "model")
-        distribution = keras.distribution.ModelParallel(layout_map=layout_map,
-                                                        batch_dim_name="batch")
+        distribution = vocabulary_sharding(mesh, transposed)
         w = (rng.normal(size=(v, d) if transposed else (d, v)) * 0.5).astype("float32")
         b = rng.normal(size=v).astype("float32")
         with distribution.scope():
@@ -201,10 +199,7 @@ def full_softmax_head(rng):
     loss_ref, steps_ref = step(reference)
     mesh = keras.distribution.DeviceMesh((1, DEVICES), ("batch", "model"),
                                          keras.distribution.list_devices())
-    layout_map = keras.distribution.LayoutMap(mesh)
-    layout_map[".*head/kernel"] = (None, "model")
-    distribution = keras.distribution.ModelParallel(layout_map=layout_map,
-                                                    batch_dim_name="batch")
+    distribution = vocabulary_sharding(mesh, False, ".*head/kernel")
     sharded, head = model(distribution)
     with distribution.scope():
         loss, steps_ = step(sharded)
@@ -238,10 +233,7 @@ def divergences(rng):
     count_calls(distillation, "summed_divergence", calls, "single")
     mesh = keras.distribution.DeviceMesh((2, DEVICES // 2), ("batch", "model"),
                                          keras.distribution.list_devices())
-    layout_map = keras.distribution.LayoutMap(mesh)
-    layout_map["student_kernel"] = ("model", None)  # tied [V, d_s]
-    distribution = keras.distribution.ModelParallel(layout_map=layout_map,
-                                                    batch_dim_name="batch")
+    distribution = vocabulary_sharding(mesh, True, "student_kernel")  # tied [V, d_s]
     result = {}
     with distribution.scope():
         w_s = keras.Variable((rng.normal(size=(v, d_s)) * 0.5).astype("float32"),
