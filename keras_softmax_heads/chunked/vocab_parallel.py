@@ -29,6 +29,26 @@ def batch_axis_for(layout, rows):
     return batch_axis
 
 
+def kernel_spec(vocab_axis, kernel_transposed):
+    """The `PartitionSpec` that splits a kernel's vocabulary axis over
+    `vocab_axis`: the first of a `[V, d]` (transposed) kernel, the second
+    of a `[d, V]` one."""
+    from jax.sharding import PartitionSpec
+
+    if kernel_transposed:
+        return PartitionSpec(vocab_axis, None)
+    return PartitionSpec(None, vocab_axis)
+
+
+def shard_start(vocab_axis, kernel_shard, kernel_transposed):
+    """`(start, size)` of this device's vocabulary shard inside a
+    `jax.shard_map`: its first word id and its number of words."""
+    import jax
+
+    size = kernel_shard.shape[0] if kernel_transposed else kernel_shard.shape[1]
+    return jax.lax.axis_index(vocab_axis) * size, size
+
+
 def vocab_parallel_layout(kernel, kernel_transposed):
     """`(device_mesh, vocab_axis, batch_axis)` when the vocabulary-parallel
     form applies: the JAX backend, a current `keras.distribution`, and a
@@ -88,14 +108,22 @@ class VocabShards:
         """The word id of each row's largest score `g` `[rows, V / n]` over
         the whole vocabulary (the first of a tie, as `argmax` on one
         device), int32."""
-        import jax
         import jax.numpy as jnp
 
-        best = jnp.max(g, axis=1)
-        ids = jnp.argmax(g, axis=1).astype("int32") + self.start
-        top = jax.lax.pmax(best, self.axis)
-        ids = jnp.where(best == top, ids, jnp.iinfo("int32").max)
-        return jax.lax.pmin(ids, self.axis)
+        return best_word(self.axis, jnp.max(g, axis=1), jnp.argmax(g, axis=1) + self.start)
+
+
+def best_word(vocab_axis, best, ids):
+    """Each row's word id over the whole vocabulary (inside a
+    `jax.shard_map`) from every shard's best score `best` `[rows]` and its
+    word `ids` `[rows]`: the word of the largest, the smallest id of a
+    tie, int32."""
+    import jax
+    import jax.numpy as jnp
+
+    top = jax.lax.pmax(best, vocab_axis)
+    ids = jnp.where(best == top, ids.astype("int32"), jnp.iinfo("int32").max)
+    return jax.lax.pmin(ids, vocab_axis)
 
 
 def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.0,
@@ -140,8 +168,7 @@ def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.
     row_spec = PartitionSpec(batch_axis)
 
     def shard(h, w, t, weights, *b):
-        v_local = w.shape[0] if transposed else w.shape[1]
-        start = jax.lax.axis_index(vocab_axis) * v_local
+        start, v_local = shard_start(vocab_axis, w, transposed)
         shifted = t - start
         local_targets = jnp.where((shifted >= 0) & (shifted < v_local), shifted, -1)
         local = type(layer)(h, w, b[0] if b else None, transposed, layer.soft_cap)
@@ -152,9 +179,8 @@ def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.
         # One sum per device; those of a batch shard's vocabulary shards are equal.
         return (out[0][None], out[1]) if argmax else (out[None],)
 
-    kernel_spec = (PartitionSpec(vocab_axis, None) if transposed
-                   else PartitionSpec(None, vocab_axis))
-    in_specs = (PartitionSpec(batch_axis, None), kernel_spec, row_spec, row_spec)
+    in_specs = (PartitionSpec(batch_axis, None), kernel_spec(vocab_axis, transposed),
+                row_spec, row_spec)
     out = jax.shard_map(
         shard, mesh=mesh.backend_mesh,
         in_specs=in_specs + ((PartitionSpec(vocab_axis),) if has_bias else ()),
@@ -208,8 +234,7 @@ def vocab_parallel_divergence(student, teacher, weights, layout, divergence, **o
         vocab = kernel.shape[0] if side.kernel_transposed else kernel.shape[1]
         inputs += [ops.convert_to_tensor(side.hidden), kernel]
         specs += [PartitionSpec(batch_axis, None),
-                  PartitionSpec(vocab_axis, None) if side.kernel_transposed
-                  else PartitionSpec(None, vocab_axis)]
+                  kernel_spec(vocab_axis, side.kernel_transposed)]
         slots.append(side.bias is not None)
         if side.bias is not None:
             inputs.append(ops.convert_to_tensor(side.bias))
@@ -224,9 +249,7 @@ def vocab_parallel_divergence(student, teacher, weights, layout, divergence, **o
             h, w = args.pop(0), args.pop(0)
             b = args.pop(0) if has_bias else None
             local.append(type(side)(h, w, b, side.kernel_transposed, side.soft_cap))
-        v_local = (local[0].kernel.shape[0] if student.kernel_transposed
-                   else local[0].kernel.shape[1])
-        start = jax.lax.axis_index(vocab_axis) * v_local
+        start, _ = shard_start(vocab_axis, local[0].kernel, student.kernel_transposed)
         total = summed_divergence(local[0], local[1], args[0], divergence,
                                   shards=VocabShards(vocab_axis, start, vocab), **options)
         # One sum per device; those of a batch shard's vocabulary shards are equal.

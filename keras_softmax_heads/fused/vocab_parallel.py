@@ -18,6 +18,9 @@ from keras import ops
 from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import chunked_pointwise_stats
 from keras_softmax_heads.chunked.vocab_parallel import batch_axis_for
+from keras_softmax_heads.chunked.vocab_parallel import best_word
+from keras_softmax_heads.chunked.vocab_parallel import kernel_spec
+from keras_softmax_heads.chunked.vocab_parallel import shard_start
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.fused.pallas_cross_entropy import check_filter_eps
 from keras_softmax_heads.fused.pallas_cross_entropy import pallas_pointwise_stats
@@ -165,10 +168,7 @@ def vocab_parallel_stats(hidden, kernel, targets, layout, *, transform_fn,
             best = best + jnp.take(b, argmax).astype(lse.dtype)
         if transform_fn is not None:
             best = transform_fn(best)
-        best = jax.lax.stop_gradient(best)
-        top = jax.lax.pmax(best, vocab_axis)
-        ids = jnp.where(best == top, argmax + start, jnp.iinfo("int32").max)
-        argmax = jax.lax.pmin(ids.astype("int32"), vocab_axis)
+        argmax = best_word(vocab_axis, jax.lax.stop_gradient(best), argmax + start)
         return total_lse - target, total_lse, score_sum, argmax
 
     return over_vocabulary_shards(local, 4, hidden, kernel, bias, targets, layout,
@@ -202,18 +202,16 @@ def over_vocabulary_shards(local, num_outputs, hidden, kernel, bias, targets, la
     has_bias = bias is not None
     if has_bias:  # passed split on the vocabulary axis, whatever its own layout
         bias = ops.convert_to_tensor(bias)
-    kernel_spec = (PartitionSpec(vocab_axis, None) if kernel_transposed
-                   else PartitionSpec(None, vocab_axis))
     row_spec = PartitionSpec(batch_axis)
 
     def shard(h, w, t, *b):
-        v_local = w.shape[0] if kernel_transposed else w.shape[1]
-        start = jax.lax.axis_index(vocab_axis) * v_local
+        start, v_local = shard_start(vocab_axis, w, kernel_transposed)
         shifted = t - start
         inside = (shifted >= 0) & (shifted < v_local)
         return local(h, w, b[0] if b else None, jnp.where(inside, shifted, 0), inside, start)
 
-    in_specs = (PartitionSpec(batch_axis, None), kernel_spec, row_spec)
+    in_specs = (PartitionSpec(batch_axis, None), kernel_spec(vocab_axis, kernel_transposed),
+                row_spec)
     out = jax.shard_map(
         shard, mesh=mesh.backend_mesh,
         in_specs=in_specs + ((PartitionSpec(vocab_axis),) if has_bias else ()),
