@@ -498,7 +498,7 @@ def test_resumable_fields():
         "epochs", "train_seconds", "verbose", "checkpoint_every", "keep_checkpoints", "tensorboard",
         "kill_after_steps", "kill_signal", "eval_steps", "eval_batch_size", "eval_bptt",
         "eval_warmup",
-        "strategy", "tpu", "jit_compile", "steps_per_execution",
+        "strategy", "tpu", "vocab_shards", "jit_compile", "steps_per_execution",
         "validate_every_epoch", "band_fractions", "num_diagnostic_contexts",
         "data_dir", "deterministic", "mixed_precision", "unroll",
     }

@@ -19,7 +19,9 @@ Modules, one job each:
 * `flags`: absl flags generated from `TrainConfig` (`define_flags`,
   `config_from_flags`).
 * `distribute`: `DISTRIBUTION_STRATEGIES`, `make_strategy`, `worker_info`,
-  `distribute_dataset` (global batches split between replicas).
+  `distribute_dataset` (global batches split between replicas),
+  `VocabularyParallel` (JAX: the vocabulary-sized weights split over
+  devices).
 * `builder`: `build_model`, `build_inference_model` (the stateless copy
   saved for inference), `make_optimizer`, the learning-rate schedule
   (`epoch_learning_rate`, `optimizer_learning_rate`), `lstm_unroll`.
@@ -60,6 +62,7 @@ from keras_softmax_heads.training.config import parse_options
 from keras_softmax_heads.training.config import read_saved_settings
 from keras_softmax_heads.training.config import validate_config
 from keras_softmax_heads.training.distribute import DISTRIBUTION_STRATEGIES
+from keras_softmax_heads.training.distribute import VocabularyParallel
 from keras_softmax_heads.training.distribute import distribute_dataset
 from keras_softmax_heads.training.distribute import make_strategy
 from keras_softmax_heads.training.distribute import worker_info
@@ -110,6 +113,7 @@ __all__ = [
     "StepCallback",
     "TrainingInterrupted",
     "TrainConfig",
+    "VocabularyParallel",
     "build_inference_model",
     "build_model",
     "compute_diagnostics",

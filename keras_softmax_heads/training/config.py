@@ -148,10 +148,17 @@ class TrainConfig:
     strategy: str = _field(
         "default", "Distribution strategy: mirrored, multi_worker (cluster from "
         "TF_CONFIG) and tpu are tf.distribute (TensorFlow backend); "
-        "data_parallel is keras.distribution.DataParallel (JAX backend).",
+        "data_parallel is keras.distribution.DataParallel and model_parallel "
+        "keras_softmax_heads.training.VocabularyParallel (keras.distribution, JAX "
+        "backend: the vocabulary-sized weights split over vocab_shards devices).",
         choices=DISTRIBUTION_STRATEGIES, resumable=True)
     tpu: str | None = _field(
         None, "TPU name or grpc:// address (none: 'local', on a TPU VM).", resumable=True)
+    vocab_shards: int | None = _field(
+        None, "strategy=model_parallel: the devices each vocabulary-sized weight (the "
+        "embedding, the head's kernel and bias, their optimizer slots) is split over; "
+        "the other devices split the batch. It must divide the vocabulary size and the "
+        "number of devices (none: all devices).", resumable=True)
     jit_compile: bool | str = _field(
         "auto", "XLA compilation.", choices=(True, False, "auto"), resumable=True)
     mixed_precision: str | None = _field(
@@ -385,6 +392,11 @@ def validate_config(config):
     head_registry.canonical_head_name(config.head)
     if config.strategy not in DISTRIBUTION_STRATEGIES:
         raise ValueError(f"Unknown strategy. Expected one of {list(DISTRIBUTION_STRATEGIES)}. Received: strategy={config.strategy!r}")
+    check_int("vocab_shards", config.vocab_shards, minimum=1, allow_none=True)
+    if config.vocab_shards is not None and config.strategy != "model_parallel":
+        raise ValueError(
+            "`vocab_shards` splits the vocabulary under strategy='model_parallel' only. "
+            f"Received: vocab_shards={config.vocab_shards!r}, strategy={config.strategy!r}")
     if config.optimizer not in OPTIMIZERS:
         raise ValueError(f"Unknown optimizer. Expected one of {list(OPTIMIZERS)}. Received: optimizer={config.optimizer!r}")
     if config.loss_reduction not in LOSS_REDUCTIONS:

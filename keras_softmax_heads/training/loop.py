@@ -35,7 +35,9 @@ from keras_softmax_heads.training.config import parse_options
 from keras_softmax_heads.training.config import read_saved_settings
 from keras_softmax_heads.training.config import validate_config
 from keras_softmax_heads.training.distribute import distribute_dataset
+from keras_softmax_heads.training.distribute import VocabularyParallel
 from keras_softmax_heads.training.distribute import data_parallel_devices
+from keras_softmax_heads.training.distribute import vocabulary_shards
 from keras_softmax_heads.training.distribute import make_strategy
 from keras_softmax_heads.training.distribute import worker_info
 from keras_softmax_heads.training.evaluation import Evaluator
@@ -55,7 +57,7 @@ RUN_OUTPUTS = ("checkpoints", "tensorboard", "workers", "config.json", "results.
 #: run with other values of these only is the same finished run.
 EXECUTION_FIELDS = frozenset({
     "verbose", "tensorboard", "checkpoint_every", "keep_checkpoints", "kill_after_steps",
-    "kill_signal", "strategy", "tpu", "jit_compile", "steps_per_execution", "deterministic",
+    "kill_signal", "strategy", "tpu", "vocab_shards", "jit_compile", "steps_per_execution", "deterministic",
     "data_dir", "unroll", "mixed_precision",
 })
 
@@ -113,7 +115,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str, overwrite: bool = Fals
     validate_config(config)
     # The strategy first: MultiWorkerMirroredStrategy must be created before
     # TensorFlow runs any op.
-    strategy = make_strategy(config.strategy, config.tpu)
+    strategy = make_strategy(config.strategy, config.tpu, config.vocab_shards)
     is_chief, task_id = worker_info(strategy)
     if not is_chief:
         workdir = os.path.join(workdir, "workers", f"worker_{task_id}")
@@ -186,6 +188,9 @@ def _run(config, workdir, strategy):
 
     corpus = load_dataset(config.dataset, config.data_dir, **parse_options(config.dataset_options))
     steps_per_epoch = train_steps_per_epoch(config, corpus)
+    if config.strategy == "model_parallel":
+        keras.distribution.set_distribution(
+            VocabularyParallel(corpus.vocab_size, config.vocab_shards))
     devices = data_parallel_devices()
     if config.batch_size % devices:
         raise ValueError(
@@ -194,7 +199,9 @@ def _run(config, workdir, strategy):
         )
     _log(config, f"{corpus!r}; {steps_per_epoch} steps per epoch, "
                  f"{strategy.num_replicas_in_sync} replica(s)"
-                 + (f", data parallel over {devices} devices" if devices > 1 else ""))
+                 + (f", data parallel over {devices} devices" if devices > 1 else "")
+                 + (f", the vocabulary split over {vocabulary_shards()} devices"
+                    if vocabulary_shards() > 1 else ""))
     with strategy.scope():
         model, info = build_model(config, corpus, num_replicas=strategy.num_replicas_in_sync)
     checkpoints = CheckpointManager(workdir, config, model, strategy, steps_per_epoch)
@@ -239,6 +246,7 @@ def _run(config, workdir, strategy):
         "context_dim": int(model.backbone.output_dim),
         "num_replicas": strategy.num_replicas_in_sync,
         "data_parallel_devices": devices,
+        "vocab_shards": vocabulary_shards(),
         "backend": keras.backend.backend(),
     }
     results["training"] = timing
