@@ -101,10 +101,14 @@ COPYING = "_copying"
 TWINS = (KERAS_OPS, TWO_EXP, COPYING)
 
 
-def two_exponentials(s):
+def two_exponentials(s, shards=None):
     """The summed cores' softmax before session 34, in the form of
-    `normaliser_and_exponentials`: `(logsumexp(s), exp(s - lse), 1)`."""
+    `normaliser_and_exponentials`: `(logsumexp(s), exp(s - lse), 1)` (one
+    device: `shards` must be None)."""
     from keras import ops
+
+    if shards is not None:
+        raise ValueError(f"two_exponentials runs on one device. Received: shards={shards!r}")
 
     lse = ops.logsumexp(s, axis=1)
     return lse, ops.exp(s - lse[:, None]), ops.ones_like(lse)

@@ -1331,6 +1331,41 @@ def section_forward_only(names=FORWARD_ONLY_FILES):
         *sources])
 
 
+VOCAB_PARALLEL_HEADS = {"full_softmax": "`FullSoftmax`", "sigsoftmax": "`SigSoftmax`",
+                        "plif": "`PLIFSoftmax`", "mixture_of_softmaxes": "MoS(4)"}
+
+
+def section_vocab_parallel(name="vocab_parallel/memory_cpu_v65536.json"):
+    """Per-device compiled memory of `train_lm`'s training step under
+    `VocabularyParallel`, with the library's vocabulary-parallel passes and
+    with XLA's partitioning of the same layouts, against one device
+    (`bench_vocab_parallel_memory.py`)."""
+    data = load(name)
+    if data is None:
+        return missing(name)
+    shape = data["shape"]
+    out = []
+    for r in data["rows"]:
+        gathered = [c for c in r["sharded_by_xla"]["collectives"] if c.startswith("all-gather")]
+        out.append([VOCAB_PARALLEL_HEADS.get(r["head"], r["head"]),
+                    fmt(r["one_device"]["temp_mib"], 1), fmt(r["one_device"]["argument_mib"], 1),
+                    f"{fmt(r['sharded']['temp_mib'], 1)} (**{fmt(r['temp_ratio'])}x**)",
+                    f"{fmt(r['sharded']['argument_mib'], 1)} ({fmt(r['argument_ratio'])}x)",
+                    "none" if not r["gathers_vocabulary"] else "yes",
+                    f"{fmt(r['sharded_by_xla']['temp_mib'], 1)} ({fmt(r['temp_ratio_by_xla'])}x)",
+                    ", ".join(f"`{c.split()[1].split('{')[0]}`" for c in gathered) or "none"])
+    return "\n\n".join([
+        f"One device of {shape['devices']} (simulated CPU devices, all on the vocabulary axis), "
+        f"the tied LSTM of `examples/train_lm.py` (d = {shape['dim']}), V = {shape['vocab']:,}, "
+        f"a batch of {shape['batch']} x {shape['bptt']} tokens, `chunk_size` "
+        f"{shape['chunk_size']:,}, Adam; XLA's `compiled.memory_analysis()` of Keras' "
+        f"`train_step` (temporaries; arguments: weights, optimizer state, batch):",
+        table(["head", "one device: temp MiB", "args MiB",
+               "vocabulary-parallel: temp MiB", "args MiB", "all-gathers of V",
+               "XLA's partitioning: temp MiB", "its all-gathers"], out),
+        provenance(name, _with_command(data))])
+
+
 def section_tiled_memory(name="gpu_cross_entropy/tiled_memory_cpu.json"):
     """The tiled pass's compiled memory per tile width (`bench_cross_entropy_memory.py`)."""
     data = load(name)
@@ -1605,6 +1640,7 @@ def build(make_figures=True):
         "tiled_memory": section_tiled_memory(),
         "tail_tile": section_tail_tile(),
         "forward_only": section_forward_only(),
+        "vocab_parallel": section_vocab_parallel(),
         "gpu_causal_lm": section_gpu_causal_lm(),
         "filter_eps": section_filter_eps(),
     }

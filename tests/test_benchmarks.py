@@ -350,6 +350,23 @@ def test_linear_cross_entropy_benchmark_smoke(tmp_path):
     assert result["command"].startswith("python ") and result["machine"]["cores"] >= 1
 
 
+def test_vocab_parallel_memory_benchmark_smoke(tmp_path):
+    """Two heads at a tiny shape on 4 simulated devices: each row's memory
+    on one device and sharded, its collectives, no vocabulary gathered."""
+    pytest.importorskip("jax")
+    out = tmp_path / "memory.json"
+    _run("bench_vocab_parallel_memory.py", "--vocab=256", "--dim=8", "--heads=plif,full_softmax",
+         f"--out={out}", timeout=300)
+    result = json.loads(out.read_text())
+    assert [r["head"] for r in result["rows"]] == ["plif", "full_softmax"]
+    for r in result["rows"]:
+        assert 0 < r["temp_ratio"] < 1 and 0 < r["argument_ratio"] <= 1, r
+        assert not r["gathers_vocabulary"], r
+        assert not any(c.startswith("all-gather") for c in r["sharded"]["collectives"]), r
+        assert r["one_device"]["collectives"] == [], r
+    assert result["shape"]["devices"] == 4 and result["machine"]["cores"] >= 1
+
+
 @pytest.mark.parametrize("backend", ["tensorflow"] + BACKENDS)
 def test_forward_only_benchmark_smoke(backend, tmp_path):
     """Both losses, both forms, every mode of the backend at tiny sizes:

@@ -33,6 +33,7 @@ def test_vocab_parallel_summed_matches_single_device():
     result = run_on_simulated_devices(__file__, DEVICES)
     example = result.pop("example")
     divergences = result.pop("divergence")
+    mixtures = result.pop("mixture")
     head = result.pop("head")
     assert sorted(result) == ["batch_plain", "model_transposed_bias"], result
     for name, r in result.items():
@@ -55,6 +56,18 @@ def test_vocab_parallel_summed_matches_single_device():
     assert head["vocab_parallel_calls"] > 0, head
     assert head["loss_rel_err"] < 1e-5 and head["step_max_err"] < 1e-4 * head["step_scale"], head
     assert head["kernel_spec"] == [None, "model"], head
+    assert sorted(mixtures) == ["mos_bias_batch", "mos_plif_bias_batch", "moss_transposed",
+                                "sig_relu_transposed"], mixtures
+    for name, r in mixtures.items():
+        assert r["vocab_parallel_calls"] == 1, (name, r)
+        assert abs(r["value"][0] - r["value"][1]) < 1e-5 * abs(r["value"][1]), (name, r)
+        # latents, log-priors, kernel, weights (+ bias, + the PLIF's slopes)
+        assert len(r["grad_err"]) == 4 + ("bias" in name) + ("plif" in name), (name, r)
+        assert max(r["grad_err"]) < 1e-4, (name, r)
+        # Neither the [V, L] matrix nor a [rows, V] score tile is gathered.
+        assert not any(f"{r['vocab']}]" in s or f"[{r['vocab']}," in s
+                       for s in r["all_gather_shapes"]), (name, r)
+        assert "model" in r["kernel_grad_spec"], (name, r)
     assert sorted(divergences) == ["forward_kl", "jsd", "reverse_kl"], divergences
     for name, r in divergences.items():
         assert r["vocab_parallel_used"] and not r["single_device_used"], (name, r)
@@ -64,6 +77,14 @@ def test_vocab_parallel_summed_matches_single_device():
         assert max(r["grad_err"]) < 1e-4, (name, r)
         assert not any(s.startswith(r["full_kernel"]) for s in r["all_gather_shapes"]), (name, r)
         assert "model" in r["kernel_grad_spec"], (name, r)
+
+
+def all_gather_shapes(compiled):
+    """The result shapes (`f32[96,16]`, ...) of a compiled step's
+    all-gathers."""
+    return sorted({line.split("=")[1].split("all-gather")[0].strip()
+                   for line in compiled.as_text().splitlines()
+                   if " all-gather(" in line or "all-gather-start(" in line})
 
 
 def child():
@@ -115,11 +136,7 @@ def child():
                 used[mode] = {k: calls[before:].count(k) for k in ("vocab_parallel", "single")}
                 outs[mode] = (float(value), np.asarray(argmax), [np.asarray(g) for g in grads])
                 if mode:
-                    compiled = step.lower(*args).compile()
-                    gathers = sorted({
-                        line.split("=")[1].split("all-gather")[0].strip()
-                        for line in compiled.as_text().splitlines()
-                        if " all-gather(" in line or "all-gather-start(" in line})
+                    gathers = all_gather_shapes(step.lower(*args).compile())
                     grad_spec = str(grads[1].sharding.spec)
         a, r = outs[True], outs[False]
         result[name] = {
@@ -134,6 +151,7 @@ def child():
             "kernel_grad_spec": grad_spec,
         }
     result["divergence"] = divergences(rng)
+    result["mixture"] = mixtures(rng)
     result["head"] = full_softmax_head(rng)
     result["example"] = distillation_example()  # last: it sets a global distribution
     print(json.dumps(result))
@@ -262,10 +280,7 @@ def divergences(rng):
                 used[mode] = {k: calls[before:].count(k) for k in ("vocab_parallel", "single")}
                 outs[mode] = (float(value), [np.asarray(g) for g in grads])
                 if mode:
-                    gathers = sorted({
-                        line.split("=")[1].split("all-gather")[0].strip()
-                        for line in step.lower(*args).compile().as_text().splitlines()
-                        if " all-gather(" in line or "all-gather-start(" in line})
+                    gathers = all_gather_shapes(step.lower(*args).compile())
                     grad_spec = str(grads[1].sharding.spec)
             a, r = outs[True], outs[False]
             result[divergence] = {
@@ -280,6 +295,79 @@ def divergences(rng):
                 "full_kernel": f"f32[{v},{d_s}]",
                 "kernel_grad_spec": grad_spec,
             }
+    return result
+
+
+def mixtures(rng):
+    """The mixture heads' summed NLL (`summed_mixture_nll`: MoS, MoSS,
+    MoS+PLIF, a one-component SigSoftmax), vocabulary-parallel against one
+    device: `{case: result}`."""
+    import jax
+    import keras
+    import numpy as np
+
+    from keras_softmax_heads.chunked import summed_mixture
+    from keras_softmax_heads.chunked import vocab_parallel
+
+    n, dim, v = 24, 16, 120
+    y = rng.integers(0, v, n).astype("int32")
+    sw = rng.uniform(0.5, 2.0, n).astype("float32")
+    sw[4] = 0.0
+    calls = []
+    count_calls(vocab_parallel, "vocab_parallel_mixture", calls)
+    result = {}
+    for name, mesh_shape, k, options in (
+            ("mos_bias_batch", (2, DEVICES // 2), 3, {}),
+            ("moss_transposed", (1, DEVICES), 2, dict(output_fn="sigsoftmax")),
+            ("mos_plif_bias_batch", (2, DEVICES // 2), 2, dict(knot_bound=3.0)),
+            ("sig_relu_transposed", (1, DEVICES), 1, dict(output_fn="relu", epsilon=1e-3))):
+        transposed, with_bias = "transposed" in name, "bias" in name
+        mesh = keras.distribution.DeviceMesh(mesh_shape, ("batch", "model"),
+                                             keras.distribution.list_devices())
+        w = (rng.normal(size=(v, dim) if transposed else (dim, v)) * 0.5).astype("float32")
+        latents = rng.normal(size=(n, k, dim)).astype("float32")
+        log_priors = np.asarray(jax.nn.log_softmax(rng.normal(size=(n, k)), axis=1), "float32")
+        b = rng.normal(size=v).astype("float32") if with_bias else None
+        raw = rng.normal(size=32).astype("float32") if "plif" in name else None
+        distribution = vocabulary_sharding(mesh, transposed)
+        with distribution.scope():
+            kernel = keras.Variable(w, name="kernel")
+
+        def loss(lat, lp, kval, weights, *rest, sharded):
+            b_, raw_ = (rest[0] if with_bias else None), (rest[-1] if raw is not None else None)
+            if not sharded:
+                return summed_mixture.summed_mixture_nll(
+                    lat, lp, kval, b_, y, weights, raw_slopes=raw_, kernel_transposed=transposed,
+                    token_chunk_size=5, **options)
+            with keras.StatelessScope(state_mapping=[(kernel, kval)]):
+                return vocab_parallel.summed_mixture_nll_auto(
+                    lat, lp, kernel, b_, y, weights, raw_slopes=raw_,
+                    kernel_transposed=transposed, token_chunk_size=5, **options)
+
+        args = [latents, log_priors, kernel.value, sw] + [x for x in (b, raw) if x is not None]
+        outs = {}
+        for sharded in (True, False):
+            step = jax.jit(jax.value_and_grad(
+                lambda *a, sharded=sharded: loss(*a, sharded=sharded),
+                argnums=tuple(range(len(args)))))
+            with distribution.scope():  # traced under the distribution
+                value, grads = step(*args)
+                if sharded:
+                    gathers = all_gather_shapes(step.lower(*args).compile())
+            outs[sharded] = (float(value), [np.asarray(g) for g in grads])
+            if sharded:
+                grad_spec = str(grads[2].sharding.spec)
+        a, r = outs[True], outs[False]
+        result[name] = {
+            "vocab_parallel_calls": len(calls),
+            "value": [a[0], r[0]],
+            "grad_err": [float(np.abs(x - z).max() / np.abs(z).max())
+                         for x, z in zip(a[1], r[1])],
+            "all_gather_shapes": gathers,
+            "vocab": v,
+            "kernel_grad_spec": grad_spec,
+        }
+        calls.clear()
     return result
 
 

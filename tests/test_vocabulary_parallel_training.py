@@ -7,8 +7,10 @@ their Adam slots: Adam is the default) split on V over `"model"`, everything els
 the batch split over `"batch"`. The run trains and evaluates to the
 unsharded run's losses and weights (to float32 rounding: the reductions
 are ordered differently), and a run resumed from its checkpoint to the
-uninterrupted one's; `FullSoftmax(chunk_size)`'s summed objective
-runs on each device's shard (`vocab_parallel_summed`). The other heads train
+uninterrupted one's; with `chunk_size`, the summed objective of
+`FullSoftmax` (`vocab_parallel_summed`) and of `PLIFSoftmax`
+(`vocab_parallel_mixture`; `-m slow`: `SigSoftmax`, MoS) runs on each
+device's shard. The other heads train
 the same under XLA's partitioning of those layouts (`-m slow`: every
 head). The bad settings are refused with the values received."""
 
@@ -24,6 +26,9 @@ from backends import run_on_simulated_devices
 from keras_softmax_heads import training
 
 DEVICES = 4
+#: The heads trained with `chunk_size` (their summed objective, with its
+#: gradient in the forward pass, runs vocabulary-parallel).
+CHUNKED = ("full_softmax", "sigsoftmax", "plif", "mixture_of_softmaxes")
 TINY_DATA = dict(vocab_size=40, num_train_tokens=3000, num_valid_tokens=400,
                  num_test_tokens=401)
 
@@ -55,16 +60,18 @@ def _check(result):
     assert layouts["bias"] in ([], [["model"]]), layouts
     assert layouts["embeddings_slots"] == [["model", None]] * 2, layouts
     assert all(axis is None for axis in layouts["lstm_kernel"]), layouts
+    # The chunked heads' summed objective runs on each device's shard
+    # (traced once for training; their evaluation is per-token).
+    assert (result["vocab_parallel_calls"] > 0) == (result["head"] in CHUNKED), result
 
 
 def test_model_parallel_training_matches_single_device():
-    full = run_on_simulated_devices(__file__, DEVICES, "full_softmax")["full_softmax"]
+    result = run_on_simulated_devices(__file__, DEVICES, "full_softmax", "plif")
+    full = result["full_softmax"]
     _check(full)
+    _check(result["plif"])
     # The resumed run was compared; it trained its second epoch only.
     assert len(full["test_nll"]) == 3 and full["first_epoch_kept"], full
-    # FullSoftmax(chunk_size) trains its summed objective on each device's
-    # shard (traced once for training; its evaluation is per-token).
-    assert full["vocab_parallel_calls"] > 0, full
 
 
 @pytest.mark.slow
@@ -106,11 +113,14 @@ def child():
     from keras_softmax_heads.chunked import vocab_parallel
     from keras_softmax_heads.heads import full_softmax
 
+    originals = (full_softmax.vocab_parallel_summed, vocab_parallel.vocab_parallel_mixture)
+
     out = {}
     for i, head in enumerate(sys.argv[1:]):
         calls = []
         count_calls(full_softmax, "vocab_parallel_summed", calls)
-        chunk_size = 16 if head == "full_softmax" else None
+        count_calls(vocab_parallel, "vocab_parallel_mixture", calls)
+        chunk_size = 16 if head in CHUNKED else None
         sharded_config = _config(head, chunk_size=chunk_size, strategy="model_parallel",
                                  vocab_shards=2)
         with tempfile.TemporaryDirectory() as tmp:
@@ -137,9 +147,10 @@ def child():
             errors = [float(np.max(np.abs(np.asarray(x) - np.asarray(y)))
                             / max(float(np.max(np.abs(np.asarray(y)))), 1e-6))
                       for x, y in zip(a.trainable_weights, b.trainable_weights)]
-        full_softmax.vocab_parallel_summed = vocab_parallel.vocab_parallel_summed
+        full_softmax.vocab_parallel_summed, vocab_parallel.vocab_parallel_mixture = originals
         runs = (sharded, single) + ((resumed,) if i == 0 else ())
         out[head] = {
+            "head": head,
             "model": {k: sharded["model"][k] for k in ("data_parallel_devices", "vocab_shards")},
             "train_loss": [[h["train_loss"] for h in r["history"]] for r in runs],
             "test_nll": [r["test"]["nll"] for r in runs],

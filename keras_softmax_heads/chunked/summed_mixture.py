@@ -23,6 +23,14 @@ and the slopes' two histograms are summed chunk by chunk
 (`functional.plif_slope_histograms`). Three products, as dense; the backward
 pass only scales the stored gradients by the upstream scalar.
 
+The same arithmetic runs on one device's shard of the vocabulary (`shards`,
+as in `chunked.summed_cross_entropy`; `chunked.vocab_parallel.
+vocab_parallel_mixture` runs it inside `jax.shard_map`): each component's
+log-sum-exp and target score are combined across the shards, so the
+likelihoods and responsibilities are the whole vocabulary's, and each device
+computes its columns' score gradients, its kernel / bias shard's gradient,
+its partial `d latents` and its partial slope histograms.
+
 The price: a call whose gradient is not taken still computes it, and a
 float32 `[L, V]` kernel-gradient buffer. Design and measurements:
 `docs/mixtures.md`, "The gradient in the forward pass".
@@ -69,32 +77,44 @@ def component_scores(z, output_fn="softmax", epsilon=1e-6):
     return ops.log(g), ops.where(z > 0, 1.0 / g, ops.zeros_like(g))
 
 
-def chunk_mixture(s, log_priors, targets, weights, num_components):
+def chunk_mixture(s, log_priors, targets, weights, num_components, shards=None):
     """`(nll, ds, dlog_priors)` of a chunk: `s` `[size * K, V]` component
     scores (rows token-major), `log_priors` `[size, K]`, `targets` and
     `weights` `[size]`. Per token `-log p(t)` `[size]`; the gradients of
     `sum_i w_i (-log p(t_i))` with respect to `s` and to the log-priors (a
-    weight-0 token's, even with NaN responsibilities, are 0)."""
+    weight-0 token's, even with NaN responsibilities, are 0).
+
+    With `shards` (see `summed_mixture_nll`) `s` is this device's columns
+    and `targets` are shifted into them (negative: another shard's word);
+    `nll` and the log-priors' gradient are the whole vocabulary's, `ds`
+    this shard's columns."""
     rows = s.shape[0]
     size = rows // num_components
     row_targets = ops.repeat(targets, num_components)
-    lse, e, total = normaliser_and_exponentials(s)
+    lse, e, total = normaliser_and_exponentials(s, shards)
+    if shards is not None:
+        inside = row_targets >= 0
+        row_targets = ops.where(inside, row_targets, ops.zeros_like(row_targets))
     target_score = ops.take_along_axis(s, row_targets[:, None], axis=1)[:, 0]
+    if shards is not None:  # the shard that holds the target gives its score
+        target_score = shards.sum(ops.where(inside, target_score, ops.zeros_like(target_score)))
     joint = log_priors + ops.reshape(target_score - lse, (size, num_components))
     ll = ops.logsumexp(joint, axis=1)
     resp = ops.exp(joint - ll[:, None])  # posterior responsibilities [size, K]
     keep = (weights != 0)[:, None]
     scale = ops.where(keep, weights[:, None] * resp, ops.zeros_like(resp))
     row_scale = ops.reshape(scale, (rows,))
+    target_scale = row_scale if shards is None else \
+        ops.where(inside, row_scale, ops.zeros_like(row_scale))
     # w r_k (p_k - onehot_t), p_k = e / total.
-    ds = dispatch.scaled_minus_target(e, row_scale / total, row_targets, row_scale)
+    ds = dispatch.scaled_minus_target(e, row_scale / total, row_targets, target_scale)
     return -ll, ds, -scale
 
 
 def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
                        output_fn="softmax", epsilon=1e-6, raw_slopes=None,
                        knot_bound=None, kernel_transposed=False,
-                       token_chunk_size=None, implementation="auto"):
+                       token_chunk_size=None, implementation="auto", shards=None):
     """`sum_i w_i (-log p(t_i))` of a mixture of softmaxes, its gradient
     computed in the forward pass.
 
@@ -115,6 +135,18 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
     `summed_divergence.default_token_chunk(V) // K`, so a chunk holds as
     many scores as one softmax's). `implementation`: as in
     `chunked.chunked_pointwise_nll`.
+
+    `shards` (None: one device) runs it on one device's columns of a
+    vocabulary split over devices, inside a `jax.shard_map`, as
+    `chunked.summed_cross_entropy`'s `shards` does: `kernel` and `bias`
+    are this device's shard, `targets` are shifted into it (-1 for another
+    shard's word), `shards.max` / `shards.sum` combine the per-component
+    statistics. The sum is the whole vocabulary's; the gradients of the
+    kernel and bias are this shard's, those of `latents` and `raw_slopes`
+    its partial sums (scaled by `shards.sum` of the upstream cotangent, the
+    slopes' gradient being linear in the histograms), those of `log_priors`
+    and `weights` the whole vocabulary's, scaled by this device's share of
+    the cotangent (`chunked.vocab_parallel.vocab_parallel_mixture`).
 
     Returns:
         The weighted sum, a float32 scalar (float64 for float64 inputs),
@@ -177,7 +209,7 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
             (`[tokens K, V]`: `z`, or PLIF's `f(z)`) through the output
             function and the mixture."""
             s, ds_dx = component_scores(x, output_fn, epsilon)
-            nll, ds, dlp_rows = chunk_mixture(s, lp, t, w, k)
+            nll, ds, dlp_rows = chunk_mixture(s, lp, t, w, k, shards)
             return nll, (ds if ds_dx is None else dispatch.multiply(ds, ds_dx)), dlp_rows
 
         def plif_tile(sums, xs):
@@ -228,11 +260,17 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
 
         def grad_fn(*args, upstream=None, variables=None):
             u = ops.cast(upstream_of(args, upstream, variables, "summed_mixture_nll"), acc)
+            # Under `shards` each device receives its share of `u`: the
+            # log-priors' and weights' gradients (the whole vocabulary's)
+            # take that share, the partial sums (`h`, the slopes) and this
+            # shard's kernel / bias the whole (`jax.shard_map` adds the
+            # shares and the partial sums across the shards).
+            whole = u if shards is None else shards.sum(u)
             layer_inputs = [inputs[0], *inputs[2:3 + has_bias]]
-            dh, dkernel, *dbias = side.scaled(u, grads, layer_inputs)
+            dh, dkernel, *dbias = side.scaled(whole, grads, layer_inputs)
             out = [dh, ops.cast(u * dlp, inputs[1].dtype), dkernel, *dbias]
             if plif is not None:
-                out.append(plif.raw_gradient(u, sums, inputs[-1], acc))
+                out.append(plif.raw_gradient(whole, sums, inputs[-1], acc))
             return (None, ops.cast(u * per_token, weights.dtype), *out)
 
         inputs = args

@@ -16,6 +16,7 @@ from keras import ops
 
 from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
 from keras_softmax_heads.chunked.summed_divergence import summed_divergence
+from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
 
 
 def batch_axis_for(layout, rows):
@@ -113,6 +114,15 @@ class VocabShards:
         return best_word(self.axis, jnp.max(g, axis=1), jnp.argmax(g, axis=1) + self.start)
 
 
+def shifted_targets(targets, start, size):
+    """`targets` shifted into a shard's `[start, start + size)` words, -1
+    for another shard's (the summed passes' `shards` convention)."""
+    import jax.numpy as jnp
+
+    shifted = targets - start
+    return jnp.where((shifted >= 0) & (shifted < size), shifted, -1)
+
+
 def best_word(vocab_axis, best, ids):
     """Each row's word id over the whole vocabulary (inside a
     `jax.shard_map`) from every shard's best score `best` `[rows]` and its
@@ -169,11 +179,9 @@ def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.
 
     def shard(h, w, t, weights, *b):
         start, v_local = shard_start(vocab_axis, w, transposed)
-        shifted = t - start
-        local_targets = jnp.where((shifted >= 0) & (shifted < v_local), shifted, -1)
         local = type(layer)(h, w, b[0] if b else None, transposed, layer.soft_cap)
         out = summed_cross_entropy(
-            local, local_targets, weights, label_smoothing=label_smoothing, z_loss=z_loss,
+            local, shifted_targets(t, start, v_local), weights, label_smoothing=label_smoothing, z_loss=z_loss,
             token_chunk_size=token_chunk_size, argmax=argmax, implementation=implementation,
             shards=VocabShards(vocab_axis, start, vocab))
         # One sum per device; those of a batch shard's vocabulary shards are equal.
@@ -258,3 +266,85 @@ def vocab_parallel_divergence(student, teacher, weights, layout, divergence, **o
     out = jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
                         out_specs=row_spec, check_vma=False)(*inputs)
     return jnp.sum(out)
+
+
+def vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, layout, *,
+                           kernel_transposed=False, raw_slopes=None, **options):
+    """`chunked.summed_mixture.summed_mixture_nll` with the kernel sharded
+    on V (JAX only): the mixture heads' summed NLL (MoS, MoSS, MoS+PLIF;
+    `SigSoftmax` and `PLIFSoftmax` as one component) with its gradient in
+    the forward pass, vocabulary-parallel.
+
+    Each device runs the summed pass over token chunks on its `[V / n]`
+    columns (its kernel shard and bias slice), each component's
+    log-sum-exp and target score combined across the vocabulary mesh axis
+    (`VocabShards`: a few `[rows]` all-reduces a chunk), so that the
+    likelihoods and the posterior responsibilities are the whole
+    vocabulary's; never a `[V, d]` matrix or a `[rows, V]` score tile
+    gathered. The kernel and bias gradients stay sharded; the latents' and
+    the PLIF slopes' are each device's partial sums (its columns' scores,
+    its partial histograms), added across the shards by `jax.shard_map`'s
+    transpose. Rows are split over the layout's batch axis when it divides
+    them.
+
+    Args:
+        latents: `[N, K, L]`; log_priors: `[N, K]`; kernel: `[L, V]` (`[V,
+            L]` with `kernel_transposed`); bias: `[V]` or None; targets:
+            `[N]` int ids in `[0, V)`; weights: `[N]` float.
+        layout: `vocab_parallel_layout(kernel, kernel_transposed)` (not None).
+        raw_slopes: the PLIF's `[K']` raw slopes or None (replicated).
+        **options: as in `summed_mixture_nll` (`output_fn`, `epsilon`,
+            `knot_bound`, `token_chunk_size`, `implementation`).
+
+    Returns:
+        The weighted sum, a scalar.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    mesh, vocab_axis, _ = layout
+    latents, kernel = ops.convert_to_tensor(latents), ops.convert_to_tensor(kernel)
+    vocab = kernel.shape[0] if kernel_transposed else kernel.shape[1]
+    batch_axis = batch_axis_for(layout, latents.shape[0])
+    row_spec = PartitionSpec(batch_axis)
+    inputs = [latents, ops.convert_to_tensor(log_priors), kernel, targets, weights]
+    specs = [PartitionSpec(batch_axis, None, None), PartitionSpec(batch_axis, None),
+             kernel_spec(vocab_axis, kernel_transposed), row_spec, row_spec]
+    has_bias, has_plif = bias is not None, raw_slopes is not None
+    if has_bias:
+        inputs.append(ops.convert_to_tensor(bias))
+        specs.append(PartitionSpec(vocab_axis))
+    if has_plif:
+        inputs.append(ops.convert_to_tensor(raw_slopes))
+        specs.append(PartitionSpec())
+
+    def shard(lat, lp, w, t, weights, *rest):
+        b = rest[0] if has_bias else None
+        raw = rest[-1] if has_plif else None
+        start, v_local = shard_start(vocab_axis, w, kernel_transposed)
+        total = summed_mixture_nll(
+            lat, lp, w, b, shifted_targets(t, start, v_local), weights, raw_slopes=raw,
+            kernel_transposed=kernel_transposed, shards=VocabShards(vocab_axis, start, vocab),
+            **options)
+        # One sum per device; those of a batch shard's vocabulary shards are equal.
+        return total[None]
+
+    out = jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
+                        out_specs=row_spec, check_vma=False)(*inputs)
+    return jnp.sum(out)
+
+
+def summed_mixture_nll_auto(latents, log_priors, kernel, bias, targets, weights, *,
+                            kernel_transposed=False, **options):
+    """`summed_mixture_nll`, vocabulary-parallel (`vocab_parallel_mixture`)
+    where `vocab_parallel_layout(kernel, kernel_transposed)` applies (the
+    `kernel` variable sharded on V by the current `keras.distribution`, on
+    JAX), on one device otherwise. What the mixture heads' (and
+    `SigSoftmax`'s, `PLIFSoftmax`'s) summed training objective calls."""
+    layout = vocab_parallel_layout(kernel, kernel_transposed)
+    if layout is None:
+        return summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights,
+                                  kernel_transposed=kernel_transposed, **options)
+    return vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, layout,
+                                  kernel_transposed=kernel_transposed, **options)

@@ -7,7 +7,7 @@ from keras import ops
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.chunked import chunked_mixture_nll
-from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
+from keras_softmax_heads.chunked.vocab_parallel import summed_mixture_nll_auto
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.mixture_head import MixtureHead
 from keras_softmax_heads.validation import check_bool
@@ -287,8 +287,10 @@ class MixtureOfSoftmaxes(MixtureHead):
         """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar.
 
         With `gradient_in_forward=True` one pass over token chunks computes
-        it and its gradient (`chunked.summed_mixture.summed_mixture_nll`);
-        otherwise `training_loss` weighted and summed. `weights` has the
+        it and its gradient (`chunked.summed_mixture.summed_mixture_nll`;
+        on JAX, with the kernel or tied embedding sharded on V by a
+        `keras.distribution`, on each device's shard:
+        `chunked.vocab_parallel.vocab_parallel_mixture`); otherwise `training_loss` weighted and summed. `weights` has the
         shape of `targets`; a weight-0 token adds nothing, a word id outside
         `[0, V)` with a non-zero weight makes the sum NaN.
         """
@@ -300,7 +302,7 @@ class MixtureOfSoftmaxes(MixtureHead):
         kernel, transposed = self.chunked_projection()
 
         def summed(ids, weights):
-            return summed_mixture_nll(
+            return summed_mixture_nll_auto(
                 latent, log_priors, kernel, self.bias, ids, weights,
                 output_fn=self.component, raw_slopes=self.raw_slopes,
                 knot_bound=None if self.raw_slopes is None else self.knot_bound,

@@ -6,7 +6,7 @@ from keras import ops
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.chunked.losses import as_tensor
-from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
+from keras_softmax_heads.chunked.vocab_parallel import summed_mixture_nll_auto
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.validation import check_bool
@@ -136,17 +136,20 @@ class PointwiseSoftmaxHead(SoftmaxHead):
     def _summed_one_component(self, inputs, targets, weights, **options):
         """The summed training objective through the summed mixture core
         with one component (`chunked.summed_mixture.summed_mixture_nll`,
-        its gradient in the forward pass): `options` are the core's output
+        its gradient in the forward pass; vocabulary-parallel on JAX when
+        the kernel is sharded on V, `chunked.vocab_parallel.
+        summed_mixture_nll_auto`): `options` are the core's output
         function (`output_fn`, `epsilon`) or PLIF (`raw_slopes`,
         `knot_bound`). NaN for a word id outside `[0, V)` with a non-zero
         weight."""
-        rows, targets, kernel, transposed, bias = self._summed_loss_operands(inputs, targets)
+        rows, targets, _, transposed, bias = self._summed_loss_operands(inputs, targets)
         latents = rows[:, None, :]  # [N, 1, d]: one component
         log_priors = ops.zeros_like(rows[:, :1])
+        kernel = self.chunked_projection()[0]  # the variable: its layout decides
 
         def summed(ids, weights):
-            return summed_mixture_nll(latents, log_priors, kernel, bias, ids, weights,
-                                      kernel_transposed=transposed, **options)
+            return summed_mixture_nll_auto(latents, log_priors, kernel, bias, ids, weights,
+                                           kernel_transposed=transposed, **options)
 
         return summed_over_valid_targets(targets, weights, self.vocab_size, summed)
 

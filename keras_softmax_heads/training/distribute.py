@@ -124,12 +124,14 @@ class VocabularyParallel(keras.distribution.ModelParallel):
     heads' alias tables, the word orders of the adaptive heads) stay
     replicated.
 
-    What runs on each device's shard: `FullSoftmax(chunk_size=...)`'s
-    summed training objective runs vocabulary-parallel (`jax.shard_map`,
-    per-token statistics combined by all-reduces: see `docs/chunked.md`,
-    "Sharding"); everything else is partitioned by XLA from these
-    layouts, which may gather a matrix where it needs it (correct, without
-    the memory saving in that computation).
+    What runs on each device's shard: with `chunk_size`, the summed
+    training objective of `FullSoftmax`, `SigSoftmax`, `PLIFSoftmax` and
+    the mixtures of softmaxes runs vocabulary-parallel (`jax.shard_map`,
+    per-token statistics combined by all-reduces: `docs/chunked.md`,
+    "Sharding", `docs/mixtures.md`, "Vocabulary-parallel"); everything else
+    is partitioned by XLA from these layouts, which may gather a matrix
+    where it needs it (correct, without the memory saving in that
+    computation).
 
     Layouts in `layout_map` (optional, a `keras.distribution.LayoutMap` over
     this mesh, or a dict of path regexes to axis tuples) take precedence.

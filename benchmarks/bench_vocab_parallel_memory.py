@@ -1,0 +1,166 @@
+"""Per-device memory and collectives of `train_lm`'s training step under
+`VocabularyParallel` (JAX, simulated host devices), against one device.
+
+For each head (`FullSoftmax`, `SigSoftmax`, `PLIFSoftmax`, MoS(4), all with
+`chunk_size`, so that they train their summed objective with its gradient in
+the forward pass), the model `examples/train_lm.py` builds (a tied LSTM)
+is built three times: under `VocabularyParallel(V, vocab_shards=devices)`
+(the vocabulary-sized weights split over every device), the same with the
+library's vocabulary-parallel passes turned off (`vocab_parallel_layout`
+made to answer None: XLA's partitioner then shards the single-device pass
+from the layouts, as it did for the mixture heads before
+`vocab_parallel_mixture`), and without a distribution. Keras' own `train_step` is compiled for one batch (`jax.jit`,
+nothing runs) and XLA's `compiled.memory_analysis()` read: the arguments
+(weights, optimizer state, the batch) and the temporaries of one device;
+and the collectives of the compiled step (`all-gather`, `all-reduce`, ...)
+that move at least a device's share of the `[V, d]` matrix, with their
+result shapes, so that a `[V, d]` matrix or a `[rows, V]` score tile
+gathered on every device shows.
+
+Usage:
+    python benchmarks/bench_vocab_parallel_memory.py \
+        --out=docs/results/vocab_parallel/memory_cpu_v65536.json
+    python benchmarks/bench_vocab_parallel_memory.py --vocab=256 --dim=8 --heads=plif
+"""
+
+import argparse
+import os
+import re
+import sys
+
+HEADS = ("full_softmax", "sigsoftmax", "plif", "mixture_of_softmaxes")
+COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, default=65536)
+    parser.add_argument("--dim", type=int, default=64, help="embedding and LSTM size")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--bptt", type=int, default=32)
+    parser.add_argument("--chunk_size", type=int, default=512)
+    parser.add_argument("--devices", type=int, default=4,
+                        help="simulated host devices, all on the vocabulary axis")
+    parser.add_argument("--heads", default=",".join(HEADS))
+    parser.add_argument("--out", default=None)
+    return parser.parse_args(argv)
+
+
+def collectives(text, min_elements):
+    """`["all-gather f32[256,65536]", ...]`: the compiled step's collectives
+    whose result has at least `min_elements` elements, those whose replica
+    groups are single devices (which move nothing: `jax.shard_map`'s
+    transpose sums over a mesh axis of size 1) left out."""
+    found = set()
+    pattern = r"= \(?(\w+\[[\d,]*\])[^\n]*? (" + "|".join(COLLECTIVES) + r")(?:-start)?\("
+    lines = [line for line in text.splitlines()
+             if not re.search(r"replica_groups=\{(\{\d+\},?)+\}", line)]
+    for shape, op in re.findall(pattern, "\n".join(lines)):
+        dims = [int(x) for x in re.findall(r"\d+", shape.split("[")[1])]
+        size = 1
+        for x in dims:
+            size *= x
+        if size >= min_elements:
+            found.add(f"{op} {shape}")
+    return sorted(found)
+
+
+def step_memory(head, args, sharded, corpus, partitioned_by_xla=False):
+    """`{"argument_mib", "temp_mib", "collectives"}` of one device's
+    compiled training step of `head`'s model; `partitioned_by_xla`: with
+    the vocabulary-parallel passes off."""
+    import jax
+    import keras
+    import numpy as np
+
+    from keras_softmax_heads import training
+    from keras_softmax_heads.chunked import vocab_parallel
+    from keras_softmax_heads.heads import full_softmax
+
+    layout = vocab_parallel.vocab_parallel_layout
+    off = (lambda *a: None) if partitioned_by_xla else layout
+    vocab_parallel.vocab_parallel_layout = full_softmax.vocab_parallel_layout = off
+
+    keras.distribution.set_distribution(
+        training.VocabularyParallel(args.vocab, args.devices) if sharded else None)
+    config = training.get_config(
+        dataset_options=dict(vocab_size=args.vocab), head=head, embedding_dim=args.dim,
+        hidden_size=args.dim, num_layers=1, batch_size=args.batch, bptt=args.bptt,
+        chunk_size=args.chunk_size, tensorboard=False)
+    model, _ = training.build_model(config, corpus)
+    model.optimizer.build(model.trainable_variables)
+    state = tuple([v.value for v in variables] for variables in (
+        model.trainable_variables, model.non_trainable_variables, model.optimizer.variables,
+        model.metrics_variables))
+    data = (np.zeros((args.batch, args.bptt), "int32"),) * 2
+    if sharded:
+        distribution = keras.distribution.distribution()
+        data = tuple(jax.device_put(x, distribution.get_data_layout(x.shape).backend_layout)
+                     for x in data)
+    compiled = jax.jit(model.train_step).lower(state, data).compile()
+    analysis = compiled.memory_analysis()
+    keras.distribution.set_distribution(None)
+    vocab_parallel.vocab_parallel_layout = full_softmax.vocab_parallel_layout = layout
+    return {
+        "argument_mib": analysis.argument_size_in_bytes / 2**20,
+        "temp_mib": analysis.temp_size_in_bytes / 2**20,
+        # Collectives as large as a device's share of the [V, d] matrix.
+        "collectives": collectives(compiled.as_text(), args.vocab * args.dim // args.devices),
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # Before JAX starts: the simulated host devices.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={args.devices}")
+    os.environ["KERAS_BACKEND"] = "jax"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import types
+
+    import measure  # benchmarks/measure.py
+    import numpy as np
+
+    # A stand-in corpus: the model needs the vocabulary size and the
+    # training split's word counts (a Zipf sample), not a corpus on disk.
+    train = (np.random.default_rng(0).zipf(1.2, 200_000).clip(1, args.vocab) - 1).astype("int32")
+    corpus = types.SimpleNamespace(
+        vocab_size=args.vocab, train=train,
+        vocab=types.SimpleNamespace(counts=np.bincount(train, minlength=args.vocab)))
+    rows = []
+    for head in args.heads.split(","):
+        row = {"head": head}
+        for sharded in (True, False):
+            row["sharded" if sharded else "one_device"] = step_memory(head, args, sharded, corpus)
+        row["sharded_by_xla"] = step_memory(head, args, True, corpus, partitioned_by_xla=True)
+        row["temp_ratio"] = row["sharded"]["temp_mib"] / row["one_device"]["temp_mib"]
+        row["temp_ratio_by_xla"] = (row["sharded_by_xla"]["temp_mib"]
+                                    / row["one_device"]["temp_mib"])
+        row["argument_ratio"] = (row["sharded"]["argument_mib"]
+                                 / row["one_device"]["argument_mib"])
+        row["gathers_vocabulary"] = any(
+            c.startswith("all-gather") and re.search(rf"[\[,]{args.vocab}[\],]", c)
+            for c in row["sharded"]["collectives"])
+        rows.append(row)
+        print(f"{head}: temporaries {row['sharded']['temp_mib']:.1f} MiB a device "
+              f"({row['temp_ratio']:.2f}x one device's; XLA's partitioning "
+              f"{row['temp_ratio_by_xla']:.2f}x, collectives "
+              f"{row['sharded_by_xla']['collectives']}), arguments "
+              f"{row['sharded']['argument_mib']:.1f} MiB ({row['argument_ratio']:.2f}x); "
+              f"collectives {row['sharded']['collectives']}", flush=True)
+    result = {
+        "benchmark": "vocab_parallel_memory",
+        "command": "python benchmarks/bench_vocab_parallel_memory.py " + " ".join(
+            sys.argv[1:] if argv is None else argv),
+        "shape": {k: getattr(args, k) for k in ("vocab", "dim", "batch", "bptt", "chunk_size",
+                                                 "devices")},
+        "rows": rows,
+        "machine": measure.machine(),
+    }
+    measure.save(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
