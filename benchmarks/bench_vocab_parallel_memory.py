@@ -10,7 +10,10 @@ library's vocabulary-parallel passes turned off (`vocab_parallel_layout`
 made to answer None: XLA's partitioner then shards the single-device pass
 from the layouts, as it did for the mixture heads before
 `vocab_parallel_mixture`), and without a distribution. Keras' own `train_step` is compiled for one batch (`jax.jit`,
-nothing runs) and XLA's `compiled.memory_analysis()` read: the arguments
+nothing runs), and so are the head's training pass alone (its summed
+objective and gradients given the contexts) and its per-token
+`log_likelihood` of the batch's contexts (the evaluation); XLA's
+`compiled.memory_analysis()` read: the arguments
 (weights, optimizer state, the batch) and the temporaries of one device;
 and the collectives of the compiled step (`all-gather`, `all-reduce`, ...)
 that move at least a device's share of the `[V, d]` matrix, with their
@@ -65,21 +68,33 @@ def collectives(text, min_elements):
     return sorted(found)
 
 
+def gathers_vocabulary(found, vocab):
+    """Whether the collectives `found` gather an array with a V-sized axis."""
+    return any(c.startswith("all-gather") and re.search(rf"[\[,]{vocab}[\],]", c)
+               for c in found)
+
+
 def step_memory(head, args, sharded, corpus, partitioned_by_xla=False):
     """`{"argument_mib", "temp_mib", "collectives"}` of one device's
-    compiled training step of `head`'s model; `partitioned_by_xla`: with
-    the vocabulary-parallel passes off."""
+    compiled training step of `head`'s model, and `eval_temp_mib`,
+    `eval_collectives` of its head's per-token log-likelihood of a batch;
+    `partitioned_by_xla`: with the vocabulary-parallel passes off."""
     import jax
     import keras
     import numpy as np
+    from keras import ops
 
     from keras_softmax_heads import training
     from keras_softmax_heads.chunked import vocab_parallel
     from keras_softmax_heads.heads import full_softmax
+    from keras_softmax_heads.heads import mixture_of_softmaxes
+    from keras_softmax_heads.heads import pointwise_softmax_head
 
+    # Where the heads ask whether the vocabulary-parallel passes apply.
+    askers = (vocab_parallel, full_softmax, mixture_of_softmaxes, pointwise_softmax_head)
     layout = vocab_parallel.vocab_parallel_layout
-    off = (lambda *a: None) if partitioned_by_xla else layout
-    vocab_parallel.vocab_parallel_layout = full_softmax.vocab_parallel_layout = off
+    for module in askers:
+        module.vocab_parallel_layout = (lambda *a: None) if partitioned_by_xla else layout
 
     keras.distribution.set_distribution(
         training.VocabularyParallel(args.vocab, args.devices) if sharded else None)
@@ -99,13 +114,39 @@ def step_memory(head, args, sharded, corpus, partitioned_by_xla=False):
                      for x in data)
     compiled = jax.jit(model.train_step).lower(state, data).compile()
     analysis = compiled.memory_analysis()
+    # Evaluation: the head's per-token log-likelihood of the batch's
+    # contexts (what the exact perplexity and `predict` compute).
+    head = model.head
+
+    def log_likelihood(values, h, y):
+        with keras.StatelessScope(state_mapping=list(zip(weights, values))):
+            return head.log_likelihood(h, y)
+
+    def head_training(values, h, y):  # the head's summed objective and its gradients
+        def loss(values, h):
+            with keras.StatelessScope(state_mapping=list(zip(weights, values))):
+                return head.summed_training_loss(h, y, ops.ones(y.shape, "float32"))
+        return jax.grad(loss, argnums=(0, 1))(values, h)
+
+    contexts = np.zeros((args.batch, args.bptt, args.dim), "float32")
+    values = [w.value for w in head.trainable_weights]
+    weights = head.trainable_weights
+    evaluation = jax.jit(log_likelihood).lower(values, contexts, data[1]).compile()
+    head_step = jax.jit(head_training).lower(values, contexts, data[1]).compile()
     keras.distribution.set_distribution(None)
-    vocab_parallel.vocab_parallel_layout = full_softmax.vocab_parallel_layout = layout
+    for module in askers:
+        module.vocab_parallel_layout = layout
     return {
         "argument_mib": analysis.argument_size_in_bytes / 2**20,
         "temp_mib": analysis.temp_size_in_bytes / 2**20,
         # Collectives as large as a device's share of the [V, d] matrix.
         "collectives": collectives(compiled.as_text(), args.vocab * args.dim // args.devices),
+        "head_train_temp_mib": head_step.memory_analysis().temp_size_in_bytes / 2**20,
+        "head_collectives": collectives(head_step.as_text(),
+                                        args.vocab * args.dim // args.devices),
+        "eval_temp_mib": evaluation.memory_analysis().temp_size_in_bytes / 2**20,
+        "eval_collectives": collectives(evaluation.as_text(),
+                                        args.vocab * args.dim // args.devices),
     }
 
 
@@ -139,14 +180,22 @@ def main(argv=None):
                                     / row["one_device"]["temp_mib"])
         row["argument_ratio"] = (row["sharded"]["argument_mib"]
                                  / row["one_device"]["argument_mib"])
-        row["gathers_vocabulary"] = any(
-            c.startswith("all-gather") and re.search(rf"[\[,]{args.vocab}[\],]", c)
-            for c in row["sharded"]["collectives"])
+        row["gathers_vocabulary"] = gathers_vocabulary(row["sharded"]["collectives"], args.vocab)
+        row["head_train_temp_ratio"] = (row["sharded"]["head_train_temp_mib"]
+                                        / row["one_device"]["head_train_temp_mib"])
+        row["eval_temp_ratio"] = (row["sharded"]["eval_temp_mib"]
+                                  / row["one_device"]["eval_temp_mib"])
+        row["eval_gathers_vocabulary"] = gathers_vocabulary(
+            row["sharded"]["eval_collectives"], args.vocab)
         rows.append(row)
-        print(f"{head}: temporaries {row['sharded']['temp_mib']:.1f} MiB a device "
+        print(f"{head}: head's training pass {row['head_train_temp_ratio']:.2f}x; "
+              f"temporaries {row['sharded']['temp_mib']:.1f} MiB a device "
               f"({row['temp_ratio']:.2f}x one device's; XLA's partitioning "
               f"{row['temp_ratio_by_xla']:.2f}x, collectives "
-              f"{row['sharded_by_xla']['collectives']}), arguments "
+              f"{row['sharded_by_xla']['collectives']}); evaluation "
+              f"{row['eval_temp_ratio']:.2f}x (by XLA "
+              f"{row['sharded_by_xla']['eval_temp_mib'] / row['one_device']['eval_temp_mib']:.2f}x, "
+              f"{row['sharded_by_xla']['eval_collectives']}), arguments "
               f"{row['sharded']['argument_mib']:.1f} MiB ({row['argument_ratio']:.2f}x); "
               f"collectives {row['sharded']['collectives']}", flush=True)
     result = {

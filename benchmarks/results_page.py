@@ -1335,35 +1335,54 @@ VOCAB_PARALLEL_HEADS = {"full_softmax": "`FullSoftmax`", "sigsoftmax": "`SigSoft
                         "plif": "`PLIFSoftmax`", "mixture_of_softmaxes": "MoS(4)"}
 
 
-def section_vocab_parallel(name="vocab_parallel/memory_cpu_v65536.json"):
-    """Per-device compiled memory of `train_lm`'s training step under
-    `VocabularyParallel`, with the library's vocabulary-parallel passes and
-    with XLA's partitioning of the same layouts, against one device
-    (`bench_vocab_parallel_memory.py`)."""
-    data = load(name)
-    if data is None:
-        return missing(name)
-    shape = data["shape"]
-    out = []
-    for r in data["rows"]:
-        gathered = [c for c in r["sharded_by_xla"]["collectives"] if c.startswith("all-gather")]
-        out.append([VOCAB_PARALLEL_HEADS.get(r["head"], r["head"]),
-                    fmt(r["one_device"]["temp_mib"], 1), fmt(r["one_device"]["argument_mib"], 1),
-                    f"{fmt(r['sharded']['temp_mib'], 1)} (**{fmt(r['temp_ratio'])}x**)",
-                    f"{fmt(r['sharded']['argument_mib'], 1)} ({fmt(r['argument_ratio'])}x)",
-                    "none" if not r["gathers_vocabulary"] else "yes",
-                    f"{fmt(r['sharded_by_xla']['temp_mib'], 1)} ({fmt(r['temp_ratio_by_xla'])}x)",
-                    ", ".join(f"`{c.split()[1].split('{')[0]}`" for c in gathered) or "none"])
+VOCAB_PARALLEL_FILES = ("vocab_parallel/memory_cpu_v65536.json",
+                        "vocab_parallel/memory_cpu_v65536_d512.json")
+
+
+def section_vocab_parallel(names=VOCAB_PARALLEL_FILES):
+    """Per-device compiled memory of `train_lm`'s training step and of its
+    head's evaluation under `VocabularyParallel`, with the library's
+    vocabulary-parallel passes and with XLA's partitioning of the same
+    layouts, against one device (`bench_vocab_parallel_memory.py`)."""
+    out, sources, shape = [], [], None
+    for name in names:
+        data = load(name)
+        if data is None:
+            sources.append(missing(name))
+            continue
+        shape = data["shape"]
+        for r in data["rows"]:
+            one, ours, xla = r["one_device"], r["sharded"], r["sharded_by_xla"]
+            gathered = [c.split()[1].split("{")[0] for c in xla["collectives"] + xla.get(
+                "eval_collectives", []) if c.startswith("all-gather")]
+            out.append([f"{shape['dim']:,}", VOCAB_PARALLEL_HEADS.get(r["head"], r["head"]),
+                        fmt(one["temp_mib"], 1), fmt(one["argument_mib"], 1),
+                        f"{fmt(ours['temp_mib'], 1)} ({fmt(r['temp_ratio'])}x)",
+                        f"{fmt(ours['argument_mib'], 1)} ({fmt(r['argument_ratio'])}x)",
+                        f"{fmt(xla['temp_mib'], 1)} ({fmt(r['temp_ratio_by_xla'])}x)",
+                        " / ".join(fmt(x["head_train_temp_mib"], 1) for x in (one, ours, xla)),
+                        " / ".join(fmt(x["eval_temp_mib"], 1) for x in (one, ours, xla)),
+                        "yes" if r["gathers_vocabulary"] or r.get("eval_gathers_vocabulary")
+                        else "none",
+                        ", ".join(f"`{g}`" for g in sorted(set(gathered))) or "none"])
+        sources.append(provenance(name, _with_command(data)))
+    if not out:
+        return "\n\n".join(sources)
     return "\n\n".join([
         f"One device of {shape['devices']} (simulated CPU devices, all on the vocabulary axis), "
-        f"the tied LSTM of `examples/train_lm.py` (d = {shape['dim']}), V = {shape['vocab']:,}, "
-        f"a batch of {shape['batch']} x {shape['bptt']} tokens, `chunk_size` "
-        f"{shape['chunk_size']:,}, Adam; XLA's `compiled.memory_analysis()` of Keras' "
-        f"`train_step` (temporaries; arguments: weights, optimizer state, batch):",
-        table(["head", "one device: temp MiB", "args MiB",
-               "vocabulary-parallel: temp MiB", "args MiB", "all-gathers of V",
-               "XLA's partitioning: temp MiB", "its all-gathers"], out),
-        provenance(name, _with_command(data))])
+        f"the tied LSTM of `examples/train_lm.py` (d below), V = {shape['vocab']:,}, a batch of "
+        f"{shape['batch']} x {shape['bptt']} tokens, `chunk_size` {shape['chunk_size']:,}, "
+        f"Adam; XLA's `compiled.memory_analysis()` of Keras' `train_step` (temporaries; "
+        f"arguments: weights, optimizer state, batch; the LSTM's unrolled steps take most of "
+        f"the step's temporaries at d = 512), of the head's training pass alone (its summed "
+        f"objective and gradients given the contexts) and of its per-token `log_likelihood` "
+        f"of the batch (evaluation), MiB:",
+        table(["d", "head", "one device: step temp", "args",
+               "vocabulary-parallel: step temp", "args", "XLA's partitioning: step temp",
+               "head's training pass temp (one / ours / XLA's)",
+               "evaluation temp (one / ours / XLA's)", "ours gathers V",
+               "XLA's all-gathers"], out),
+        *sources])
 
 
 def section_tiled_memory(name="gpu_cross_entropy/tiled_memory_cpu.json"):

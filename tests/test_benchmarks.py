@@ -361,7 +361,8 @@ def test_vocab_parallel_memory_benchmark_smoke(tmp_path):
     assert [r["head"] for r in result["rows"]] == ["plif", "full_softmax"]
     for r in result["rows"]:
         assert 0 < r["temp_ratio"] < 1 and 0 < r["argument_ratio"] <= 1, r
-        assert not r["gathers_vocabulary"], r
+        assert not r["gathers_vocabulary"] and not r["eval_gathers_vocabulary"], r
+        assert 0 < r["eval_temp_ratio"] < 1, r
         assert not any(c.startswith("all-gather") for c in r["sharded"]["collectives"]), r
         assert r["one_device"]["collectives"] == [], r
     assert result["shape"]["devices"] == 4 and result["machine"]["cores"] >= 1

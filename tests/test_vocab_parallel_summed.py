@@ -34,6 +34,7 @@ def test_vocab_parallel_summed_matches_single_device():
     example = result.pop("example")
     divergences = result.pop("divergence")
     mixtures = result.pop("mixture")
+    token_heads = result.pop("token_losses")
     head = result.pop("head")
     assert sorted(result) == ["batch_plain", "model_transposed_bias"], result
     for name, r in result.items():
@@ -68,6 +69,16 @@ def test_vocab_parallel_summed_matches_single_device():
         assert not any(f"{r['vocab']}]" in s or f"[{r['vocab']}," in s
                        for s in r["all_gather_shapes"]), (name, r)
         assert "model" in r["kernel_grad_spec"], (name, r)
+    # The heads' per-token log-likelihood (evaluation, training_loss) on each
+    # device's shard: values and gradients for a random cotangent.
+    assert sorted(token_heads) == ["full_softmax", "mos3_plif", "mos3_tied", "plif",
+                                   "sigsoftmax"], token_heads
+    for name, r in token_heads.items():
+        assert r["token_losses_calls"] == 2, (name, r)  # the two traces (sharded)
+        assert r["value_err"] < 1e-5, (name, r)
+        assert len(r["grad_err"]) == r["num_weights"] + 1 and max(r["grad_err"]) < 1e-4, (name, r)
+        assert not any(f"{r['vocab']}]" in s or f"[{r['vocab']}," in s
+                       for s in r["all_gather_shapes"]), (name, r)
     assert sorted(divergences) == ["forward_kl", "jsd", "reverse_kl"], divergences
     for name, r in divergences.items():
         assert r["vocab_parallel_used"] and not r["single_device_used"], (name, r)
@@ -152,6 +163,7 @@ def child():
         }
     result["divergence"] = divergences(rng)
     result["mixture"] = mixtures(rng)
+    result["token_losses"] = head_token_losses(rng)
     result["head"] = full_softmax_head(rng)
     result["example"] = distillation_example()  # last: it sets a global distribution
     print(json.dumps(result))
@@ -368,6 +380,82 @@ def mixtures(rng):
             "kernel_grad_spec": grad_spec,
         }
         calls.clear()
+    return result
+
+
+def head_token_losses(rng):
+    """Each head's per-token `log_likelihood` (with `chunk_size`; MoS
+    always tiled) traced under a `VocabularyParallel` distribution (each
+    device its shard: `token_losses`) against the same head traced without
+    one: the log-likelihoods, and the gradients of `sum(u * ll)` for a
+    random cotangent `u` with respect to the inputs and every trainable
+    weight; and whether the compiled evaluation gathers a V-sized array."""
+    import jax
+    import keras
+    import numpy as np
+
+    import keras_softmax_heads as ksh
+    from keras_softmax_heads import training
+    from keras_softmax_heads.heads import full_softmax
+    from keras_softmax_heads.heads import mixture_of_softmaxes
+    from keras_softmax_heads.heads import pointwise_softmax_head
+
+    b, t, dim, v = 4, 6, 16, 120
+    h = rng.normal(size=(b, t, dim)).astype("float32")
+    y = rng.integers(0, v, (b, t)).astype("int32")
+    u = rng.normal(size=(b, t)).astype("float32")
+    calls = []
+    for module in (full_softmax, mixture_of_softmaxes, pointwise_softmax_head):
+        count_calls(module, "token_losses", calls)
+    distribution = training.VocabularyParallel(v, vocab_shards=DEVICES // 2)  # 2 x 2
+    result = {}
+    for name, make in (
+            ("full_softmax", lambda: ksh.FullSoftmax(v, chunk_size=32, logit_soft_cap=3.0)),
+            ("sigsoftmax", lambda: ksh.SigSoftmax(v, chunk_size=32)),
+            ("plif", lambda: ksh.PLIFSoftmax(v, chunk_size=32, num_knots=64)),
+            ("mos3_plif", lambda: ksh.MixtureOfSoftmaxes(v, num_components=3, num_knots=64)),
+            ("mos3_tied", None)):
+        with distribution.scope():
+            if make is None:  # a [V, d] tied embedding, no bias
+                embedding = keras.layers.Embedding(v, dim)
+                embedding.build((None,))
+                head = ksh.MixtureOfSoftmaxes(v, num_components=3, token_embedding=embedding,
+                                              use_bias=False)
+            else:
+                head = make()
+            head.build((None, None, dim))
+        weights = head.trainable_weights
+
+        def loss(h, values):
+            with keras.StatelessScope(state_mapping=list(zip(weights, values))):
+                ll = head.log_likelihood(h, y)
+            return ops_sum(ll * u), ll
+
+        def ops_sum(x):
+            return jax.numpy.sum(x)
+
+        def step():  # a new function, traced anew (jit caches by function)
+            return jax.jit(jax.value_and_grad(lambda h, v: loss(h, v), argnums=(0, 1),
+                                              has_aux=True))
+
+        values = [w.value for w in weights]
+        before = len(calls)
+        with distribution.scope():  # traced under the distribution
+            (_, ll_sharded), grads_sharded = step()(h, values)
+            evaluation = jax.jit(lambda h, values: loss(h, values)[1]).lower(h, values).compile()
+        used = len(calls) - before
+        (_, ll_single), grads_single = step()(h, values)  # traced without one
+        flat = lambda g: [np.asarray(g[0])] + [np.asarray(x) for x in g[1]]
+        result[name] = {
+            "token_losses_calls": used,
+            "value_err": float(np.abs(np.asarray(ll_sharded) - np.asarray(ll_single)).max()
+                               / np.abs(np.asarray(ll_single)).max()),
+            "num_weights": len(weights),
+            "grad_err": [float(np.abs(x - z).max() / max(np.abs(z).max(), 1e-12))
+                         for x, z in zip(flat(grads_sharded), flat(grads_single))],
+            "all_gather_shapes": all_gather_shapes(evaluation),
+            "vocab": v,
+        }
     return result
 
 

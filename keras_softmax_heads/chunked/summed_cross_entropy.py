@@ -96,7 +96,7 @@ def chunk_loss(g, targets, weights, label_smoothing, z_loss, argmax, shards=None
 
 def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss=0.0,
                          token_chunk_size=None, argmax=False, implementation="auto",
-                         shards=None):
+                         shards=None, return_per_token=False):
     """`sum_i w_i loss_i` and its gradient, over chunks of tokens.
 
     The core behind `linear_cross_entropy(..., gradient_in_forward=True)`
@@ -126,10 +126,16 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
     `jax.shard_map` splits evenly over the devices of an output they all
     hold (`chunked.vocab_parallel.vocab_parallel_summed`).
 
+    `return_per_token=True` also returns the per-token losses `[N]` the
+    pass computes (without a gradient of their own: the sum carries it),
+    from which `chunked.vocab_parallel.token_losses` makes a per-token
+    loss.
+
     Returns:
         The sum, a float32 scalar (float64 for float64 inputs); with
         `argmax=True` the pair `(sum, argmax)`, `argmax` `[N]` int32 (the
-        word of the largest score, the first on ties; no gradient).
+        word of the largest score, the first on ties; no gradient); with
+        `return_per_token=True` the per-token losses `[N]` after them.
 
     Example:
 
@@ -196,7 +202,7 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
 
         def grad_fn(*args, upstream=None, variables=None):
             u = upstream_of(args, upstream, variables, "summed_cross_entropy")
-            u = ops.cast(u[0] if argmax else u, acc)
+            u = ops.cast(u[0] if argmax or return_per_token else u, acc)
             # Under `shards` each device receives its share of `u` (the
             # weights' gradient is a share too, as is `h`'s: `jax.shard_map`
             # adds them across the shards).
@@ -204,12 +210,24 @@ def summed_cross_entropy(layer, targets, weights, *, label_smoothing=0.0, z_loss
             return (None, ops.cast(u * per_token, weights.dtype), *out)
 
         inputs = args
-        if argmax:  # one output: the sum, then the argmax words as floats
-            return ops.concatenate([total[None], ops.cast(best_all, acc)]), grad_fn
+        if argmax or return_per_token:
+            # One output: the sum, then the argmax words as floats, then
+            # the per-token losses.
+            parts = [total[None]] + ([ops.cast(best_all, acc)] if argmax else []) + (
+                [per_token] if return_per_token else [])
+            return ops.concatenate(parts), grad_fn
         return total, grad_fn
 
     targets = ops.cast(ops.convert_to_tensor(targets), "int32")
     out = summed_fn(targets, float_weights(weights, acc), *args)
-    if not argmax:
+    if not (argmax or return_per_token):
         return out
-    return out[0], ops.cast(ops.stop_gradient(out[1:]), "int32")
+    results, n = [out[0]], targets.shape[0]
+    n = ops.shape(targets)[0] if n is None else n
+    rest = ops.stop_gradient(out[1:])
+    if argmax:
+        results.append(ops.cast(rest[:n], "int32"))
+        rest = rest[n:]
+    if return_per_token:
+        results.append(rest)
+    return tuple(results)

@@ -114,7 +114,8 @@ def chunk_mixture(s, log_priors, targets, weights, num_components, shards=None):
 def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
                        output_fn="softmax", epsilon=1e-6, raw_slopes=None,
                        knot_bound=None, kernel_transposed=False,
-                       token_chunk_size=None, implementation="auto", shards=None):
+                       token_chunk_size=None, implementation="auto", shards=None,
+                       return_per_token=False):
     """`sum_i w_i (-log p(t_i))` of a mixture of softmaxes, its gradient
     computed in the forward pass.
 
@@ -148,10 +149,15 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
     and `weights` the whole vocabulary's, scaled by this device's share of
     the cotangent (`chunked.vocab_parallel.vocab_parallel_mixture`).
 
+    `return_per_token=True` also returns the per-token NLLs `[N]` the pass
+    computes (without a gradient of their own: the sum carries it), from
+    which `chunked.vocab_parallel.token_losses` makes a per-token loss.
+
     Returns:
         The weighted sum, a float32 scalar (float64 for float64 inputs),
         with gradients for `latents`, `log_priors`, `kernel`, `bias`,
-        `raw_slopes` and `weights`.
+        `raw_slopes` and `weights`; with `return_per_token=True` the pair
+        `(sum, per_token)`.
 
     Example:
 
@@ -259,7 +265,8 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
         total, per_token, dlp, grads, sums = dispatch.run_pass(forward, implementation)
 
         def grad_fn(*args, upstream=None, variables=None):
-            u = ops.cast(upstream_of(args, upstream, variables, "summed_mixture_nll"), acc)
+            u = upstream_of(args, upstream, variables, "summed_mixture_nll")
+            u = ops.cast(u[0] if return_per_token else u, acc)
             # Under `shards` each device receives its share of `u`: the
             # log-priors' and weights' gradients (the whole vocabulary's)
             # take that share, the partial sums (`h`, the slopes) and this
@@ -274,10 +281,15 @@ def summed_mixture_nll(latents, log_priors, kernel, bias, targets, weights, *,
             return (None, ops.cast(u * per_token, weights.dtype), *out)
 
         inputs = args
+        if return_per_token:  # one output: the sum, then the per-token NLLs
+            return ops.concatenate([total[None], per_token]), grad_fn
         return total, grad_fn
 
     targets = ops.cast(ops.reshape(ops.convert_to_tensor(targets), (-1,)), "int32")
-    return summed_fn(targets, float_weights(weights, acc), *args)
+    out = summed_fn(targets, float_weights(weights, acc), *args)
+    if not return_per_token:
+        return out
+    return out[0], ops.stop_gradient(out[1:])
 
 
 class PLIF:

@@ -138,7 +138,7 @@ def best_word(vocab_axis, best, ids):
 
 def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.0,
                           z_loss=0.0, token_chunk_size=None, argmax=False,
-                          implementation="auto"):
+                          implementation="auto", return_per_token=False):
     """`chunked.summed_cross_entropy` with the kernel sharded on V (JAX
     only): the gradient in the forward pass, vocabulary-parallel.
 
@@ -158,13 +158,15 @@ def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.
         targets: `[N]` int32 ids in `[0, V)`; weights: `[N]` float.
         layout: what `vocab_parallel_layout(kernel, kernel_transposed)`
             returned (not None).
-        label_smoothing, z_loss, token_chunk_size, argmax, implementation:
-            as in `chunked.summed_cross_entropy` (`token_chunk_size` sized
-            for a shard's `V / n` words by default).
+        label_smoothing, z_loss, token_chunk_size, argmax, implementation,
+            return_per_token: as in `chunked.summed_cross_entropy`
+            (`token_chunk_size` sized for a shard's `V / n` words by
+            default).
 
     Returns:
-        The weighted sum (a scalar), with `argmax` the pair `(sum, argmax)`
-        as `chunked.summed_cross_entropy`'s.
+        The weighted sum (a scalar), with `argmax` and `return_per_token`
+        the tuple `(sum, argmax, per_token)` (those asked for) as
+        `chunked.summed_cross_entropy`'s.
     """
     import jax
     import jax.numpy as jnp
@@ -181,22 +183,24 @@ def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.
         start, v_local = shard_start(vocab_axis, w, transposed)
         local = type(layer)(h, w, b[0] if b else None, transposed, layer.soft_cap)
         out = summed_cross_entropy(
-            local, shifted_targets(t, start, v_local), weights, label_smoothing=label_smoothing, z_loss=z_loss,
-            token_chunk_size=token_chunk_size, argmax=argmax, implementation=implementation,
-            shards=VocabShards(vocab_axis, start, vocab))
+            local, shifted_targets(t, start, v_local), weights,
+            label_smoothing=label_smoothing, z_loss=z_loss, token_chunk_size=token_chunk_size,
+            argmax=argmax, implementation=implementation,
+            shards=VocabShards(vocab_axis, start, vocab), return_per_token=return_per_token)
+        out = out if isinstance(out, tuple) else (out,)
         # One sum per device; those of a batch shard's vocabulary shards are equal.
-        return (out[0][None], out[1]) if argmax else (out[None],)
+        return (out[0][None],) + out[1:]
 
     in_specs = (PartitionSpec(batch_axis, None), kernel_spec(vocab_axis, transposed),
                 row_spec, row_spec)
     out = jax.shard_map(
         shard, mesh=mesh.backend_mesh,
         in_specs=in_specs + ((PartitionSpec(vocab_axis),) if has_bias else ()),
-        out_specs=(row_spec,) * (2 if argmax else 1), check_vma=False,
+        out_specs=(row_spec,) * (1 + argmax + return_per_token), check_vma=False,
     )(ops.convert_to_tensor(layer.hidden), kernel, targets, weights,
       *((ops.convert_to_tensor(layer.bias),) if has_bias else ()))
     total = jnp.sum(out[0])
-    return (total, out[1]) if argmax else total
+    return (total,) + tuple(out[1:]) if argmax or return_per_token else total
 
 
 def vocab_parallel_divergence(student, teacher, weights, layout, divergence, **options):
@@ -269,7 +273,8 @@ def vocab_parallel_divergence(student, teacher, weights, layout, divergence, **o
 
 
 def vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, layout, *,
-                           kernel_transposed=False, raw_slopes=None, **options):
+                           kernel_transposed=False, raw_slopes=None, return_per_token=False,
+                           **options):
     """`chunked.summed_mixture.summed_mixture_nll` with the kernel sharded
     on V (JAX only): the mixture heads' summed NLL (MoS, MoSS, MoS+PLIF;
     `SigSoftmax` and `PLIFSoftmax` as one component) with its gradient in
@@ -293,11 +298,13 @@ def vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, 
             `[N]` int ids in `[0, V)`; weights: `[N]` float.
         layout: `vocab_parallel_layout(kernel, kernel_transposed)` (not None).
         raw_slopes: the PLIF's `[K']` raw slopes or None (replicated).
-        **options: as in `summed_mixture_nll` (`output_fn`, `epsilon`,
-            `knot_bound`, `token_chunk_size`, `implementation`).
+        return_per_token, **options: as in `summed_mixture_nll`
+            (`output_fn`, `epsilon`, `knot_bound`, `token_chunk_size`,
+            `implementation`).
 
     Returns:
-        The weighted sum, a scalar.
+        The weighted sum, a scalar; with `return_per_token` the pair `(sum,
+        per_token)`.
     """
     import jax
     import jax.numpy as jnp
@@ -323,16 +330,18 @@ def vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, 
         b = rest[0] if has_bias else None
         raw = rest[-1] if has_plif else None
         start, v_local = shard_start(vocab_axis, w, kernel_transposed)
-        total = summed_mixture_nll(
+        out = summed_mixture_nll(
             lat, lp, w, b, shifted_targets(t, start, v_local), weights, raw_slopes=raw,
             kernel_transposed=kernel_transposed, shards=VocabShards(vocab_axis, start, vocab),
-            **options)
+            return_per_token=return_per_token, **options)
+        out = out if isinstance(out, tuple) else (out,)
         # One sum per device; those of a batch shard's vocabulary shards are equal.
-        return total[None]
+        return (out[0][None],) + out[1:]
 
     out = jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
-                        out_specs=row_spec, check_vma=False)(*inputs)
-    return jnp.sum(out)
+                        out_specs=(row_spec,) * (1 + return_per_token),
+                        check_vma=False)(*inputs)
+    return (jnp.sum(out[0]), out[1]) if return_per_token else jnp.sum(out[0])
 
 
 def summed_mixture_nll_auto(latents, log_priors, kernel, bias, targets, weights, *,
@@ -348,3 +357,57 @@ def summed_mixture_nll_auto(latents, log_priors, kernel, bias, targets, weights,
                                   kernel_transposed=kernel_transposed, **options)
     return vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, layout,
                                   kernel_transposed=kernel_transposed, **options)
+
+
+def tile_sized_token_chunk(layout, rows, vocab, chunk_size):
+    """The token chunk of a per-token pass on a vocabulary shard
+    (`token_losses`) whose scores are no more than the tiled per-token
+    pass's tile: `N * chunk_size / (V / n)` tokens (the tile holds `[N,
+    chunk_size]` scores a component, a chunk `[tokens, V / n]`), at least
+    1 and at most `N`; None (the summed pass's default) when `N` is not
+    static. The summed training pass keeps its own larger default chunks
+    (sized for speed)."""
+    if not isinstance(rows, int):
+        return None
+    mesh, vocab_axis, _ = layout
+    shard = vocab // mesh.shape[list(mesh.axis_names).index(vocab_axis)]
+    return max(1, min(rows, rows * chunk_size // shard))
+
+
+def token_losses(summed, targets, inputs):
+    """Per-token losses `[N]` with their exact gradient for any cotangent,
+    from a summed pass (JAX): `summed(weights, targets, *inputs)` returns
+    `(sum_i weights_i loss_i, losses)`, the sum differentiable with
+    respect to `inputs` (`vocab_parallel_summed`, `vocab_parallel_mixture`
+    with `return_per_token`).
+
+    The forward pass runs `summed` with unit weights and keeps the losses
+    (under `jax.jit` XLA drops the gradient work nothing reads); the
+    backward pass runs it again with the per-token cotangent as the
+    weights and takes the sum's gradient: `d/dx sum_i u_i loss_i`, the
+    per-token losses' vector-Jacobian product. The vocabulary-parallel
+    passes thus give the heads' per-token `log_likelihood` (evaluation,
+    `training_loss`) as well as their summed objective: four `N d V`
+    products with a gradient, as the tiled per-token pass (the heads size
+    its chunks like the tiled pass's tiles: `tile_sized_token_chunk`)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    targets = jnp.asarray(targets)
+
+    @jax.custom_vjp
+    def losses(targets, *inputs):
+        return summed(jnp.ones(targets.shape, "float32"), targets, *inputs)[1]
+
+    def forward(targets, *inputs):
+        return losses(targets, *inputs), (targets, inputs)
+
+    def backward(saved, u):
+        targets, inputs = saved
+        total, pullback = jax.vjp(lambda *a: summed(u, targets, *a)[0], *inputs)
+        no_gradient = np.zeros(targets.shape, jax.dtypes.float0)
+        return (no_gradient, *pullback(jnp.ones_like(total)))
+
+    losses.defvjp(forward, backward)
+    return losses(targets, *[ops.convert_to_tensor(x) for x in inputs])

@@ -1,9 +1,11 @@
 """Linear-Softmax: the baseline head."""
 
 import keras
+from keras import ops
 
 from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
+from keras_softmax_heads.chunked.vocab_parallel import token_losses
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.functional import soft_cap
@@ -88,6 +90,26 @@ class FullSoftmax(PointwiseSoftmaxHead):
             return vocab_parallel_summed(layer, ids, weights, layout)
 
         return summed_over_valid_targets(targets, weights, self.vocab_size, total)
+
+    def _vocab_parallel_nll(self, inputs, targets):
+        """`-log p(targets)` on each device's vocabulary shard where the
+        kernel is sharded on V (JAX): the summed cross-entropy with its
+        per-token losses (`chunked.vocab_parallel.token_losses`); None
+        elsewhere."""
+        operands = self._vocab_parallel_operands(inputs, targets)
+        if operands is None:
+            return None
+        layout, rows, ids, kernel, transposed, chunk = operands
+        has_bias = self.bias is not None
+
+        def summed(weights, t, h, w, *b):
+            layer = OutputLayer(h, w, b[0] if has_bias else None, transposed,
+                                self.logit_soft_cap)
+            return vocab_parallel_summed(layer, t, weights, layout, token_chunk_size=chunk,
+                                         return_per_token=True)
+
+        nll = token_losses(summed, ids, [rows, kernel] + ([self.bias] if has_bias else []))
+        return ops.reshape(nll, ops.shape(targets))
 
     def score_transform(self, z):
         if self.logit_soft_cap is None:

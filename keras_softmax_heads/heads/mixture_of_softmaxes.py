@@ -7,7 +7,12 @@ from keras import ops
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.chunked import chunked_mixture_nll
+from keras_softmax_heads.chunked.platform import chunk_size_for
 from keras_softmax_heads.chunked.vocab_parallel import summed_mixture_nll_auto
+from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
+from keras_softmax_heads.chunked.vocab_parallel import token_losses
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_mixture
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.mixture_head import MixtureHead
 from keras_softmax_heads.validation import check_bool
@@ -263,12 +268,20 @@ class MixtureOfSoftmaxes(MixtureHead):
         the `[N, V]` mixture is formed. The tile width is `chunk_size`, or
         with `chunk_size=None` the platform's choice for `K` components
         (`chunked.platform.chunk_size_for`). `dense_log_likelihood` is the
-        same value from the `[N, K, V]` scores.
+        same value from the `[N, K, V]` scores. On JAX, with the kernel (or
+        tied embedding) sharded on V by a `keras.distribution`, each device
+        scores its own shard (`chunked.vocab_parallel.token_losses` over
+        `vocab_parallel_mixture`).
         """
         inputs = self._check_inputs(inputs)
         targets = check_targets(targets, self.vocab_size)
         log_priors, latent = self._priors_and_latents(inputs, training)
         kernel, transposed = self.chunked_projection()
+        layout = vocab_parallel_layout(kernel, transposed)
+        if layout is not None:  # JAX, the kernel sharded on V: each device its shard
+            nll = self._vocab_parallel_nll(latent, log_priors, kernel, transposed, layout,
+                                           targets)
+            return nan_if_invalid(-nll, targets, self.vocab_size)
         transform, params = self._chunk_transform()
         nll = chunked_mixture_nll(
             latent,
@@ -282,6 +295,31 @@ class MixtureOfSoftmaxes(MixtureHead):
             kernel_transposed=transposed,
         )
         return nan_if_invalid(-nll, targets, self.vocab_size)
+
+    def _vocab_parallel_nll(self, latent, log_priors, kernel, transposed, layout, targets):
+        """`-log p(targets)` (shape `targets.shape`) on each device's
+        vocabulary shard: the summed core with its per-token losses
+        (`chunked.vocab_parallel.token_losses`, exact gradients for any
+        cotangent)."""
+        ids = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
+        rows, k = latent.shape[0], self.num_components
+        # Chunks whose scores match the tiled pass's tiles.
+        width = self.chunk_size or chunk_size_for(
+            self.vocab_size, None if rows is None else rows * k, k)
+        chunk = tile_sized_token_chunk(layout, rows, self.vocab_size, width)
+        has_bias, has_plif = self.bias is not None, self.raw_slopes is not None
+        extra = [x for x in (self.bias, self.raw_slopes) if x is not None]
+
+        def summed(weights, t, lat, lp, w, *rest):
+            return vocab_parallel_mixture(
+                lat, lp, w, rest[0] if has_bias else None, t, weights, layout,
+                kernel_transposed=transposed, output_fn=self.component,
+                raw_slopes=rest[-1] if has_plif else None,
+                knot_bound=self.knot_bound if has_plif else None, token_chunk_size=chunk,
+                return_per_token=True)
+
+        nll = token_losses(summed, ids, [latent, log_priors, kernel, *extra])
+        return ops.reshape(nll, ops.shape(targets))
 
     def summed_training_loss(self, inputs, targets, weights, training=True):
         """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar.

@@ -120,8 +120,10 @@ class PLIFSoftmax(PointwiseSoftmaxHead):
         if not self.gradient_in_forward:
             return super().summed_training_loss(inputs, targets, weights, training)
         return self._summed_one_component(inputs, targets, weights,
-                                          raw_slopes=self.raw_slopes,
-                                          knot_bound=self.knot_bound)
+                                          **self._summed_core_options())
+
+    def _summed_core_options(self):
+        return {"raw_slopes": self.raw_slopes, "knot_bound": self.knot_bound}
 
     def get_config(self):
         config = super().get_config()

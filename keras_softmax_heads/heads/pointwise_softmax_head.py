@@ -7,6 +7,10 @@ from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.chunked.vocab_parallel import summed_mixture_nll_auto
+from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
+from keras_softmax_heads.chunked.vocab_parallel import token_losses
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_mixture
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.validation import check_bool
@@ -111,6 +115,56 @@ class PointwiseSoftmaxHead(SoftmaxHead):
             kernel_transposed=transposed,
         )
 
+    def _summed_core_options(self):
+        """The options of this head's one component in the summed mixture
+        core (`summed_mixture_nll`: `output_fn` and `epsilon`, or
+        `raw_slopes` and `knot_bound`), or None where it has none
+        (`MonotonicSoftmax`; `FullSoftmax` has a core of its own)."""
+        return None
+
+    def _vocab_parallel_operands(self, inputs, targets):
+        """`(layout, rows, ids, kernel, transposed, token_chunk)` for a
+        per-token pass on each device's vocabulary shard (JAX, the kernel
+        or tied embedding sharded on V by the current `keras.distribution`),
+        or None: the rows `[N, d]` in the compute dtype, the ids `[N]`
+        clipped into `[0, V)` (the caller marks the invalid ones NaN), the
+        token chunk whose scores match a `chunk_size` tile's."""
+        kernel, transposed = self.chunked_projection()
+        layout = vocab_parallel_layout(kernel, transposed)
+        if layout is None:
+            return None
+        rows = ops.reshape(ops.cast(self._check_inputs(inputs), self.compute_dtype),
+                           (-1, self.input_dim))
+        ids = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
+        chunk = tile_sized_token_chunk(layout, rows.shape[0], self.vocab_size, self.chunk_size)
+        return layout, rows, ids, kernel, transposed, chunk
+
+    def _vocab_parallel_nll(self, inputs, targets):
+        """`-log p(targets)` (shape `targets.shape`) computed on each
+        device's vocabulary shard where the kernel is sharded on V (JAX):
+        the summed core with its per-token losses
+        (`chunked.vocab_parallel.token_losses`), exact gradients for any
+        cotangent; None elsewhere, or for a head without a summed core."""
+        options = self._summed_core_options()
+        operands = None if options is None else self._vocab_parallel_operands(inputs, targets)
+        if operands is None:
+            return None
+        layout, rows, ids, kernel, transposed, chunk = operands
+        options = dict(options)
+        raw_slopes = options.pop("raw_slopes", None)
+        extra = [x for x in (self.bias, raw_slopes) if x is not None]
+        has_bias = self.bias is not None
+
+        def summed(weights, t, h, w, *rest):
+            return vocab_parallel_mixture(
+                h[:, None, :], ops.zeros_like(h[:, :1]), w, rest[0] if has_bias else None, t,
+                weights, layout, kernel_transposed=transposed,
+                raw_slopes=rest[-1] if raw_slopes is not None else None,
+                token_chunk_size=chunk, return_per_token=True, **options)
+
+        nll = token_losses(summed, ids, [rows, kernel, *extra])
+        return ops.reshape(nll, ops.shape(targets))
+
     def _summed_loss_operands(self, inputs, targets):
         """`(rows, targets, kernel, transposed, bias)` of a summed training
         loss computed over token chunks (`gradient_in_forward`): the checked
@@ -157,8 +211,10 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         if self.chunk_size is None:
             return super().log_likelihood(inputs, targets)
         targets = check_targets(targets, self.vocab_size)
-        ll = -self._chunked_nll(inputs, targets)
-        return nan_if_invalid(ll, targets, self.vocab_size)
+        nll = self._vocab_parallel_nll(inputs, targets)
+        if nll is None:
+            nll = self._chunked_nll(inputs, targets)
+        return nan_if_invalid(-nll, targets, self.vocab_size)
 
     def training_loss(self, inputs, targets, training=True):
         """`-log_likelihood`: the chunked exact NLL when `chunk_size` is set."""

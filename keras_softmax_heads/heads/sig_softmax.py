@@ -88,7 +88,10 @@ class SigSoftmax(PointwiseSoftmaxHead):
         if not self.gradient_in_forward:
             return super().summed_training_loss(inputs, targets, weights, training)
         return self._summed_one_component(inputs, targets, weights,
-                                          output_fn=self.output_fn, epsilon=self.epsilon)
+                                          **self._summed_core_options())
+
+    def _summed_core_options(self):
+        return {"output_fn": self.output_fn, "epsilon": self.epsilon}
 
     def score_transform(self, z):
         """`log g(z)`: the log of the chosen non-negative output function."""

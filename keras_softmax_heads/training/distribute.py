@@ -125,11 +125,12 @@ class VocabularyParallel(keras.distribution.ModelParallel):
     replicated.
 
     What runs on each device's shard: with `chunk_size`, the summed
-    training objective of `FullSoftmax`, `SigSoftmax`, `PLIFSoftmax` and
-    the mixtures of softmaxes runs vocabulary-parallel (`jax.shard_map`,
-    per-token statistics combined by all-reduces: `docs/chunked.md`,
-    "Sharding", `docs/mixtures.md`, "Vocabulary-parallel"); everything else
-    is partitioned by XLA from these layouts, which may gather a matrix
+    training objective and the per-token log-likelihood (evaluation) of
+    `FullSoftmax`, `SigSoftmax`, `PLIFSoftmax` and the mixtures of
+    softmaxes run vocabulary-parallel (`jax.shard_map`, per-token
+    statistics combined by all-reduces: `docs/chunked.md`, "Sharding",
+    `docs/mixtures.md`, "Vocabulary-parallel"); everything else is
+    partitioned by XLA from these layouts, which may gather a matrix
     where it needs it (correct, without the memory saving in that
     computation).
 
