@@ -97,6 +97,17 @@ def load(name):
         return json.load(f)
 
 
+def present(names, sources):
+    """`(name, data)` of each results file of `names` that exists; for each
+    that does not, its `missing` note appended to `sources`."""
+    for name in names:
+        data = load(name)
+        if data is None:
+            sources.append(missing(name))
+        else:
+            yield name, data
+
+
 def fmt(x, digits=2):
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
@@ -710,11 +721,7 @@ def section_fused_lce_frozen(names=FROZEN_KERNEL_FILES):
     to `h` only, beside the same step with `W`'s (`ours_frozen`, `ours`)
     and PyTorch's chunked loss both ways, one file per backend."""
     out, sources = [], []
-    for name in names:
-        data = load(name)
-        if data is None:
-            sources.append(missing(name))
-            continue
+    for name, data in present(names, sources):
         settings = data.get("settings", {})
         backend = settings.get("backend", "tensorflow")
         mode = settings.get("mode") or {"tensorflow": "graph", "jax": "xla"}.get(backend, "eager")
@@ -1299,11 +1306,7 @@ def section_forward_only(names=FORWARD_ONLY_FILES):
     """A summed loss's forward pass alone (evaluation), the tiled form's and
     the summed form's (`gradient_in_forward`), per backend and mode."""
     out, sources, shape = [], [], None
-    for name in names:
-        data = load(name)
-        if data is None:
-            sources.append(missing(name))
-            continue
+    for name, data in present(names, sources):
         a = data["args"]
         shape = f"N = {a['tokens']:,}, d = {a['dim']:,}, V = {a['vocab']:,}"
         by = {(r["mode"], r["loss"], r["form"]): r for r in data["rows"]}
@@ -1345,11 +1348,7 @@ def section_vocab_parallel(names=VOCAB_PARALLEL_FILES):
     vocabulary-parallel passes and with XLA's partitioning of the same
     layouts, against one device (`bench_vocab_parallel_memory.py`)."""
     out, sources, shape = [], [], None
-    for name in names:
-        data = load(name)
-        if data is None:
-            sources.append(missing(name))
-            continue
+    for name, data in present(names, sources):
         shape = data["shape"]
         for r in data["rows"]:
             one, ours, xla = r["one_device"], r["sharded"], r["sharded_by_xla"]
