@@ -35,6 +35,7 @@ def test_vocab_parallel_summed_matches_single_device():
     divergences = result.pop("divergence")
     mixtures = result.pop("mixture")
     token_heads = result.pop("token_losses")
+    token_divergence = result.pop("token_divergence")
     head = result.pop("head")
     assert sorted(result) == ["batch_plain", "model_transposed_bias"], result
     for name, r in result.items():
@@ -79,6 +80,13 @@ def test_vocab_parallel_summed_matches_single_device():
         assert len(r["grad_err"]) == r["num_weights"] + 1 and max(r["grad_err"]) < 1e-4, (name, r)
         assert not any(f"{r['vocab']}]" in s or f"[{r['vocab']}," in s
                        for s in r["all_gather_shapes"]), (name, r)
+    # linear_divergence(reduction="none") on each device's shard.
+    assert sorted(token_divergence) == ["forward_kl", "reverse_kl_teacher"], token_divergence
+    for name, r in token_divergence.items():
+        assert r["vocab_parallel_used"] and not r["single_device_used"], (name, r)
+        assert r["value_err"] < 1e-5 and r["ignored_zero"], (name, r)
+        assert len(r["grad_err"]) == 6 and max(r["grad_err"]) < 1e-4, (name, r)
+        assert not any(s.startswith(r["full_kernel"]) for s in r["all_gather_shapes"]), (name, r)
     assert sorted(divergences) == ["forward_kl", "jsd", "reverse_kl"], divergences
     for name, r in divergences.items():
         assert r["vocab_parallel_used"] and not r["single_device_used"], (name, r)
@@ -164,6 +172,7 @@ def child():
     result["divergence"] = divergences(rng)
     result["mixture"] = mixtures(rng)
     result["token_losses"] = head_token_losses(rng)
+    result["token_divergence"] = token_divergences(rng)
     result["head"] = full_softmax_head(rng)
     result["example"] = distillation_example()  # last: it sets a global distribution
     print(json.dumps(result))
@@ -456,6 +465,75 @@ def head_token_losses(rng):
             "all_gather_shapes": all_gather_shapes(evaluation),
             "vocab": v,
         }
+    return result
+
+
+def token_divergences(rng):
+    """`linear_divergence(reduction="none")` with the student's tied kernel
+    sharded on V: vocabulary-parallel (`token_losses` over
+    `vocab_parallel_divergence`) against `vocab_parallel=False`, the
+    per-token values and the gradients of `sum(u * D)` for a random `u`
+    (both sides' hidden states, kernels and biases; the teacher's zero
+    without `teacher_gradient`)."""
+    import jax
+    import keras
+    import numpy as np
+
+    import keras_softmax_heads as ksh
+    from keras_softmax_heads.fused import distillation
+
+    n, d_s, d_t, v = 24, 16, 24, 96
+    h_s = rng.normal(size=(n, d_s)).astype("float32")
+    h_t = rng.normal(size=(n, d_t)).astype("float32")
+    y = rng.integers(0, v, n).astype("int32")
+    y[5] = -1
+    u = rng.normal(size=n).astype("float32")
+    calls = []
+    count_calls(distillation, "vocab_parallel_token_divergence", calls, "vocab_parallel")
+    count_calls(distillation, "tiled_divergence", calls, "single")
+    mesh = keras.distribution.DeviceMesh((2, DEVICES // 2), ("batch", "model"),
+                                         keras.distribution.list_devices())
+    distribution = vocabulary_sharding(mesh, True, "student_kernel")  # tied [V, d_s]
+    result = {}
+    with distribution.scope():
+        w_s = keras.Variable((rng.normal(size=(v, d_s)) * 0.5).astype("float32"),
+                             name="student_kernel")
+        w_t = (rng.normal(size=(d_t, v)) * 0.5).astype("float32")
+        b_s, b_t = (rng.normal(size=v).astype("float32") for _ in range(2))
+        for name, divergence, teacher_gradient in (("forward_kl", "forward_kl", False),
+                                                   ("reverse_kl_teacher", "reverse_kl", True)):
+            outs, used = {}, {}
+            for mode in (True, False):
+                def loss(h_s, w, b_s, h_t, w_t, b_t, mode=mode):
+                    with keras.StatelessScope(state_mapping=[(w_s, w)]):
+                        per_token = ksh.linear_divergence(
+                            h_s, w_s, h_t, w_t, y, student_bias=b_s, teacher_bias=b_t,
+                            student_kernel_transposed=True, divergence=divergence,
+                            temperature=1.5, student_soft_cap=3.0, ignore_index=-1,
+                            teacher_gradient=teacher_gradient, reduction="none",
+                            chunk_size=32, vocab_parallel=mode)
+                    return jax.numpy.sum(u * per_token), per_token
+
+                step = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(6)), has_aux=True))
+                args = (h_s, w_s.value, b_s, h_t, w_t, b_t)
+                before = len(calls)
+                (_, per_token), grads = step(*args)
+                used[mode] = {k: calls[before:].count(k) for k in ("vocab_parallel", "single")}
+                outs[mode] = (np.asarray(per_token), [np.asarray(g) for g in grads])
+                if mode:
+                    gathers = all_gather_shapes(step.lower(*args).compile())
+            a, r = outs[True], outs[False]
+            result[name] = {
+                "vocab_parallel_used": used[True]["vocab_parallel"] > 0,
+                "single_device_used": used[True]["single"] > 0
+                or used[False]["vocab_parallel"] > 0,
+                "value_err": float(np.abs(a[0] - r[0]).max() / np.abs(r[0]).max()),
+                "ignored_zero": bool(a[0][5] == 0.0),
+                "grad_err": [float(np.abs(x - z).max() / max(np.abs(z).max(), 1e-12))
+                             for x, z in zip(a[1], r[1])],
+                "all_gather_shapes": gathers,
+                "full_kernel": f"f32[{v},{d_s}]",
+            }
     return result
 
 

@@ -325,7 +325,8 @@ def chunk_divergence(divergence, beta, s, t, teacher_gradient, shards=None):
 
 def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
                       beta=0.5, temperature=1.0, token_chunk_size=None,
-                      teacher_gradient=False, implementation="auto", shards=None):
+                      teacher_gradient=False, implementation="auto", shards=None,
+                      return_per_token=False):
     """`sum_i w_i D_i` and its gradient, over chunks of tokens.
 
     The core behind `linear_divergence`'s `"sum"` / `"mean"` reductions
@@ -343,10 +344,13 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
     the per-token log-sum-exps and sums are combined across the shards
     (`shards.logsumexp`, `shards.sum`), the returned sum is the whole
     vocabulary's, the gradients this device's share, as in
-    `chunked.summed_cross_entropy`.
+    `chunked.summed_cross_entropy`. `return_per_token=True` also returns
+    the per-token divergences `[N]` (no gradient of their own: the sum
+    carries it; `chunked.vocab_parallel.token_losses`).
 
     Returns:
-        A scalar, float32 (float64 for float64 inputs).
+        A scalar, float32 (float64 for float64 inputs); with
+        `return_per_token=True` the pair `(sum, per_token)`.
 
     Example:
 
@@ -416,7 +420,8 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
         total, per_token, s_grads, t_grads = dispatch.run_pass(forward, implementation)
 
         def grad_fn(*args, upstream=None, variables=None):
-            u = ops.cast(upstream_of(args, upstream, variables, "summed_divergence"), acc)
+            u = upstream_of(args, upstream, variables, "summed_divergence")
+            u = ops.cast(u[0] if return_per_token else u, acc)
             # Under `shards` each device receives its share of `u`
             # (`chunked.summed_cross_entropy`).
             u_all = u if shards is None else shards.sum(u)
@@ -425,6 +430,11 @@ def summed_divergence(student, teacher, weights, divergence="forward_kl", *,
                      else [None] * len(t_args))
             return (ops.cast(u * per_token, weights.dtype), *s_out, *t_out)
 
+        if return_per_token:  # one output: the sum, then the per-token divergences
+            return ops.concatenate([total[None], per_token]), grad_fn
         return total, grad_fn
 
-    return summed_fn(float_weights(weights, acc), *(s_args + t_args))
+    out = summed_fn(float_weights(weights, acc), *(s_args + t_args))
+    if not return_per_token:
+        return out
+    return out[0], ops.stop_gradient(out[1:])

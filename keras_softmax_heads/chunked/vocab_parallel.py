@@ -203,7 +203,8 @@ def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.
     return (total,) + tuple(out[1:]) if argmax or return_per_token else total
 
 
-def vocab_parallel_divergence(student, teacher, weights, layout, divergence, **options):
+def vocab_parallel_divergence(student, teacher, weights, layout, divergence,
+                              return_per_token=False, **options):
     """`chunked.summed_divergence` with the output matrices sharded on V
     (JAX only): the distillation's summed divergence with its gradient in
     the forward pass, vocabulary-parallel.
@@ -223,12 +224,13 @@ def vocab_parallel_divergence(student, teacher, weights, layout, divergence, **o
             states `[N, d_s]`, `[N, d_t]`; the same `V`).
         weights: `[N]` float.
         layout: `vocab_parallel_layout` of the student's kernel (not None).
-        divergence, **options: as in `chunked.summed_divergence` (`beta`,
-            `temperature`, `token_chunk_size`, `teacher_gradient`,
-            `implementation`).
+        divergence, return_per_token, **options: as in
+            `chunked.summed_divergence` (`beta`, `temperature`,
+            `token_chunk_size`, `teacher_gradient`, `implementation`).
 
     Returns:
-        The weighted sum, a scalar.
+        The weighted sum, a scalar; with `return_per_token` the pair `(sum,
+        per_token)`.
     """
     import jax
     import jax.numpy as jnp
@@ -262,14 +264,17 @@ def vocab_parallel_divergence(student, teacher, weights, layout, divergence, **o
             b = args.pop(0) if has_bias else None
             local.append(type(side)(h, w, b, side.kernel_transposed, side.soft_cap))
         start, _ = shard_start(vocab_axis, local[0].kernel, student.kernel_transposed)
-        total = summed_divergence(local[0], local[1], args[0], divergence,
-                                  shards=VocabShards(vocab_axis, start, vocab), **options)
+        out = summed_divergence(local[0], local[1], args[0], divergence,
+                                shards=VocabShards(vocab_axis, start, vocab),
+                                return_per_token=return_per_token, **options)
+        out = out if isinstance(out, tuple) else (out,)
         # One sum per device; those of a batch shard's vocabulary shards are equal.
-        return total[None]
+        return (out[0][None],) + out[1:]
 
     out = jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
-                        out_specs=row_spec, check_vma=False)(*inputs)
-    return jnp.sum(out)
+                        out_specs=(row_spec,) * (1 + return_per_token),
+                        check_vma=False)(*inputs)
+    return (jnp.sum(out[0]), out[1]) if return_per_token else jnp.sum(out[0])
 
 
 def vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, layout, *,
@@ -374,12 +379,14 @@ def tile_sized_token_chunk(layout, rows, vocab, chunk_size):
     return max(1, min(rows, rows * chunk_size // shard))
 
 
-def token_losses(summed, targets, inputs):
+def token_losses(summed, inputs, targets=None):
     """Per-token losses `[N]` with their exact gradient for any cotangent,
-    from a summed pass (JAX): `summed(weights, targets, *inputs)` returns
-    `(sum_i weights_i loss_i, losses)`, the sum differentiable with
-    respect to `inputs` (`vocab_parallel_summed`, `vocab_parallel_mixture`
-    with `return_per_token`).
+    from a summed pass (JAX): `summed(weights, targets, *inputs)` (without
+    `targets`: `summed(weights, *inputs)`; `N` is then the first input's
+    rows) returns `(sum_i weights_i loss_i, losses)`, the sum
+    differentiable with respect to `inputs` (`vocab_parallel_summed`,
+    `vocab_parallel_mixture`, `vocab_parallel_divergence` with
+    `return_per_token`).
 
     The forward pass runs `summed` with unit weights and keeps the losses
     (under `jax.jit` XLA drops the gradient work nothing reads); the
@@ -393,6 +400,13 @@ def token_losses(summed, targets, inputs):
     import jax
     import jax.numpy as jnp
     import numpy as np
+
+    inputs = [ops.convert_to_tensor(x) for x in inputs]
+    if targets is None:  # the pass reads no ids: rows only
+        targets, read = jnp.zeros((inputs[0].shape[0],), "int32"), summed
+
+        def summed(weights, targets, *inputs):
+            return read(weights, *inputs)
 
     targets = jnp.asarray(targets)
 
@@ -410,4 +424,4 @@ def token_losses(summed, targets, inputs):
         return (no_gradient, *pullback(jnp.ones_like(total)))
 
     losses.defvjp(forward, backward)
-    return losses(targets, *[ops.convert_to_tensor(x) for x in inputs])
+    return losses(targets, *inputs)

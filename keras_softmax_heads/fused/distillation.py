@@ -17,6 +17,8 @@ from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.divergence import tiled_divergence
 from keras_softmax_heads.chunked.summed_divergence import summed_divergence
 from keras_softmax_heads.chunked.tiling import kernel_geometry
+from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
+from keras_softmax_heads.chunked.vocab_parallel import token_losses
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_divergence
 from keras_softmax_heads.fused.cross_entropy import broadcast_weights
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
@@ -194,8 +196,11 @@ def linear_divergence(
             axis: no device gathers either `[V, d]` matrix
             (`chunked.vocab_parallel.vocab_parallel_divergence`). The
             per-token form (`reduction="none"`, `gradient_in_forward=False`)
-            has no vocabulary-parallel form: `"auto"` runs it on one device
-            (XLA's partitioner gathers the matrices), True raises.
+            runs the same pass keeping its per-token divergences, its
+            gradient for any cotangent by a second pass with the cotangent
+            as the weights (`chunked.vocab_parallel.token_losses`), chunks
+            no larger than `chunk_size` tiles. False: the single-device
+            passes (XLA's partitioner gathers the matrices).
 
     Returns:
         The divergence, float32 (float64 for float64 inputs), reduced as
@@ -257,15 +262,6 @@ def linear_divergence(
     if gradient_in_forward is None:
         gradient_in_forward = options["reduction"] != "none"
     layout = parallel_layout(student_kernel, student.kernel_transposed, vocab_parallel)
-    if layout is not None and not gradient_in_forward:
-        if vocab_parallel is True:
-            raise ValueError(
-                "`vocab_parallel=True` needs the summed divergence with its gradient "
-                "in the forward pass (reduction 'sum' or 'mean', gradient_in_forward "
-                "not False). Received: reduction="
-                f"{options['reduction']!r}, gradient_in_forward={gradient_in_forward}"
-            )
-        layout = None
     if gradient_in_forward:
         # Weights in the accumulation dtype, as the per-token form's are.
         acc = accumulation_dtype(student.hidden, student.kernel, teacher.hidden,
@@ -285,15 +281,48 @@ def linear_divergence(
         if options["reduction"] == "sum":
             return total
         return mean_of_weighted_sum(total, weights)
-    per_token = tiled_divergence(
-        student, teacher, options["divergence"], beta=options["beta"],
-        temperature=options["temperature"], chunk_size=chunk_size,
-        teacher_gradient=options["teacher_gradient"],
-        implementation=options["implementation"],
-    )
+    if layout is None:
+        per_token = tiled_divergence(
+            student, teacher, options["divergence"], beta=options["beta"],
+            temperature=options["temperature"], chunk_size=chunk_size,
+            teacher_gradient=options["teacher_gradient"],
+            implementation=options["implementation"],
+        )
+    else:  # each device its vocabulary shard of both sides, per token
+        per_token = vocab_parallel_token_divergence(student, teacher, layout, options,
+                                                    chunk_size)
     per_token = ops.reshape(per_token, lead)
     weights, ignored = token_weights(per_token, targets, sample_weight,
                                      options["ignore_index"])
     if ignored is not None:
         per_token = ops.where(ignored, ops.zeros_like(per_token), per_token)
     return reduce_loss(per_token, weights, options["reduction"])
+
+
+def vocab_parallel_token_divergence(student, teacher, layout, options, chunk_size):
+    """The per-token divergences `[N]` on each device's vocabulary shard of
+    both sides (JAX): `chunked.vocab_parallel.token_losses` over
+    `vocab_parallel_divergence`, exact gradients for any cotangent (the
+    teacher's only with `teacher_gradient`), chunks holding no more scores
+    than the tiled pass's `chunk_size` tiles."""
+    sides = (student, teacher)
+    slots = [side.bias is not None for side in sides]
+    inputs = [x for side in sides
+              for x in (side.hidden, side.kernel) + ((side.bias,) if side.bias is not None
+                                                     else ())]
+    _, vocab = kernel_geometry(student.hidden, student.kernel, student.kernel_transposed)
+    chunk = tile_sized_token_chunk(layout, student.hidden.shape[0], vocab, chunk_size)
+
+    def summed(weights, *args):
+        args, local = list(args), []
+        for side, has_bias in zip(sides, slots):
+            h, w = args.pop(0), args.pop(0)
+            b = args.pop(0) if has_bias else None
+            local.append(OutputLayer(h, w, b, side.kernel_transposed, side.soft_cap))
+        return vocab_parallel_divergence(
+            local[0], local[1], weights, layout, options["divergence"], return_per_token=True,
+            beta=options["beta"], temperature=options["temperature"], token_chunk_size=chunk,
+            teacher_gradient=options["teacher_gradient"],
+            implementation=options["implementation"])
+
+    return token_losses(summed, inputs)

@@ -108,7 +108,7 @@ class FullSoftmax(PointwiseSoftmaxHead):
             return vocab_parallel_summed(layer, t, weights, layout, token_chunk_size=chunk,
                                          return_per_token=True)
 
-        nll = token_losses(summed, ids, [rows, kernel] + ([self.bias] if has_bias else []))
+        nll = token_losses(summed, [rows, kernel] + ([self.bias] if has_bias else []), ids)
         return ops.reshape(nll, ops.shape(targets))
 
     def score_transform(self, z):

@@ -318,7 +318,7 @@ class MixtureOfSoftmaxes(MixtureHead):
                 knot_bound=self.knot_bound if has_plif else None, token_chunk_size=chunk,
                 return_per_token=True)
 
-        nll = token_losses(summed, ids, [latent, log_priors, kernel, *extra])
+        nll = token_losses(summed, [latent, log_priors, kernel, *extra], ids)
         return ops.reshape(nll, ops.shape(targets))
 
     def summed_training_loss(self, inputs, targets, weights, training=True):

@@ -129,12 +129,12 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         or None: the rows `[N, d]` in the compute dtype, the ids `[N]`
         clipped into `[0, V)` (the caller marks the invalid ones NaN), the
         token chunk whose scores match a `chunk_size` tile's."""
+        inputs = self._check_inputs(inputs)  # builds the head on first use
         kernel, transposed = self.chunked_projection()
         layout = vocab_parallel_layout(kernel, transposed)
         if layout is None:
             return None
-        rows = ops.reshape(ops.cast(self._check_inputs(inputs), self.compute_dtype),
-                           (-1, self.input_dim))
+        rows = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, self.input_dim))
         ids = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
         chunk = tile_sized_token_chunk(layout, rows.shape[0], self.vocab_size, self.chunk_size)
         return layout, rows, ids, kernel, transposed, chunk
@@ -162,7 +162,7 @@ class PointwiseSoftmaxHead(SoftmaxHead):
                 raw_slopes=rest[-1] if raw_slopes is not None else None,
                 token_chunk_size=chunk, return_per_token=True, **options)
 
-        nll = token_losses(summed, ids, [rows, kernel, *extra])
+        nll = token_losses(summed, [rows, kernel, *extra], ids)
         return ops.reshape(nll, ops.shape(targets))
 
     def _summed_loss_operands(self, inputs, targets):
