@@ -251,6 +251,36 @@ def full_softmax_head(rng):
     }
 
 
+def distillation_inputs(rng):
+    """`(n, d_s, V, h_s, h_t, targets, distribution)` of the distillation
+    checks: 24 tokens, a student of width 16 and a teacher of width 24,
+    V = 96, target 5 the ignore index -1, and a 2 x 2 mesh whose layout
+    splits the student's tied `[V, d_s]` kernel (`student_kernel`) on V."""
+    import keras
+
+    n, d_s, d_t, v = 24, 16, 24, 96
+    h_s = rng.normal(size=(n, d_s)).astype("float32")
+    h_t = rng.normal(size=(n, d_t)).astype("float32")
+    y = rng.integers(0, v, n).astype("int32")
+    y[5] = -1
+    mesh = keras.distribution.DeviceMesh((2, DEVICES // 2), ("batch", "model"),
+                                         keras.distribution.list_devices())
+    return n, d_s, v, h_s, h_t, y, vocabulary_sharding(mesh, True, "student_kernel")
+
+
+def distillation_weights(rng, h_s, h_t, v):
+    """`(student kernel variable [V, d_s], teacher kernel [d_t, V] (an
+    array: replicated), student bias, teacher bias)`, made under the
+    distribution's scope."""
+    import keras
+
+    w_s = keras.Variable((rng.normal(size=(v, h_s.shape[1])) * 0.5).astype("float32"),
+                         name="student_kernel")
+    w_t = (rng.normal(size=(h_t.shape[1], v)) * 0.5).astype("float32")
+    b_s, b_t = (rng.normal(size=v).astype("float32") for _ in range(2))
+    return w_s, w_t, b_s, b_t
+
+
 def divergences(rng):
     """The distillation's summed divergence, vocabulary-parallel against one
     device: `{divergence: result}`."""
@@ -261,24 +291,14 @@ def divergences(rng):
     import keras_softmax_heads as ksh
     from keras_softmax_heads.fused import distillation
 
-    n, d_s, d_t, v = 24, 16, 24, 96
-    h_s = rng.normal(size=(n, d_s)).astype("float32")
-    h_t = rng.normal(size=(n, d_t)).astype("float32")
-    y = rng.integers(0, v, n).astype("int32")
-    y[5] = -1
+    n, d_s, v, h_s, h_t, y, distribution = distillation_inputs(rng)
     sw = rng.uniform(0.5, 2.0, n).astype("float32")
     calls = []
     count_calls(distillation, "vocab_parallel_divergence", calls, "vocab_parallel")
     count_calls(distillation, "summed_divergence", calls, "single")
-    mesh = keras.distribution.DeviceMesh((2, DEVICES // 2), ("batch", "model"),
-                                         keras.distribution.list_devices())
-    distribution = vocabulary_sharding(mesh, True, "student_kernel")  # tied [V, d_s]
     result = {}
     with distribution.scope():
-        w_s = keras.Variable((rng.normal(size=(v, d_s)) * 0.5).astype("float32"),
-                             name="student_kernel")
-        w_t = (rng.normal(size=(d_t, v)) * 0.5).astype("float32")  # [d_t, V], replicated
-        b_s, b_t = (rng.normal(size=v).astype("float32") for _ in range(2))
+        w_s, w_t, b_s, b_t = distillation_weights(rng, h_s, h_t, v)
         for divergence, teacher_gradient in (("forward_kl", False), ("reverse_kl", True),
                                              ("jsd", False)):
             outs, used = {}, {}
@@ -482,24 +502,14 @@ def token_divergences(rng):
     import keras_softmax_heads as ksh
     from keras_softmax_heads.fused import distillation
 
-    n, d_s, d_t, v = 24, 16, 24, 96
-    h_s = rng.normal(size=(n, d_s)).astype("float32")
-    h_t = rng.normal(size=(n, d_t)).astype("float32")
-    y = rng.integers(0, v, n).astype("int32")
-    y[5] = -1
+    n, d_s, v, h_s, h_t, y, distribution = distillation_inputs(rng)
     u = rng.normal(size=n).astype("float32")
     calls = []
     count_calls(distillation, "vocab_parallel_token_divergence", calls, "vocab_parallel")
     count_calls(distillation, "tiled_divergence", calls, "single")
-    mesh = keras.distribution.DeviceMesh((2, DEVICES // 2), ("batch", "model"),
-                                         keras.distribution.list_devices())
-    distribution = vocabulary_sharding(mesh, True, "student_kernel")  # tied [V, d_s]
     result = {}
     with distribution.scope():
-        w_s = keras.Variable((rng.normal(size=(v, d_s)) * 0.5).astype("float32"),
-                             name="student_kernel")
-        w_t = (rng.normal(size=(d_t, v)) * 0.5).astype("float32")
-        b_s, b_t = (rng.normal(size=v).astype("float32") for _ in range(2))
+        w_s, w_t, b_s, b_t = distillation_weights(rng, h_s, h_t, v)
         for name, divergence, teacher_gradient in (("forward_kl", "forward_kl", False),
                                                    ("reverse_kl_teacher", "reverse_kl", True)):
             outs, used = {}, {}

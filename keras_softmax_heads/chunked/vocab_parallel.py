@@ -136,6 +136,29 @@ def best_word(vocab_axis, best, ids):
     return jax.lax.pmin(ids, vocab_axis)
 
 
+def per_device(out):
+    """A summed pass's result (a sum, or a tuple whose first item is the
+    sum) as a shard map's outputs: the sum as a `[1]` array, one per
+    device (those of a batch shard's vocabulary shards are equal), then
+    the rest (per-row arrays)."""
+    out = out if isinstance(out, tuple) else (out,)
+    return (out[0][None],) + out[1:]
+
+
+def summed_over_shards(shard, mesh, specs, row_spec, extra_outputs, inputs):
+    """`shard(*inputs)` in `jax.shard_map` over `mesh` (`specs` the inputs'
+    partition specs; `shard` returns `per_device` outputs: a `[1]` sum and
+    `extra_outputs` per-row arrays, all split like the rows, `row_spec`):
+    the whole sum, or the tuple of it and the per-row outputs."""
+    import jax
+    import jax.numpy as jnp
+
+    out = jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
+                        out_specs=(row_spec,) * (1 + extra_outputs), check_vma=False)(*inputs)
+    total = jnp.sum(out[0])
+    return (total,) + tuple(out[1:]) if extra_outputs else total
+
+
 def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.0,
                           z_loss=0.0, token_chunk_size=None, argmax=False,
                           implementation="auto", return_per_token=False):
@@ -168,8 +191,6 @@ def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.
         the tuple `(sum, argmax, per_token)` (those asked for) as
         `chunked.summed_cross_entropy`'s.
     """
-    import jax
-    import jax.numpy as jnp
     from jax.sharding import PartitionSpec
 
     mesh, vocab_axis, _ = layout
@@ -187,20 +208,15 @@ def vocab_parallel_summed(layer, targets, weights, layout, *, label_smoothing=0.
             label_smoothing=label_smoothing, z_loss=z_loss, token_chunk_size=token_chunk_size,
             argmax=argmax, implementation=implementation,
             shards=VocabShards(vocab_axis, start, vocab), return_per_token=return_per_token)
-        out = out if isinstance(out, tuple) else (out,)
-        # One sum per device; those of a batch shard's vocabulary shards are equal.
-        return (out[0][None],) + out[1:]
+        return per_device(out)
 
     in_specs = (PartitionSpec(batch_axis, None), kernel_spec(vocab_axis, transposed),
                 row_spec, row_spec)
-    out = jax.shard_map(
-        shard, mesh=mesh.backend_mesh,
-        in_specs=in_specs + ((PartitionSpec(vocab_axis),) if has_bias else ()),
-        out_specs=(row_spec,) * (1 + argmax + return_per_token), check_vma=False,
-    )(ops.convert_to_tensor(layer.hidden), kernel, targets, weights,
-      *((ops.convert_to_tensor(layer.bias),) if has_bias else ()))
-    total = jnp.sum(out[0])
-    return (total,) + tuple(out[1:]) if argmax or return_per_token else total
+    return summed_over_shards(
+        shard, mesh, in_specs + ((PartitionSpec(vocab_axis),) if has_bias else ()), row_spec,
+        argmax + return_per_token,
+        [ops.convert_to_tensor(layer.hidden), kernel, targets, weights]
+        + ([ops.convert_to_tensor(layer.bias)] if has_bias else []))
 
 
 def vocab_parallel_divergence(student, teacher, weights, layout, divergence,
@@ -232,8 +248,6 @@ def vocab_parallel_divergence(student, teacher, weights, layout, divergence,
         The weighted sum, a scalar; with `return_per_token` the pair `(sum,
         per_token)`.
     """
-    import jax
-    import jax.numpy as jnp
     from jax.sharding import PartitionSpec
 
     mesh, vocab_axis, _ = layout
@@ -267,14 +281,9 @@ def vocab_parallel_divergence(student, teacher, weights, layout, divergence,
         out = summed_divergence(local[0], local[1], args[0], divergence,
                                 shards=VocabShards(vocab_axis, start, vocab),
                                 return_per_token=return_per_token, **options)
-        out = out if isinstance(out, tuple) else (out,)
-        # One sum per device; those of a batch shard's vocabulary shards are equal.
-        return (out[0][None],) + out[1:]
+        return per_device(out)
 
-    out = jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
-                        out_specs=(row_spec,) * (1 + return_per_token),
-                        check_vma=False)(*inputs)
-    return (jnp.sum(out[0]), out[1]) if return_per_token else jnp.sum(out[0])
+    return summed_over_shards(shard, mesh, specs, row_spec, return_per_token, inputs)
 
 
 def vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, layout, *,
@@ -311,8 +320,6 @@ def vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, 
         The weighted sum, a scalar; with `return_per_token` the pair `(sum,
         per_token)`.
     """
-    import jax
-    import jax.numpy as jnp
     from jax.sharding import PartitionSpec
 
     mesh, vocab_axis, _ = layout
@@ -339,14 +346,9 @@ def vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, 
             lat, lp, w, b, shifted_targets(t, start, v_local), weights, raw_slopes=raw,
             kernel_transposed=kernel_transposed, shards=VocabShards(vocab_axis, start, vocab),
             return_per_token=return_per_token, **options)
-        out = out if isinstance(out, tuple) else (out,)
-        # One sum per device; those of a batch shard's vocabulary shards are equal.
-        return (out[0][None],) + out[1:]
+        return per_device(out)
 
-    out = jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
-                        out_specs=(row_spec,) * (1 + return_per_token),
-                        check_vma=False)(*inputs)
-    return (jnp.sum(out[0]), out[1]) if return_per_token else jnp.sum(out[0])
+    return summed_over_shards(shard, mesh, specs, row_spec, return_per_token, inputs)
 
 
 def summed_mixture_nll_auto(latents, log_priors, kernel, bias, targets, weights, *,
