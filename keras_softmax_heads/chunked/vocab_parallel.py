@@ -366,19 +366,17 @@ def summed_mixture_nll_auto(latents, log_priors, kernel, bias, targets, weights,
                                   kernel_transposed=kernel_transposed, **options)
 
 
-def tile_sized_token_chunk(layout, rows, vocab, chunk_size):
-    """The token chunk of a per-token pass on a vocabulary shard
-    (`token_losses`) whose scores are no more than the tiled per-token
-    pass's tile: `N * chunk_size / (V / n)` tokens (the tile holds `[N,
-    chunk_size]` scores a component, a chunk `[tokens, V / n]`), at least
-    1 and at most `N`; None (the summed pass's default) when `N` is not
-    static. The summed training pass keeps its own larger default chunks
-    (sized for speed)."""
+def tile_sized_token_chunk(rows, vocab, chunk_size):
+    """The token chunk of a per-token pass on vocabulary shards
+    (`token_losses`): `N * chunk_size / V` tokens, at least 1 and at most
+    `N`, so that the pass runs as many chunks as the tiled per-token pass
+    has tiles (`V / chunk_size`) and each device's chunk holds `1 / n` of a
+    tile's scores (`[tokens, V / n]` against `[N, chunk_size]`); None (the
+    summed pass's default) when `N` is not static. The summed training
+    pass keeps its own larger default chunks (sized for speed)."""
     if not isinstance(rows, int):
         return None
-    mesh, vocab_axis, _ = layout
-    shard = vocab // mesh.shape[list(mesh.axis_names).index(vocab_axis)]
-    return max(1, min(rows, rows * chunk_size // shard))
+    return max(1, min(rows, rows * chunk_size // vocab))
 
 
 def token_losses(summed, inputs, targets=None):

@@ -199,7 +199,8 @@ def linear_divergence(
             runs the same pass keeping its per-token divergences, its
             gradient for any cotangent by a second pass with the cotangent
             as the weights (`chunked.vocab_parallel.token_losses`), chunks
-            no larger than `chunk_size` tiles. False: the single-device
+            as many as `chunk_size` tiles, each device 1 / n of a tile's
+            scores. False: the single-device
             passes (XLA's partitioner gathers the matrices).
 
     Returns:
@@ -303,15 +304,15 @@ def vocab_parallel_token_divergence(student, teacher, layout, options, chunk_siz
     """The per-token divergences `[N]` on each device's vocabulary shard of
     both sides (JAX): `chunked.vocab_parallel.token_losses` over
     `vocab_parallel_divergence`, exact gradients for any cotangent (the
-    teacher's only with `teacher_gradient`), chunks holding no more scores
-    than the tiled pass's `chunk_size` tiles."""
+    teacher's only with `teacher_gradient`), in as many chunks as the tiled
+    pass has `chunk_size` tiles (`tile_sized_token_chunk`)."""
     sides = (student, teacher)
     slots = [side.bias is not None for side in sides]
     inputs = [x for side in sides
               for x in (side.hidden, side.kernel) + ((side.bias,) if side.bias is not None
                                                      else ())]
     _, vocab = kernel_geometry(student.hidden, student.kernel, student.kernel_transposed)
-    chunk = tile_sized_token_chunk(layout, student.hidden.shape[0], vocab, chunk_size)
+    chunk = tile_sized_token_chunk(student.hidden.shape[0], vocab, chunk_size)
 
     def summed(weights, *args):
         args, local = list(args), []

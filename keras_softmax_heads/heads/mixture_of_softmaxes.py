@@ -303,10 +303,10 @@ class MixtureOfSoftmaxes(MixtureHead):
         cotangent)."""
         ids = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
         rows, k = latent.shape[0], self.num_components
-        # Chunks whose scores match the tiled pass's tiles.
+        # As many chunks as the tiled pass has tiles, 1 / n of a tile's scores each.
         width = self.chunk_size or chunk_size_for(
             self.vocab_size, None if rows is None else rows * k, k)
-        chunk = tile_sized_token_chunk(layout, rows, self.vocab_size, width)
+        chunk = tile_sized_token_chunk(rows, self.vocab_size, width)
         has_bias, has_plif = self.bias is not None, self.raw_slopes is not None
         extra = [x for x in (self.bias, self.raw_slopes) if x is not None]
 

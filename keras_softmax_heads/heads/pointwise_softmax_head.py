@@ -128,7 +128,8 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         or tied embedding sharded on V by the current `keras.distribution`),
         or None: the rows `[N, d]` in the compute dtype, the ids `[N]`
         clipped into `[0, V)` (the caller marks the invalid ones NaN), the
-        token chunk whose scores match a `chunk_size` tile's."""
+        token chunk (`tile_sized_token_chunk`: as many chunks as a
+        `chunk_size` tiling has tiles)."""
         inputs = self._check_inputs(inputs)  # builds the head on first use
         kernel, transposed = self.chunked_projection()
         layout = vocab_parallel_layout(kernel, transposed)
@@ -136,7 +137,7 @@ class PointwiseSoftmaxHead(SoftmaxHead):
             return None
         rows = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, self.input_dim))
         ids = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
-        chunk = tile_sized_token_chunk(layout, rows.shape[0], self.vocab_size, self.chunk_size)
+        chunk = tile_sized_token_chunk(rows.shape[0], self.vocab_size, self.chunk_size)
         return layout, rows, ids, kernel, transposed, chunk
 
     def _vocab_parallel_nll(self, inputs, targets):
