@@ -328,9 +328,10 @@ class MixtureOfSoftmaxes(MixtureHead):
         it and its gradient (`chunked.summed_mixture.summed_mixture_nll`;
         on JAX, with the kernel or tied embedding sharded on V by a
         `keras.distribution`, on each device's shard:
-        `chunked.vocab_parallel.vocab_parallel_mixture`); otherwise `training_loss` weighted and summed. `weights` has the
-        shape of `targets`; a weight-0 token adds nothing, a word id outside
-        `[0, V)` with a non-zero weight makes the sum NaN.
+        `chunked.vocab_parallel.vocab_parallel_mixture`); otherwise
+        `training_loss` weighted and summed. `weights` has the shape of
+        `targets`; a weight-0 token adds nothing, a word id outside `[0, V)`
+        with a non-zero weight makes the sum NaN.
         """
         if not self.gradient_in_forward:
             return super().summed_training_loss(inputs, targets, weights, training)
