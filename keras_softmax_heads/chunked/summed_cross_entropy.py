@@ -43,8 +43,10 @@ from keras_softmax_heads.chunked.divergence import upstream_of
 from keras_softmax_heads.chunked.summed_divergence import Side
 from keras_softmax_heads.chunked.summed_divergence import TokenChunks
 from keras_softmax_heads.chunked.summed_divergence import float_weights
+from keras_softmax_heads.chunked.summed_divergence import local_to_shard
 from keras_softmax_heads.chunked.summed_divergence import normaliser_and_exponentials
 from keras_softmax_heads.chunked.summed_divergence import padded
+from keras_softmax_heads.chunked.summed_divergence import target_scores
 from keras_softmax_heads.chunked.summed_divergence import unpadded
 from keras_softmax_heads.chunked.summed_divergence import unpadded_rows
 from keras_softmax_heads.chunked.tiling import kernel_geometry
@@ -62,19 +64,10 @@ def chunk_loss(g, targets, weights, label_smoothing, z_loss, argmax, shards=None
     of the vocabulary and `targets` are shifted into them (negative: the
     target is another shard's); the row statistics are combined across the
     shards, `dg` is this shard's columns."""
-    if shards is None:
-        vocab = g.shape[1]
-        lse, e, total = normaliser_and_exponentials(g)
-    else:
-        vocab = shards.vocab
-        lse, e, total = normaliser_and_exponentials(g, shards)
-        inside = targets >= 0
-        targets = ops.where(inside, targets, ops.zeros_like(targets))
-    target_score = ops.take_along_axis(g, targets[:, None], axis=1)[:, 0]
-    target_weights = (1.0 - label_smoothing) * weights
-    if shards is not None:  # the shard that holds the target gives its score
-        target_score = shards.sum(ops.where(inside, target_score, ops.zeros_like(target_score)))
-        target_weights = ops.where(inside, target_weights, ops.zeros_like(target_weights))
+    vocab = g.shape[1] if shards is None else shards.vocab
+    lse, e, total = normaliser_and_exponentials(g, shards)
+    targets, target_score, inside = target_scores(g, targets, shards)
+    target_weights = local_to_shard((1.0 - label_smoothing) * weights, inside)
     loss = lse - target_score
     soft = ops.ones_like(lse)
     if label_smoothing:

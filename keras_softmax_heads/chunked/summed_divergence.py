@@ -269,6 +269,30 @@ def normaliser_and_exponentials(s, shards=None):
     return peak + ops.log(total), e, total
 
 
+def target_scores(s, targets, shards=None):
+    """`(targets, score, inside)` of a chunk's scores `s` `[rows, V]` and
+    its target ids `[rows]`: the ids to write the target's gradient at,
+    each row's target score, and (with `shards`) which rows' target is this
+    shard's (None without). With `shards` `s` is one device's columns and
+    `targets` are shifted into them, negative for another shard's word:
+    those read column 0 (`local_to_shard` zeroes what they write) and the
+    score is the shards' sum, given by the shard that holds the target."""
+    inside = None
+    if shards is not None:
+        inside = targets >= 0
+        targets = ops.where(inside, targets, ops.zeros_like(targets))
+    score = ops.take_along_axis(s, targets[:, None], axis=1)[:, 0]
+    if shards is not None:
+        score = shards.sum(local_to_shard(score, inside))
+    return targets, score, inside
+
+
+def local_to_shard(x, inside):
+    """`x` `[rows]` where the row's target is this shard's (`inside`, from
+    `target_scores`), 0 elsewhere; `x` itself on one device (None)."""
+    return x if inside is None else ops.where(inside, x, ops.zeros_like(x))
+
+
 def chunk_divergence(divergence, beta, s, t, teacher_gradient, shards=None):
     """`(D, ds, dt)` of a chunk's scores `s` (student), `t` (teacher)
     `[size, V]`: the per-token divergence `[size]` and its gradients with

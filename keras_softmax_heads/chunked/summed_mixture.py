@@ -48,8 +48,10 @@ from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.chunked.summed_divergence import Side
 from keras_softmax_heads.chunked.summed_divergence import TokenChunks
 from keras_softmax_heads.chunked.summed_divergence import float_weights
+from keras_softmax_heads.chunked.summed_divergence import local_to_shard
 from keras_softmax_heads.chunked.summed_divergence import normaliser_and_exponentials
 from keras_softmax_heads.chunked.summed_divergence import padded
+from keras_softmax_heads.chunked.summed_divergence import target_scores
 from keras_softmax_heads.chunked.summed_divergence import unpadded
 from keras_softmax_heads.chunked.summed_divergence import unpadded_rows
 from keras_softmax_heads.chunked.tiling import kernel_geometry
@@ -92,22 +94,16 @@ def chunk_mixture(s, log_priors, targets, weights, num_components, shards=None):
     size = rows // num_components
     row_targets = ops.repeat(targets, num_components)
     lse, e, total = normaliser_and_exponentials(s, shards)
-    if shards is not None:
-        inside = row_targets >= 0
-        row_targets = ops.where(inside, row_targets, ops.zeros_like(row_targets))
-    target_score = ops.take_along_axis(s, row_targets[:, None], axis=1)[:, 0]
-    if shards is not None:  # the shard that holds the target gives its score
-        target_score = shards.sum(ops.where(inside, target_score, ops.zeros_like(target_score)))
+    row_targets, target_score, inside = target_scores(s, row_targets, shards)
     joint = log_priors + ops.reshape(target_score - lse, (size, num_components))
     ll = ops.logsumexp(joint, axis=1)
     resp = ops.exp(joint - ll[:, None])  # posterior responsibilities [size, K]
     keep = (weights != 0)[:, None]
     scale = ops.where(keep, weights[:, None] * resp, ops.zeros_like(resp))
     row_scale = ops.reshape(scale, (rows,))
-    target_scale = row_scale if shards is None else \
-        ops.where(inside, row_scale, ops.zeros_like(row_scale))
     # w r_k (p_k - onehot_t), p_k = e / total.
-    ds = dispatch.scaled_minus_target(e, row_scale / total, row_targets, target_scale)
+    ds = dispatch.scaled_minus_target(e, row_scale / total, row_targets,
+                                      local_to_shard(row_scale, inside))
     return -ll, ds, -scale
 
 

@@ -1,8 +1,11 @@
 """The vocabulary-parallel form of the summed passes (JAX): the kernel
 sharded on its vocabulary axis by a `keras.distribution`, each device
-running `chunked.summed_cross_entropy` / `chunked.summed_divergence` on its
-own `[V / n]` columns inside `jax.shard_map`, the per-token statistics
-combined across the devices (`VocabShards`).
+running `chunked.summed_cross_entropy` / `chunked.summed_divergence` /
+`chunked.summed_mixture.summed_mixture_nll` on its own `[V / n]` columns
+inside `jax.shard_map`, the per-token statistics combined across the
+devices (`VocabShards`); and `token_losses`, per-token losses with exact
+gradients from any of them (the heads' per-token `log_likelihood`, the
+per-token divergence on the shards).
 
 `vocab_parallel_layout` says whether a kernel variable is so sharded (the
 one test; `fused.vocab_parallel` uses it for the fused loss's per-token
@@ -136,6 +139,24 @@ def best_word(vocab_axis, best, ids):
     return jax.lax.pmin(ids, vocab_axis)
 
 
+def layer_arrays(layers):
+    """The hidden states, kernels and biases (where there is one) of the
+    `chunked.divergence.OutputLayer`s `layers`, flat, in order."""
+    return [x for layer in layers for x in (layer.hidden, layer.kernel)
+            + ((layer.bias,) if layer.bias is not None else ())]
+
+
+def layers_over(layers, arrays):
+    """`layers` rebuilt over `arrays` (flat as `layer_arrays` gives them):
+    the same kinds, kernel layouts and soft caps."""
+    arrays, out = list(arrays), []
+    for layer in layers:
+        h, w = arrays.pop(0), arrays.pop(0)
+        b = arrays.pop(0) if layer.bias is not None else None
+        out.append(type(layer)(h, w, b, layer.kernel_transposed, layer.soft_cap))
+    return out
+
+
 def per_device(out):
     """A summed pass's result (a sum, or a tuple whose first item is the
     sum) as a shard map's outputs: the sum as a `[1]` array, one per
@@ -256,29 +277,20 @@ def vocab_parallel_divergence(student, teacher, weights, layout, divergence,
     sides = (student, teacher)
     # Flat inputs and their specs: hidden states (rows), kernel and bias
     # (vocabulary columns) of each side, then the weights.
-    inputs, specs, slots = [], [], []
+    inputs = [ops.convert_to_tensor(x) for x in layer_arrays(sides)] + [weights]
+    specs = []
     for side in sides:
-        kernel = ops.convert_to_tensor(side.kernel)
-        vocab = kernel.shape[0] if side.kernel_transposed else kernel.shape[1]
-        inputs += [ops.convert_to_tensor(side.hidden), kernel]
         specs += [PartitionSpec(batch_axis, None),
                   kernel_spec(vocab_axis, side.kernel_transposed)]
-        slots.append(side.bias is not None)
         if side.bias is not None:
-            inputs.append(ops.convert_to_tensor(side.bias))
             specs.append(PartitionSpec(vocab_axis))
-    inputs.append(weights)
     specs.append(row_spec)
+    vocab = inputs[1].shape[0] if student.kernel_transposed else inputs[1].shape[1]
 
     def shard(*args):
-        args = list(args)
-        local = []
-        for side, has_bias in zip(sides, slots):
-            h, w = args.pop(0), args.pop(0)
-            b = args.pop(0) if has_bias else None
-            local.append(type(side)(h, w, b, side.kernel_transposed, side.soft_cap))
+        local = layers_over(sides, args[:-1])
         start, _ = shard_start(vocab_axis, local[0].kernel, student.kernel_transposed)
-        out = summed_divergence(local[0], local[1], args[0], divergence,
+        out = summed_divergence(local[0], local[1], args[-1], divergence,
                                 shards=VocabShards(vocab_axis, start, vocab),
                                 return_per_token=return_per_token, **options)
         return per_device(out)

@@ -17,6 +17,8 @@ from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.divergence import tiled_divergence
 from keras_softmax_heads.chunked.summed_divergence import summed_divergence
 from keras_softmax_heads.chunked.tiling import kernel_geometry
+from keras_softmax_heads.chunked.vocab_parallel import layer_arrays
+from keras_softmax_heads.chunked.vocab_parallel import layers_over
 from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
 from keras_softmax_heads.chunked.vocab_parallel import token_losses
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_divergence
@@ -307,23 +309,15 @@ def vocab_parallel_token_divergence(student, teacher, layout, options, chunk_siz
     teacher's only with `teacher_gradient`), in as many chunks as the tiled
     pass has `chunk_size` tiles (`tile_sized_token_chunk`)."""
     sides = (student, teacher)
-    slots = [side.bias is not None for side in sides]
-    inputs = [x for side in sides
-              for x in (side.hidden, side.kernel) + ((side.bias,) if side.bias is not None
-                                                     else ())]
     _, vocab = kernel_geometry(student.hidden, student.kernel, student.kernel_transposed)
     chunk = tile_sized_token_chunk(student.hidden.shape[0], vocab, chunk_size)
 
     def summed(weights, *args):
-        args, local = list(args), []
-        for side, has_bias in zip(sides, slots):
-            h, w = args.pop(0), args.pop(0)
-            b = args.pop(0) if has_bias else None
-            local.append(OutputLayer(h, w, b, side.kernel_transposed, side.soft_cap))
+        local = layers_over(sides, args)
         return vocab_parallel_divergence(
             local[0], local[1], weights, layout, options["divergence"], return_per_token=True,
             beta=options["beta"], temperature=options["temperature"], token_chunk_size=chunk,
             teacher_gradient=options["teacher_gradient"],
             implementation=options["implementation"])
 
-    return token_losses(summed, inputs)
+    return token_losses(summed, layer_arrays(sides))

@@ -1,15 +1,14 @@
 """Linear-Softmax: the baseline head."""
 
 import keras
-from keras import ops
 
 from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
-from keras_softmax_heads.chunked.vocab_parallel import token_losses
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
+from keras_softmax_heads.heads.head_utils import token_nll_on_shards
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.validation import check_positive
 
@@ -96,10 +95,10 @@ class FullSoftmax(PointwiseSoftmaxHead):
         kernel is sharded on V (JAX): the summed cross-entropy with its
         per-token losses (`chunked.vocab_parallel.token_losses`); None
         elsewhere."""
-        operands = self._vocab_parallel_operands(inputs, targets)
+        operands = self._vocab_parallel_operands(inputs)
         if operands is None:
             return None
-        layout, rows, ids, kernel, transposed, chunk = operands
+        layout, rows, kernel, transposed, chunk = operands
         has_bias = self.bias is not None
 
         def summed(weights, t, h, w, *b):
@@ -108,8 +107,8 @@ class FullSoftmax(PointwiseSoftmaxHead):
             return vocab_parallel_summed(layer, t, weights, layout, token_chunk_size=chunk,
                                          return_per_token=True)
 
-        nll = token_losses(summed, [rows, kernel] + ([self.bias] if has_bias else []), ids)
-        return ops.reshape(nll, ops.shape(targets))
+        return token_nll_on_shards(summed, [rows, kernel] + ([self.bias] if has_bias else []),
+                                   targets, self.vocab_size)
 
     def score_transform(self, z):
         if self.logit_soft_cap is None:

@@ -12,6 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_softmax_heads import samplers
+from keras_softmax_heads.chunked.vocab_parallel import token_losses
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_number
@@ -221,6 +222,17 @@ def summed_over_valid_targets(targets, weights, vocab_size, summed_fn):
     bad = ops.logical_and(ops.logical_or(ids < 0, ids >= vocab_size), weights != 0)
     total = ops.cast(summed_fn(ops.clip(ids, 0, vocab_size - 1), weights), "float32")
     return ops.where(ops.any(bad), ops.full_like(total, float("nan")), total)
+
+
+def token_nll_on_shards(summed, inputs, targets, vocab_size):
+    """`-log p(targets)` (shape `targets.shape`) from a vocabulary-parallel
+    summed pass `summed(weights, ids, *inputs)` returning `(sum, per-token
+    NLLs)` (`chunked.vocab_parallel.token_losses`: exact gradients for any
+    cotangent), on the flattened ids clipped into `[0, vocab_size)` (the
+    caller marks the invalid ones NaN, `validation.nan_if_invalid`). The
+    frame of the heads' per-token `log_likelihood` on vocabulary shards."""
+    ids = ops.clip(ops.reshape(targets, (-1,)), 0, vocab_size - 1)
+    return ops.reshape(token_losses(summed, inputs, ids), ops.shape(targets))
 
 
 def per_replica(loss):

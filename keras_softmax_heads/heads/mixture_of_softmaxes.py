@@ -10,10 +10,10 @@ from keras_softmax_heads.chunked import chunked_mixture_nll
 from keras_softmax_heads.chunked.platform import chunk_size_for
 from keras_softmax_heads.chunked.vocab_parallel import summed_mixture_nll_auto
 from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
-from keras_softmax_heads.chunked.vocab_parallel import token_losses
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_mixture
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
+from keras_softmax_heads.heads.head_utils import token_nll_on_shards
 from keras_softmax_heads.heads.mixture_head import MixtureHead
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
@@ -301,7 +301,6 @@ class MixtureOfSoftmaxes(MixtureHead):
         vocabulary shard: the summed core with its per-token losses
         (`chunked.vocab_parallel.token_losses`, exact gradients for any
         cotangent)."""
-        ids = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
         rows, k = latent.shape[0], self.num_components
         # As many chunks as the tiled pass has tiles, 1 / n of a tile's scores each.
         width = self.chunk_size or chunk_size_for(
@@ -318,8 +317,8 @@ class MixtureOfSoftmaxes(MixtureHead):
                 knot_bound=self.knot_bound if has_plif else None, token_chunk_size=chunk,
                 return_per_token=True)
 
-        nll = token_losses(summed, [latent, log_priors, kernel, *extra], ids)
-        return ops.reshape(nll, ops.shape(targets))
+        return token_nll_on_shards(summed, [latent, log_priors, kernel, *extra], targets,
+                                   self.vocab_size)
 
     def summed_training_loss(self, inputs, targets, weights, training=True):
         """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar.

@@ -8,10 +8,10 @@ from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.chunked.losses import as_tensor
 from keras_softmax_heads.chunked.vocab_parallel import summed_mixture_nll_auto
 from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
-from keras_softmax_heads.chunked.vocab_parallel import token_losses
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_mixture
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
+from keras_softmax_heads.heads.head_utils import token_nll_on_shards
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_targets
@@ -122,13 +122,11 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         (`MonotonicSoftmax`; `FullSoftmax` has a core of its own)."""
         return None
 
-    def _vocab_parallel_operands(self, inputs, targets):
-        """`(layout, rows, ids, kernel, transposed, token_chunk)` for a
-        per-token pass on each device's vocabulary shard (JAX, the kernel
-        or tied embedding sharded on V by the current `keras.distribution`),
-        or None: the rows `[N, d]` in the compute dtype, the ids `[N]`
-        clipped into `[0, V)` (the caller marks the invalid ones NaN), the
-        token chunk (`tile_sized_token_chunk`: as many chunks as a
+    def _vocab_parallel_operands(self, inputs):
+        """`(layout, rows, kernel, transposed, token_chunk)` for a per-token
+        pass on each device's vocabulary shard (JAX, the kernel or tied
+        embedding sharded on V by the current `keras.distribution`), or
+        None: the rows `[N, d]` in the compute dtype, the token chunk (`tile_sized_token_chunk`: as many chunks as a
         `chunk_size` tiling has tiles)."""
         inputs = self._check_inputs(inputs)  # builds the head on first use
         kernel, transposed = self.chunked_projection()
@@ -136,9 +134,8 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         if layout is None:
             return None
         rows = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, self.input_dim))
-        ids = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
         chunk = tile_sized_token_chunk(rows.shape[0], self.vocab_size, self.chunk_size)
-        return layout, rows, ids, kernel, transposed, chunk
+        return layout, rows, kernel, transposed, chunk
 
     def _vocab_parallel_nll(self, inputs, targets):
         """`-log p(targets)` (shape `targets.shape`) computed on each
@@ -147,10 +144,10 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         (`chunked.vocab_parallel.token_losses`), exact gradients for any
         cotangent; None elsewhere, or for a head without a summed core."""
         options = self._summed_core_options()
-        operands = None if options is None else self._vocab_parallel_operands(inputs, targets)
+        operands = None if options is None else self._vocab_parallel_operands(inputs)
         if operands is None:
             return None
-        layout, rows, ids, kernel, transposed, chunk = operands
+        layout, rows, kernel, transposed, chunk = operands
         options = dict(options)
         raw_slopes = options.pop("raw_slopes", None)
         extra = [x for x in (self.bias, raw_slopes) if x is not None]
@@ -163,8 +160,7 @@ class PointwiseSoftmaxHead(SoftmaxHead):
                 raw_slopes=rest[-1] if raw_slopes is not None else None,
                 token_chunk_size=chunk, return_per_token=True, **options)
 
-        nll = token_losses(summed, [rows, kernel, *extra], ids)
-        return ops.reshape(nll, ops.shape(targets))
+        return token_nll_on_shards(summed, [rows, kernel, *extra], targets, self.vocab_size)
 
     def _summed_loss_operands(self, inputs, targets):
         """`(rows, targets, kernel, transposed, bias)` of a summed training

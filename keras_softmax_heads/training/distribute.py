@@ -105,7 +105,7 @@ def vocabulary_mesh_shape(num_devices, vocab_shards=None):
             or num_devices % shards:
         raise ValueError(
             "`vocab_shards` must be a positive divisor of the number of devices "
-            f"({num_devices}), or 0 for all of them. Received: vocab_shards={vocab_shards!r}")
+            f"({num_devices}), or None for all of them. Received: vocab_shards={vocab_shards!r}")
     return num_devices // shards, shards
 
 

@@ -34,11 +34,11 @@ from keras_softmax_heads.training.config import TrainConfig
 from keras_softmax_heads.training.config import parse_options
 from keras_softmax_heads.training.config import read_saved_settings
 from keras_softmax_heads.training.config import validate_config
-from keras_softmax_heads.training.distribute import distribute_dataset
 from keras_softmax_heads.training.distribute import VocabularyParallel
 from keras_softmax_heads.training.distribute import data_parallel_devices
-from keras_softmax_heads.training.distribute import vocabulary_shards
+from keras_softmax_heads.training.distribute import distribute_dataset
 from keras_softmax_heads.training.distribute import make_strategy
+from keras_softmax_heads.training.distribute import vocabulary_shards
 from keras_softmax_heads.training.distribute import worker_info
 from keras_softmax_heads.training.evaluation import Evaluator
 from keras_softmax_heads.training.evaluation import compute_diagnostics
@@ -57,8 +57,8 @@ RUN_OUTPUTS = ("checkpoints", "tensorboard", "workers", "config.json", "results.
 #: run with other values of these only is the same finished run.
 EXECUTION_FIELDS = frozenset({
     "verbose", "tensorboard", "checkpoint_every", "keep_checkpoints", "kill_after_steps",
-    "kill_signal", "strategy", "tpu", "vocab_shards", "jit_compile", "steps_per_execution", "deterministic",
-    "data_dir", "unroll", "mixed_precision",
+    "kill_signal", "strategy", "tpu", "vocab_shards", "jit_compile", "steps_per_execution",
+    "deterministic", "data_dir", "unroll", "mixed_precision",
 })
 
 
@@ -191,7 +191,7 @@ def _run(config, workdir, strategy):
     if config.strategy == "model_parallel":
         keras.distribution.set_distribution(
             VocabularyParallel(corpus.vocab_size, config.vocab_shards))
-    devices = data_parallel_devices()
+    devices, shards = data_parallel_devices(), vocabulary_shards()
     if config.batch_size % devices:
         raise ValueError(
             "The batch size must be divisible by the number of data-parallel "
@@ -200,8 +200,7 @@ def _run(config, workdir, strategy):
     _log(config, f"{corpus!r}; {steps_per_epoch} steps per epoch, "
                  f"{strategy.num_replicas_in_sync} replica(s)"
                  + (f", data parallel over {devices} devices" if devices > 1 else "")
-                 + (f", the vocabulary split over {vocabulary_shards()} devices"
-                    if vocabulary_shards() > 1 else ""))
+                 + (f", the vocabulary split over {shards} devices" if shards > 1 else ""))
     with strategy.scope():
         model, info = build_model(config, corpus, num_replicas=strategy.num_replicas_in_sync)
     checkpoints = CheckpointManager(workdir, config, model, strategy, steps_per_epoch)
@@ -246,7 +245,7 @@ def _run(config, workdir, strategy):
         "context_dim": int(model.backbone.output_dim),
         "num_replicas": strategy.num_replicas_in_sync,
         "data_parallel_devices": devices,
-        "vocab_shards": vocabulary_shards(),
+        "vocab_shards": shards,
         "backend": keras.backend.backend(),
     }
     results["training"] = timing
