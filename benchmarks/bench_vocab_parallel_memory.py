@@ -3,13 +3,16 @@
 
 For each head (`FullSoftmax`, `SigSoftmax`, `PLIFSoftmax`, MoS(4), all with
 `chunk_size`, so that they train their summed objective with its gradient in
-the forward pass), the model `examples/train_lm.py` builds (a tied LSTM)
-is built three times: under `VocabularyParallel(V, vocab_shards=devices)`
-(the vocabulary-sized weights split over every device), the same with the
-library's vocabulary-parallel passes turned off (`vocab_parallel_layout`
-made to answer None: XLA's partitioner then shards the single-device pass
-from the layouts, as it did for the mixture heads before
-`vocab_parallel_mixture`), and without a distribution. Keras' own `train_step` is compiled for one batch (`jax.jit`,
+the forward pass; with `--heads`, also `MixtureOfContexts` (tiled),
+`HierarchicalSoftmax` and `MonotonicSoftmax`, which train their per-token
+loss; `name:dense` builds a head without `chunk_size`), the model
+`examples/train_lm.py` builds (a tied LSTM) is built three times: under
+`VocabularyParallel(V, vocab_shards=devices)` (the vocabulary-sized
+weights split over every device), the same with the library's
+vocabulary-parallel passes turned off (`vocab_parallel_layout` made to
+answer None and the knot histogram flattened: XLA's partitioner then
+shards the single-device pass from the layouts, as it did for the mixture
+heads before `vocab_parallel_mixture`), and without a distribution. Keras' own `train_step` is compiled for one batch (`jax.jit`,
 nothing runs), and so are the head's training pass alone (its summed
 objective and gradients given the contexts) and its per-token
 `log_likelihood` of the batch's contexts (the evaluation); XLA's
@@ -23,6 +26,9 @@ gathered on every device shows.
 Usage:
     python benchmarks/bench_vocab_parallel_memory.py \
         --out=docs/results/vocab_parallel/memory_cpu_v65536.json
+    python benchmarks/bench_vocab_parallel_memory.py \
+        --heads=mixture_of_contexts,hierarchical,monotonic,monotonic:dense \
+        --out=docs/results/vocab_parallel/memory_cpu_v65536_per_token_heads.json
     python benchmarks/bench_vocab_parallel_memory.py --vocab=256 --dim=8 --heads=plif
 """
 
@@ -32,6 +38,8 @@ import re
 import sys
 
 HEADS = ("full_softmax", "sigsoftmax", "plif", "mixture_of_softmaxes")
+#: The heads whose per-token loss is what they train (`--heads`).
+PER_TOKEN_HEADS = ("mixture_of_contexts", "hierarchical", "monotonic", "monotonic:dense")
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 
 
@@ -44,7 +52,8 @@ def parse_args(argv=None):
     parser.add_argument("--chunk_size", type=int, default=512)
     parser.add_argument("--devices", type=int, default=4,
                         help="simulated host devices, all on the vocabulary axis")
-    parser.add_argument("--heads", default=",".join(HEADS))
+    parser.add_argument("--heads", default=",".join(HEADS),
+                        help=f"comma-separated; also {', '.join(PER_TOKEN_HEADS)}")
     parser.add_argument("--out", default=None)
     return parser.parse_args(argv)
 
@@ -86,22 +95,30 @@ def step_memory(head, args, sharded, corpus, partitioned_by_xla=False):
 
     from keras_softmax_heads import training
     from keras_softmax_heads.chunked import vocab_parallel
+    from keras_softmax_heads.functional import dispatch
     from keras_softmax_heads.heads import full_softmax
+    from keras_softmax_heads.heads import hierarchical_softmax
+    from keras_softmax_heads.heads import mixture_of_contexts
     from keras_softmax_heads.heads import mixture_of_softmaxes
     from keras_softmax_heads.heads import pointwise_softmax_head
 
     # Where the heads ask whether the vocabulary-parallel passes apply.
-    askers = (vocab_parallel, full_softmax, mixture_of_softmaxes, pointwise_softmax_head)
+    askers = (vocab_parallel, full_softmax, mixture_of_softmaxes, pointwise_softmax_head,
+              mixture_of_contexts, hierarchical_softmax)
     layout = vocab_parallel.vocab_parallel_layout
+    sharded_scatter = dispatch.sharded_scatter
     for module in askers:
         module.vocab_parallel_layout = (lambda *a: None) if partitioned_by_xla else layout
+    dispatch.sharded_scatter = (lambda: False) if partitioned_by_xla else sharded_scatter
 
     keras.distribution.set_distribution(
         training.VocabularyParallel(args.vocab, args.devices) if sharded else None)
     config = training.get_config(
-        dataset_options=dict(vocab_size=args.vocab), head=head, embedding_dim=args.dim,
+        dataset_options=dict(vocab_size=args.vocab), head=head.split(":")[0],
+        embedding_dim=args.dim,
         hidden_size=args.dim, num_layers=1, batch_size=args.batch, bptt=args.bptt,
-        chunk_size=args.chunk_size, tensorboard=False)
+        # "name:dense": without `chunk_size`.
+        chunk_size=None if head.endswith(":dense") else args.chunk_size, tensorboard=False)
     model, _ = training.build_model(config, corpus)
     model.optimizer.build(model.trainable_variables)
     state = tuple([v.value for v in variables] for variables in (
@@ -136,6 +153,7 @@ def step_memory(head, args, sharded, corpus, partitioned_by_xla=False):
     keras.distribution.set_distribution(None)
     for module in askers:
         module.vocab_parallel_layout = layout
+    dispatch.sharded_scatter = sharded_scatter
     return {
         "argument_mib": analysis.argument_size_in_bytes / 2**20,
         "temp_mib": analysis.temp_size_in_bytes / 2**20,

@@ -1335,11 +1335,16 @@ def section_forward_only(names=FORWARD_ONLY_FILES):
 
 
 VOCAB_PARALLEL_HEADS = {"full_softmax": "`FullSoftmax`", "sigsoftmax": "`SigSoftmax`",
-                        "plif": "`PLIFSoftmax`", "mixture_of_softmaxes": "MoS(4)"}
+                        "plif": "`PLIFSoftmax`", "mixture_of_softmaxes": "MoS(4)",
+                        "mixture_of_contexts": "MoC(4)",
+                        "hierarchical": "`HierarchicalSoftmax`",
+                        "monotonic": "`MonotonicSoftmax`",
+                        "monotonic:dense": "`MonotonicSoftmax`, dense (no `chunk_size`)"}
 
 
 VOCAB_PARALLEL_FILES = ("vocab_parallel/memory_cpu_v65536.json",
-                        "vocab_parallel/memory_cpu_v65536_d512.json")
+                        "vocab_parallel/memory_cpu_v65536_d512.json",
+                        "vocab_parallel/memory_cpu_v65536_per_token_heads.json")
 
 
 def section_vocab_parallel(names=VOCAB_PARALLEL_FILES):
@@ -1352,8 +1357,13 @@ def section_vocab_parallel(names=VOCAB_PARALLEL_FILES):
         shape = data["shape"]
         for r in data["rows"]:
             one, ours, xla = r["one_device"], r["sharded"], r["sharded_by_xla"]
-            gathered = [c.split()[1].split("{")[0] for c in xla["collectives"] + xla.get(
-                "eval_collectives", []) if c.startswith("all-gather")]
+            # XLA's all-gathers, and the all-reduces of a gathered array
+            # (the hierarchical head's blocks).
+            gathered = [(c.split()[1].split("{")[0] if c.startswith("all-gather")
+                         else f"{c.split()[0]} {c.split()[1].split('{')[0]}")
+                        for c in xla["collectives"] + xla.get("eval_collectives", [])
+                        + xla.get("head_collectives", [])
+                        if c.startswith(("all-gather", "all-reduce"))]
             out.append([f"{shape['dim']:,}", VOCAB_PARALLEL_HEADS.get(r["head"], r["head"]),
                         fmt(one["temp_mib"], 1), fmt(one["argument_mib"], 1),
                         f"{fmt(ours['temp_mib'], 1)} ({fmt(r['temp_ratio'])}x)",
@@ -1375,12 +1385,14 @@ def section_vocab_parallel(names=VOCAB_PARALLEL_FILES):
         f"arguments: weights, optimizer state, batch; the LSTM's unrolled steps take most of "
         f"the step's temporaries at d = 512), of the head's training pass alone (its summed "
         f"objective and gradients given the contexts) and of its per-token `log_likelihood` "
-        f"of the batch (evaluation), MiB:",
+        f"of the batch (evaluation), MiB. The first four heads train their summed objective "
+        f"(the gradient in the forward pass), the others their per-token loss; a dense head "
+        f"is built without `chunk_size`:",
         table(["d", "head", "one device: step temp", "args",
                "vocabulary-parallel: step temp", "args", "XLA's partitioning: step temp",
                "head's training pass temp (one / ours / XLA's)",
                "evaluation temp (one / ours / XLA's)", "ours gathers V",
-               "XLA's all-gathers"], out),
+               "XLA's all-gathers (and all-reduces)"], out),
         *sources])
 
 

@@ -351,14 +351,15 @@ def test_linear_cross_entropy_benchmark_smoke(tmp_path):
 
 
 def test_vocab_parallel_memory_benchmark_smoke(tmp_path):
-    """Two heads at a tiny shape on 4 simulated devices: each row's memory
-    on one device and sharded, its collectives, no vocabulary gathered."""
+    """Three heads at a tiny shape on 4 simulated devices (a dense one, built
+    without `chunk_size`): each row's memory on one device and sharded, its
+    collectives, no vocabulary gathered."""
     pytest.importorskip("jax")
     out = tmp_path / "memory.json"
-    _run("bench_vocab_parallel_memory.py", "--vocab=256", "--dim=8", "--heads=plif,full_softmax",
-         f"--out={out}", timeout=300)
+    _run("bench_vocab_parallel_memory.py", "--vocab=256", "--dim=8",
+         "--heads=plif,full_softmax,monotonic:dense", f"--out={out}", timeout=300)
     result = json.loads(out.read_text())
-    assert [r["head"] for r in result["rows"]] == ["plif", "full_softmax"]
+    assert [r["head"] for r in result["rows"]] == ["plif", "full_softmax", "monotonic:dense"]
     for r in result["rows"]:
         assert 0 < r["temp_ratio"] < 1 and 0 < r["argument_ratio"] <= 1, r
         assert not r["gathers_vocabulary"] and not r["eval_gathers_vocabulary"], r

@@ -181,6 +181,36 @@ def test_platform_dispatch(monkeypatch):
     assert dispatch.histogram_method() == "sorted"
 
 
+def test_histogram_under_a_distribution_keeps_the_scores_shape():
+    """On JAX under a `keras.distribution`, every platform's default is the
+    scatter, on the scores' own shape (`sharded_scatter`: XLA then
+    partitions it into per-device histograms and one all-reduce;
+    `tests/test_vocab_parallel_heads.py` checks the compiled collectives);
+    the same sums as the flat scatter. Off JAX, or without a
+    distribution, nothing changes."""
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, 7, (3, 5, 11)).astype("int32")
+    w = rng.normal(size=(3, 5, 11)).astype("float32")
+    expected = np.bincount(idx.ravel(), w.ravel().astype("float64"), 7)
+    assert not dispatch.sharded_scatter()
+    if BACKEND != "jax":
+        pytest.skip("keras.distribution runs on JAX")
+    distribution = keras.distribution.DataParallel(
+        devices=keras.distribution.list_devices()[:1])
+    with distribution.scope():
+        assert dispatch.sharded_scatter()
+        for platform in ("cpu", "gpu", "tpu"):
+            with forced_platform(platform):
+                assert dispatch.histogram_method() == "scatter", platform
+        (h,) = dispatch.knot_histogram(idx, (w,), 7)
+        assert tuple(h.shape) == (7,)
+        assert np.abs(ops.convert_to_numpy(h) - expected).max() < 1e-5
+        # An explicit method is respected.
+        (h,) = dispatch.knot_histogram(idx, (w,), 7, method="sorted")
+        assert np.abs(ops.convert_to_numpy(h) - expected).max() < 1e-5
+    assert not dispatch.sharded_scatter()
+
+
 def test_tile_elements_by_platform():
     """PLIF's tile: the CPU's (cache-sized) on a CPU, few large tiles on a
     GPU (2**28 scores) and a TPU (2**24), whatever the CPU's is set to."""

@@ -363,6 +363,89 @@ def vocab_parallel_mixture(latents, log_priors, kernel, bias, targets, weights, 
     return summed_over_shards(shard, mesh, specs, row_spec, return_per_token, inputs)
 
 
+def vocab_parallel_pointwise_nll(h, kernel, bias, targets, layout, *, transform_fn=None,
+                                 transform_params=(), chunk_size=None,
+                                 kernel_transposed=False):
+    """`chunked.chunked_pointwise_nll` (`-log softmax(g(h W + b))[target]`,
+    per token) with the kernel sharded on V (JAX only), for a pointwise
+    `g` that has no summed core (`MonotonicSoftmax`'s MLP; any
+    differentiable `transform_fn`).
+
+    In a `jax.shard_map`, each device runs the tiled pass
+    (`chunked_pointwise_stats`) on its `[V / n]` columns: its rows'
+    log-sum-exp over its words and, for the targets in its shard, their
+    transformed score `g(z_t)`; the whole vocabulary's log-sum-exp is the
+    log-sum-exp of the shards' (a max and a sum across the vocabulary
+    axis) and the target's score the sum of the one shard's that holds it:
+    `[N]` all-reduces, never the `[V, d]` matrix or a `[rows, V]` tile
+    gathered. Differentiated by JAX through the collectives and the tiled
+    pass's own backward (the kernel and bias gradients stay sharded; the
+    transform's replicated parameters get the sum of the shards'
+    gradients). Rows are split over the layout's batch axis when it
+    divides them.
+
+    Args:
+        h: `[N, d]`; kernel: `[d, V]` (`[V, d]` with `kernel_transposed`)
+            variable or tensor; bias: `[V]` or None; targets: `[N]` int ids
+            in `[0, V)`.
+        layout: `vocab_parallel_layout(kernel, kernel_transposed)` (not None).
+        transform_fn, transform_params, chunk_size: as in
+            `chunked_pointwise_nll` (a Keras variable among
+            `transform_params` reads as the value passed in while
+            `transform_fn` runs); `chunk_size` the tile width within a
+            shard.
+
+    Returns:
+        `[N]` negative log-likelihoods (float32).
+    """
+    import jax
+    from jax.sharding import PartitionSpec
+
+    from keras_softmax_heads.chunked.losses import chunked_pointwise_stats
+
+    mesh, vocab_axis, _ = layout
+    h, kernel = ops.convert_to_tensor(h), ops.convert_to_tensor(kernel)
+    vocab = kernel.shape[0] if kernel_transposed else kernel.shape[1]
+    batch_axis = batch_axis_for(layout, h.shape[0])
+    row_spec = PartitionSpec(batch_axis)
+    variables = [p if isinstance(p, keras.Variable) else None for p in transform_params]
+    params = [ops.convert_to_tensor(p) for p in transform_params]
+    has_bias = bias is not None
+    inputs = [h, kernel, ops.convert_to_tensor(targets)] + params
+    specs = [PartitionSpec(batch_axis, None), kernel_spec(vocab_axis, kernel_transposed),
+             row_spec] + [PartitionSpec()] * len(params)
+    if has_bias:
+        inputs.append(ops.convert_to_tensor(bias))
+        specs.append(PartitionSpec(vocab_axis))
+
+    def shard(h, w, t, *rest):
+        values, b = rest[:len(params)], (rest[-1] if has_bias else None)
+        start, v_local = shard_start(vocab_axis, w, kernel_transposed)
+        local = shifted_targets(t, start, v_local)
+        mine = local >= 0
+        # The variables among the parameters read as this device's values.
+        mapping = [(v, x) for v, x in zip(variables, values) if v is not None]
+        with keras.StatelessScope(state_mapping=mapping):
+            nll, lse, _, _ = chunked_pointwise_stats(
+                h, w, b, ops.maximum(local, 0), transform_fn=transform_fn,
+                transform_params=[v if v is not None else x
+                                  for v, x in zip(variables, values)],
+                chunk_size=chunk_size, kernel_transposed=kernel_transposed)
+        shards = VocabShards(vocab_axis, start, vocab)
+        peak = shards.max(lse)
+        total = peak + ops.log(shards.sum(ops.exp(lse - peak)))
+        target = shards.sum(ops.where(mine, lse - nll, ops.zeros_like(nll)))
+        return total - target
+
+    # check_vma=False: the tiled pass's custom gradient returns each
+    # device's partial gradient of the replicated parameters (histograms),
+    # which the shard map's transpose sums; the replicated output's
+    # cotangent reaches each device divided by the shards, and the
+    # all-reduces' transposes sum it back.
+    return jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
+                         out_specs=row_spec, check_vma=False)(*inputs)
+
+
 def summed_mixture_nll_auto(latents, log_priors, kernel, bias, targets, weights, *,
                             kernel_transposed=False, **options):
     """`summed_mixture_nll`, vocabulary-parallel (`vocab_parallel_mixture`)

@@ -8,7 +8,7 @@ from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.functional import soft_cap
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
-from keras_softmax_heads.heads.head_utils import token_nll_on_shards
+from keras_softmax_heads.heads.head_utils import linear_nll_on_shards
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.validation import check_positive
 
@@ -99,16 +99,8 @@ class FullSoftmax(PointwiseSoftmaxHead):
         if operands is None:
             return None
         layout, rows, kernel, transposed, chunk = operands
-        has_bias = self.bias is not None
-
-        def summed(weights, t, h, w, *b):
-            layer = OutputLayer(h, w, b[0] if has_bias else None, transposed,
-                                self.logit_soft_cap)
-            return vocab_parallel_summed(layer, t, weights, layout, token_chunk_size=chunk,
-                                         return_per_token=True)
-
-        return token_nll_on_shards(summed, [rows, kernel] + ([self.bias] if has_bias else []),
-                                   targets, self.vocab_size)
+        return linear_nll_on_shards(rows, kernel, self.bias, transposed, layout, targets,
+                                    self.vocab_size, chunk, self.logit_soft_cap)
 
     def score_transform(self, z):
         if self.logit_soft_cap is None:

@@ -12,7 +12,9 @@ import numpy as np
 from keras import ops
 
 from keras_softmax_heads import samplers
+from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.vocab_parallel import token_losses
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_number
@@ -233,6 +235,27 @@ def token_nll_on_shards(summed, inputs, targets, vocab_size):
     frame of the heads' per-token `log_likelihood` on vocabulary shards."""
     ids = ops.clip(ops.reshape(targets, (-1,)), 0, vocab_size - 1)
     return ops.reshape(token_losses(summed, inputs, ids), ops.shape(targets))
+
+
+def linear_nll_on_shards(rows, kernel, bias, transposed, layout, targets, vocab_size,
+                         token_chunk, soft_cap=None):
+    """`-log p(targets)` of the Linear-Softmax `log_softmax(rows W + b)`
+    (soft-capped with `soft_cap`), shape `targets.shape`, on each device's
+    vocabulary shard (`layout`: `chunked.vocab_parallel.vocab_parallel_layout`
+    of `kernel`): the summed cross-entropy with its per-token losses
+    (`vocab_parallel_summed`, `token_losses`), exact gradients for `rows`,
+    `kernel` and `bias` whatever the cotangent, in chunks of `token_chunk`
+    tokens. `FullSoftmax` and `MixtureOfContexts` (on its mixed context)
+    evaluate and train through it where their kernel is sharded on V."""
+    has_bias = bias is not None
+
+    def summed(weights, t, h, w, *b):
+        layer = OutputLayer(h, w, b[0] if has_bias else None, transposed, soft_cap)
+        return vocab_parallel_summed(layer, t, weights, layout, token_chunk_size=token_chunk,
+                                     return_per_token=True)
+
+    return token_nll_on_shards(summed, [rows, kernel] + ([bias] if has_bias else []),
+                               targets, vocab_size)
 
 
 def per_replica(loss):

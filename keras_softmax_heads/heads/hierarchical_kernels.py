@@ -147,6 +147,7 @@ def static_within_cluster(
     tile_size,
     compute_dtype,
     accumulation_dtype,
+    shards=None,
 ):
     """`log p(t | c(t), h)` over `num_static_tiles` tiles (static shapes).
 
@@ -158,8 +159,9 @@ def static_within_cluster(
     Args:
         h: `[N, d]` context vectors.
         words_matrix: `[V, d]` word embeddings (any float dtype; the gathered
-            blocks are cast to `compute_dtype`).
-        bias: `[V]` word bias or None.
+            blocks are cast to `compute_dtype`), or with `shards` this
+            device's `[V / n, d]` rows.
+        bias: `[V]` word bias or None (with `shards`: this device's `[V / n]`).
         cluster: int32 `[N]`, every target's cluster.
         position: int32 `[N]`, every target's position in its cluster.
         cluster_words: int32 `[C, M]`, the words of every cluster (padded).
@@ -167,6 +169,12 @@ def static_within_cluster(
         tile_size: int, tokens per tile.
         compute_dtype: dtype of the products.
         accumulation_dtype: dtype of the scores.
+        shards: None, or inside a `jax.shard_map` over the vocabulary axis a
+            `chunked.vocab_parallel.VocabShards` (`start`: this device's first
+            word id; `max`, `sum` across the shards): each device scores the
+            words of its rows only (the others masked) and the tiles'
+            log-normalisers and the targets' scores are combined across the
+            shards (`vocab_parallel_within_cluster`).
 
     Returns:
         `[N]` log-probabilities in `accumulation_dtype`.
@@ -181,6 +189,12 @@ def static_within_cluster(
     tile_cluster = ops.take(cluster, tile_token)  # [K]
 
     words = ops.take(cluster_words, tile_cluster, axis=0)  # [K, M]
+    sizes = ops.take(cluster_sizes, tile_cluster)
+    valid = ops.arange(width, dtype="int32")[None, :] < sizes[:, None]  # [K, M]
+    if shards is not None:  # this device's rows of the tiles' clusters
+        words = words - shards.start
+        valid = valid & (words >= 0) & (words < ops.shape(words_matrix)[0])
+        words = ops.where(valid, words, 0)
     blocks = ops.cast(ops.take(words_matrix, words, axis=0), compute_dtype)  # [K, M, d]
     h_tiles = ops.reshape(
         ops.take(ops.cast(h, compute_dtype), ops.maximum(slot_token, 0), axis=0),
@@ -190,16 +204,65 @@ def static_within_cluster(
     if bias is not None:
         bias = ops.take(ops.cast(bias, accumulation_dtype), words)
         scores = scores + ops.expand_dims(bias, 1)
-    sizes = ops.take(cluster_sizes, tile_cluster)
-    valid = ops.arange(width, dtype="int32")[None, :] < sizes[:, None]  # [K, M]
     masked = ops.where(
         ops.expand_dims(valid, 1),
         scores,
         ops.full_like(scores, float("-inf")),
     )
-    lse = ops.reshape(ops.logsumexp(masked, axis=-1), (-1,))  # [K * T]
-    flat = ops.take(ops.reshape(scores, (-1,)), slot_of_token * width + position)
+    at_target = slot_of_token * width + position  # into the flat [K * T * M] scores
+    flat = ops.take(ops.reshape(scores, (-1,)), at_target)
+    if shards is None:
+        lse = ops.reshape(ops.logsumexp(masked, axis=-1), (-1,))  # [K * T]
+    else:
+        peak = shards.max(ops.max(masked, axis=-1, keepdims=True))  # [K, T, 1]
+        total = shards.sum(ops.sum(ops.exp(masked - peak), axis=-1))
+        lse = ops.reshape(ops.log(total) + peak[..., 0], (-1,))
+        # The target's score from the device that holds its row.
+        mine = ops.take(ops.reshape(valid, (-1,)), (slot_of_token // tile) * width + position)
+        flat = shards.sum(ops.where(mine, flat, ops.zeros_like(flat)))
     return flat - ops.take(lse, slot_of_token)
+
+
+def vocab_parallel_within_cluster(h, words_matrix, bias, cluster, position, cluster_words,
+                                  cluster_sizes, tile_size, compute_dtype, accumulation_dtype,
+                                  layout):
+    """`static_within_cluster` with the `[V, d]` word matrix (and the `[V]`
+    bias) sharded on V (JAX, `layout` from
+    `chunked.vocab_parallel.vocab_parallel_layout`): in a `jax.shard_map`,
+    each device gathers the tiles' rows from its own shard only (the other
+    rows masked), and per tile row the maximum, the sum of exponentials and
+    the target's score are combined across the vocabulary axis: `[K, T]`
+    and `[N]` all-reduces, where XLA's partitioner of the gather
+    all-reduces the gathered `[K, M, d]` blocks. Rows split over the
+    layout's batch axis where it divides them (each batch shard packs its
+    own tiles). The word matrix's and bias's gradients stay sharded;
+    differentiated by JAX through the collectives."""
+    import jax
+    from jax.sharding import PartitionSpec
+
+    from keras_softmax_heads.chunked.vocab_parallel import VocabShards
+    from keras_softmax_heads.chunked.vocab_parallel import batch_axis_for
+
+    mesh, vocab_axis, _ = layout
+    words_matrix = ops.convert_to_tensor(words_matrix)
+    vocab = words_matrix.shape[0]
+    batch_axis = batch_axis_for(layout, h.shape[0])
+    rows = PartitionSpec(batch_axis)
+    has_bias = bias is not None
+
+    def shard(h, w, cluster, position, cluster_words, cluster_sizes, *b):
+        start = jax.lax.axis_index(vocab_axis) * w.shape[0]
+        return static_within_cluster(
+            h, w, b[0] if has_bias else None, cluster, position, cluster_words,
+            cluster_sizes, tile_size, compute_dtype, accumulation_dtype,
+            shards=VocabShards(vocab_axis, start, vocab))
+
+    specs = (PartitionSpec(batch_axis, None), PartitionSpec(vocab_axis, None), rows, rows,
+             PartitionSpec(), PartitionSpec()) + ((PartitionSpec(vocab_axis),) if has_bias else ())
+    inputs = [h, words_matrix, cluster, position, ops.convert_to_tensor(cluster_words),
+              ops.convert_to_tensor(cluster_sizes)]
+    inputs += [ops.convert_to_tensor(bias)] if has_bias else []
+    return jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=specs, out_specs=rows)(*inputs)
 
 
 def size_class_widths(max_cluster_size, ratio=None, top_ratio=None):

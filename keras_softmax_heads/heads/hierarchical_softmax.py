@@ -5,11 +5,14 @@ planning are in `hierarchical_kernels` (re-exported here). Design notes and
 measurements: `docs/hierarchical.md`.
 """
 
+import functools
+
 import keras
 import numpy as np
 from keras import ops
 
 from keras_softmax_heads import clustering
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.clustering import CLUSTERING_STRATEGIES
 from keras_softmax_heads.functional.dispatch import segment_sum
 from keras_softmax_heads.heads.head_utils import add_constant_weight
@@ -21,6 +24,7 @@ from keras_softmax_heads.heads.hierarchical_kernels import num_static_tiles
 from keras_softmax_heads.heads.hierarchical_kernels import placeholder_layout
 from keras_softmax_heads.heads.hierarchical_kernels import split_large_clusters
 from keras_softmax_heads.heads.hierarchical_kernels import static_within_cluster
+from keras_softmax_heads.heads.hierarchical_kernels import vocab_parallel_within_cluster
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.validation import check_choice
@@ -337,7 +341,13 @@ class HierarchicalSoftmax(SoftmaxHead):
         )
         position = ops.take(ops.convert_to_tensor(self.position_in_cluster), t)
         if self.static_shapes:
-            ll_word = static_within_cluster(
+            # On JAX with the word matrix sharded on V by a
+            # `keras.distribution`: each device scores its own rows.
+            layout = vocab_parallel_layout(self.output_embeddings(), True)
+            within = static_within_cluster
+            if layout is not None:
+                within = functools.partial(vocab_parallel_within_cluster, layout=layout)
+            ll_word = within(
                 h,
                 self.output_embeddings(),
                 self.bias,

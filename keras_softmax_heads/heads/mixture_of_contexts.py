@@ -5,7 +5,11 @@ import keras
 from keras import ops
 
 from keras_softmax_heads.chunked import chunked_pointwise_nll
+from keras_softmax_heads.chunked.platform import chunk_size_for
+from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.heads.head_utils import gather_targets
+from keras_softmax_heads.heads.head_utils import linear_nll_on_shards
 from keras_softmax_heads.heads.mixture_head import MixtureHead
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
@@ -83,19 +87,32 @@ class MixtureOfContexts(MixtureHead):
         Computed in vocabulary tiles of the mixed context
         (`chunked_pointwise_nll`), never holding the `[N, V]` scores; the
         tile width is `chunk_size`, or with `chunk_size=None` the
-        platform's choice (`chunked.platform.chunk_size_for`).
+        platform's choice (`chunked.platform.chunk_size_for`). On JAX, with
+        the kernel (or tied embedding) sharded on V by a
+        `keras.distribution`, each device scores its own shard
+        (`chunked.vocab_parallel.vocab_parallel_summed` with its per-token
+        losses), in as many token chunks as the tiled pass has tiles.
         """
         targets = check_targets(targets, self.vocab_size)
         inputs = self._check_inputs(inputs)
         kernel, transposed = self.chunked_projection()
-        nll = chunked_pointwise_nll(
-            self._mixed_context(inputs, training),
-            kernel,
-            self.bias,
-            targets,
-            chunk_size=self.chunk_size,
-            kernel_transposed=transposed,
-        )
+        mixed = self._mixed_context(inputs, training)
+        layout = vocab_parallel_layout(kernel, transposed)
+        if layout is not None:  # JAX, the kernel sharded on V: each device its shard
+            rows = mixed.shape[0]
+            width = self.chunk_size or chunk_size_for(self.vocab_size, rows)
+            nll = linear_nll_on_shards(
+                mixed, kernel, self.bias, transposed, layout, targets, self.vocab_size,
+                tile_sized_token_chunk(rows, self.vocab_size, width))
+        else:
+            nll = chunked_pointwise_nll(
+                mixed,
+                kernel,
+                self.bias,
+                targets,
+                chunk_size=self.chunk_size,
+                kernel_transposed=transposed,
+            )
         return nan_if_invalid(-nll, targets, self.vocab_size)
 
     def dense_log_likelihood(self, inputs, targets, training=None):

@@ -10,6 +10,7 @@ from keras_softmax_heads.chunked.vocab_parallel import summed_mixture_nll_auto
 from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_mixture
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_pointwise_nll
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.head_utils import token_nll_on_shards
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
@@ -142,12 +143,17 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         device's vocabulary shard where the kernel is sharded on V (JAX):
         the summed core with its per-token losses
         (`chunked.vocab_parallel.token_losses`), exact gradients for any
-        cotangent; None elsewhere, or for a head without a summed core."""
-        options = self._summed_core_options()
-        operands = None if options is None else self._vocab_parallel_operands(inputs)
+        cotangent, or for a head without a summed core (`MonotonicSoftmax`)
+        the tiled pass on each shard (`_vocab_parallel_tiled_nll`); None
+        elsewhere."""
+        operands = self._vocab_parallel_operands(inputs)
         if operands is None:
             return None
         layout, rows, kernel, transposed, chunk = operands
+        options = self._summed_core_options()
+        if options is None:  # no summed core (`MonotonicSoftmax`): the tiled pass per shard
+            return ops.reshape(self._vocab_parallel_tiled_nll(layout, rows, kernel, transposed,
+                                                              targets), ops.shape(targets))
         options = dict(options)
         raw_slopes = options.pop("raw_slopes", None)
         extra = [x for x in (self.bias, raw_slopes) if x is not None]
@@ -161,6 +167,22 @@ class PointwiseSoftmaxHead(SoftmaxHead):
                 token_chunk_size=chunk, return_per_token=True, **options)
 
         return token_nll_on_shards(summed, [rows, kernel, *extra], targets, self.vocab_size)
+
+    def _vocab_parallel_tiled_nll(self, layout, rows, kernel, transposed, targets):
+        """`[N]` NLLs of a head without a summed core on each device's
+        vocabulary shard: the tiled pass with `score_transform` on the
+        shard, the shards' log-sum-exps and target scores combined
+        (`chunked.vocab_parallel.vocab_parallel_pointwise_nll`)."""
+        ids = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
+
+        def transform(z, *values):  # the variables read as `values` meanwhile
+            del values
+            return self.score_transform(z)
+
+        return vocab_parallel_pointwise_nll(
+            rows, kernel, self.bias, ids, layout, transform_fn=transform,
+            transform_params=self.score_transform_variables(), chunk_size=self.chunk_size,
+            kernel_transposed=transposed)
 
     def _summed_loss_operands(self, inputs, targets):
         """`(rows, targets, kernel, transposed, bias)` of a summed training

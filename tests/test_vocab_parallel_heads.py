@@ -1,0 +1,159 @@
+"""The heads without a summed core on vocabulary shards (JAX, 4 simulated
+host devices as a 2 x 2 mesh, a subprocess: `XLA_FLAGS` must be set before
+JAX starts).
+
+Under `training.VocabularyParallel`, each head's per-token
+`log_likelihood` (its evaluation, and its `training_loss`) traced with the
+distribution equals the same head traced without one, values and the
+gradients of `sum(u * ll)` for a random cotangent `u` (the inputs and
+every trainable weight), and the compiled pass moves nothing of
+vocabulary size between devices:
+
+* `MixtureOfContexts` (tiled, `chunk_size`): its mixed context's Linear-Softmax on each device's
+  shard (`head_utils.linear_nll_on_shards`), where XLA's partitioner
+  gathered the `[V, L]` matrix;
+* `HierarchicalSoftmax` (frequency clusters on a `[V, d]` word matrix with
+  a bias; random clusters on a tied embedding): each device scores its own
+  rows of the tiles' clusters (`vocab_parallel_within_cluster`), where
+  XLA's partitioner all-reduced the gathered `[tiles, M, d]` blocks;
+* `MonotonicSoftmax` with `chunk_size`: the tiled pass on each device's
+  shard, the shards' log-sum-exps and target scores combined
+  (`chunked.vocab_parallel.vocab_parallel_pointwise_nll`), where XLA's
+  partitioner gathered the matrix;
+* `MonotonicSoftmax` (dense): the table's gradient, a histogram of the
+  `[N, V]` scores, keeps their shape (`functional.dispatch.sharded_scatter`),
+  where flattened they were gathered on every device.
+"""
+
+import json
+
+import pytest
+from backends import count_calls
+from backends import run_on_simulated_devices
+
+pytest.importorskip("jax")
+
+DEVICES = 4
+V = 192
+
+
+def test_heads_on_vocabulary_shards_match_single_device():
+    result = run_on_simulated_devices(__file__, DEVICES)
+    assert sorted(result) == ["hierarchical_frequency", "hierarchical_random_tied",
+                              "mixture_of_contexts", "monotonic", "monotonic_tiled"], result
+    for name, r in result.items():
+        if name != "monotonic":  # its own pass, traced twice (the value, the gradient)
+            assert r["vocab_parallel_calls"] == 2, (name, r)
+        assert r["value_err"] < 1e-5, (name, r)
+        assert len(r["grad_err"]) == r["num_weights"] + 1, (name, r)
+        assert max(r["grad_err"]) < 1e-4, (name, r)
+        # Nothing as large as a device's share of the [V, d] matrix crosses
+        # devices (the contexts' gradient, [tiles, tile_size, d] for the
+        # hierarchical head, is smaller at these shapes).
+        assert r["large_collectives"] == [], (name, r)
+        # The vocabulary-sized weights' gradients stay split on V.
+        assert all("model" in spec for spec in r["vocab_grad_specs"]), (name, r)
+
+
+def large_collectives(compiled, elements):
+    """The compiled step's collectives (`all-gather f32[96,16]`, ...) whose
+    result has at least `elements` entries, those over single devices left
+    out."""
+    import re
+
+    found = set()
+    for line in compiled.as_text().splitlines():
+        if re.search(r"replica_groups=\{(\{\d+\},?)+\}", line):
+            continue
+        match = re.search(r"= \(?(\w+)\[([\d,]*)\][^\n]*? (all-gather|all-reduce|all-to-all|"
+                          r"reduce-scatter|collective-permute)(?:-start)?\(", line)
+        if match:
+            size = 1
+            for x in filter(None, match.group(2).split(",")):
+                size *= int(x)
+            if size >= elements:
+                found.add(f"{match.group(3)} {match.group(1)}[{match.group(2)}]")
+    return sorted(found)
+
+
+def child():
+    import jax
+    import keras
+    import numpy as np
+
+    import keras_softmax_heads as ksh
+    from keras_softmax_heads import training
+    from keras_softmax_heads.heads import hierarchical_softmax
+    from keras_softmax_heads.heads import mixture_of_contexts
+    from keras_softmax_heads.heads import pointwise_softmax_head
+
+    rng = np.random.default_rng(0)
+    b, t, dim = 4, 6, 16
+    h = rng.normal(size=(b, t, dim)).astype("float32")
+    y = rng.integers(0, V, (b, t)).astype("int32")
+    u = rng.normal(size=(b, t)).astype("float32")
+    calls = []
+    count_calls(mixture_of_contexts, "linear_nll_on_shards", calls)
+    count_calls(hierarchical_softmax, "vocab_parallel_within_cluster", calls)
+    count_calls(pointwise_softmax_head, "vocab_parallel_pointwise_nll", calls)
+    distribution = training.VocabularyParallel(V, vocab_shards=DEVICES // 2)  # 2 x 2
+    counts = rng.zipf(1.3, V).astype("float64")
+
+    def tied_hierarchical():
+        embedding = keras.layers.Embedding(V, dim)
+        embedding.build((None,))
+        return ksh.HierarchicalSoftmax(V, token_embedding=embedding, clustering="random",
+                                       num_clusters=11, tile_size=4)
+
+    result = {}
+    for name, make in (
+            ("mixture_of_contexts", lambda: ksh.MixtureOfContexts(V, num_components=3,
+                                                                       chunk_size=32)),
+            ("hierarchical_frequency", lambda: ksh.HierarchicalSoftmax(V, counts=counts,
+                                                                       tile_size=4)),
+            ("hierarchical_random_tied", tied_hierarchical),
+            ("monotonic", lambda: ksh.MonotonicSoftmax(V, num_units=4, grid_size=64)),
+            ("monotonic_tiled", lambda: ksh.MonotonicSoftmax(V, num_units=4, grid_size=64,
+                                                             chunk_size=32))):
+        with distribution.scope():
+            head = make()
+            head.build((None, None, dim))
+        weights = head.trainable_weights
+        calls_of = {"hierarchical_frequency": "vocab_parallel_within_cluster",
+                    "hierarchical_random_tied": "vocab_parallel_within_cluster",
+                    "monotonic_tiled": "vocab_parallel_pointwise_nll"}.get(
+                        name, "linear_nll_on_shards")
+
+        def loss(h, values):
+            with keras.StatelessScope(state_mapping=list(zip(weights, values))):
+                ll = head.log_likelihood(h, y)
+            return jax.numpy.sum(ll * u), ll
+
+        def step():  # a new function, traced anew (jit caches by function)
+            return jax.jit(jax.value_and_grad(lambda h, v: loss(h, v), argnums=(0, 1),
+                                              has_aux=True))
+
+        values = [w.value for w in weights]
+        before = len(calls)
+        with distribution.scope():  # traced under the distribution
+            (_, ll_sharded), grads_sharded = step()(h, values)
+            compiled = step().lower(h, values).compile()
+        used = calls[before:].count(calls_of)
+        (_, ll_single), grads_single = step()(h, values)  # traced without one
+        flat = lambda g: [np.asarray(g[0])] + [np.asarray(x) for x in g[1]]
+        result[name] = {
+            "vocab_parallel_calls": used,
+            "value_err": float(np.abs(np.asarray(ll_sharded) - np.asarray(ll_single)).max()
+                               / np.abs(np.asarray(ll_single)).max()),
+            "num_weights": len(weights),
+            "grad_err": [float(np.abs(x - z).max() / max(np.abs(z).max(), 1e-12))
+                         for x, z in zip(flat(grads_sharded), flat(grads_single))],
+            "large_collectives": large_collectives(compiled, V * dim // 2),
+            "vocab_grad_specs": [str(g.sharding.spec) for w, g in zip(weights, grads_sharded[1])
+                                 if V in w.shape],
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    child()
