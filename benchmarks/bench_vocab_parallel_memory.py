@@ -4,8 +4,9 @@
 For each head (`FullSoftmax`, `SigSoftmax`, `PLIFSoftmax`, MoS(4), all with
 `chunk_size`, so that they train their summed objective with its gradient in
 the forward pass; with `--heads`, also `MixtureOfContexts` (tiled),
-`HierarchicalSoftmax` and `MonotonicSoftmax`, which train their per-token
-loss; `name:dense` builds a head without `chunk_size`), the model
+`HierarchicalSoftmax`, `MonotonicSoftmax` and `SampledSoftmax`, which train
+their per-token loss or a sampled one; `name:dense` builds a head without
+`chunk_size`), the model
 `examples/train_lm.py` builds (a tied LSTM) is built three times: under
 `VocabularyParallel(V, vocab_shards=devices)` (the vocabulary-sized
 weights split over every device), the same with the library's
@@ -27,7 +28,7 @@ Usage:
     python benchmarks/bench_vocab_parallel_memory.py \
         --out=docs/results/vocab_parallel/memory_cpu_v65536.json
     python benchmarks/bench_vocab_parallel_memory.py \
-        --heads=mixture_of_contexts,hierarchical,monotonic,monotonic:dense \
+        --heads=mixture_of_contexts,hierarchical,monotonic,monotonic:dense,sampled_softmax \
         --out=docs/results/vocab_parallel/memory_cpu_v65536_per_token_heads.json
     python benchmarks/bench_vocab_parallel_memory.py --vocab=256 --dim=8 --heads=plif
 """
@@ -38,8 +39,10 @@ import re
 import sys
 
 HEADS = ("full_softmax", "sigsoftmax", "plif", "mixture_of_softmaxes")
-#: The heads whose per-token loss is what they train (`--heads`).
-PER_TOKEN_HEADS = ("mixture_of_contexts", "hierarchical", "monotonic", "monotonic:dense")
+#: Heads without a summed core (`--heads`): they train their per-token loss
+#: (`SampledSoftmax` its sampled objective; its evaluation is exact).
+PER_TOKEN_HEADS = ("mixture_of_contexts", "hierarchical", "monotonic", "monotonic:dense",
+                   "sampled_softmax")
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 
 

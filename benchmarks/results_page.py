@@ -1339,7 +1339,8 @@ VOCAB_PARALLEL_HEADS = {"full_softmax": "`FullSoftmax`", "sigsoftmax": "`SigSoft
                         "mixture_of_contexts": "MoC(4)",
                         "hierarchical": "`HierarchicalSoftmax`",
                         "monotonic": "`MonotonicSoftmax`",
-                        "monotonic:dense": "`MonotonicSoftmax`, dense (no `chunk_size`)"}
+                        "monotonic:dense": "`MonotonicSoftmax`, dense (no `chunk_size`)",
+                        "sampled_softmax": "`SampledSoftmax`"}
 
 
 VOCAB_PARALLEL_FILES = ("vocab_parallel/memory_cpu_v65536.json",
@@ -1386,7 +1387,8 @@ def section_vocab_parallel(names=VOCAB_PARALLEL_FILES):
         f"the step's temporaries at d = 512), of the head's training pass alone (its summed "
         f"objective and gradients given the contexts) and of its per-token `log_likelihood` "
         f"of the batch (evaluation), MiB. The first four heads train their summed objective "
-        f"(the gradient in the forward pass), the others their per-token loss; a dense head "
+        f"(the gradient in the forward pass), the others their per-token loss (`SampledSoftmax` "
+        f"its sampled loss; its evaluation is exact); a dense head "
         f"is built without `chunk_size`:",
         table(["d", "head", "one device: step temp", "args",
                "vocabulary-parallel: step temp", "args", "XLA's partitioning: step temp",

@@ -20,6 +20,10 @@ vocabulary size between devices:
   shard, the shards' log-sum-exps and target scores combined
   (`chunked.vocab_parallel.vocab_parallel_pointwise_nll`), where XLA's
   partitioner gathered the matrix;
+* `SampledSoftmax` with `chunk_size` (its exact evaluation, as for `NCE`
+  and `SelfNormalizedSoftmax`): the Linear-Softmax on each device's shard
+  (`head_utils.linear_nll_on_shards`), where XLA's partitioner gathered
+  the matrix in the tiled pass;
 * `MonotonicSoftmax` (dense): the table's gradient, a histogram of the
   `[N, V]` scores, keeps their shape (`functional.dispatch.sharded_scatter`),
   where flattened they were gathered on every device.
@@ -40,13 +44,17 @@ V = 192
 def test_heads_on_vocabulary_shards_match_single_device():
     result = run_on_simulated_devices(__file__, DEVICES)
     assert sorted(result) == ["hierarchical_frequency", "hierarchical_random_tied",
-                              "mixture_of_contexts", "monotonic", "monotonic_tiled"], result
+                              "mixture_of_contexts", "monotonic", "monotonic_tiled",
+                              "sampled_softmax"], result
     for name, r in result.items():
         if name != "monotonic":  # its own pass, traced twice (the value, the gradient)
             assert r["vocab_parallel_calls"] == 2, (name, r)
         assert r["value_err"] < 1e-5, (name, r)
         assert len(r["grad_err"]) == r["num_weights"] + 1, (name, r)
-        assert max(r["grad_err"]) < 1e-4, (name, r)
+        # The monotonic MLP's parameters: sums over all N x V scores, which
+        # cancel (measured up to 3.8e-5 of the largest, the order of the
+        # devices' partial sums varying); the rest to 2.2e-7.
+        assert max(r["grad_err"]) < (2e-4 if name.startswith("monotonic") else 1e-5), (name, r)
         # Nothing as large as a device's share of the [V, d] matrix crosses
         # devices (the contexts' gradient, [tiles, tile_size, d] for the
         # hierarchical head, is smaller at these shapes).
@@ -96,6 +104,7 @@ def child():
     count_calls(mixture_of_contexts, "linear_nll_on_shards", calls)
     count_calls(hierarchical_softmax, "vocab_parallel_within_cluster", calls)
     count_calls(pointwise_softmax_head, "vocab_parallel_pointwise_nll", calls)
+    count_calls(pointwise_softmax_head, "linear_nll_on_shards", calls, "pointwise_linear")
     distribution = training.VocabularyParallel(V, vocab_shards=DEVICES // 2)  # 2 x 2
     counts = rng.zipf(1.3, V).astype("float64")
 
@@ -114,14 +123,16 @@ def child():
             ("hierarchical_random_tied", tied_hierarchical),
             ("monotonic", lambda: ksh.MonotonicSoftmax(V, num_units=4, grid_size=64)),
             ("monotonic_tiled", lambda: ksh.MonotonicSoftmax(V, num_units=4, grid_size=64,
-                                                             chunk_size=32))):
+                                                             chunk_size=32)),
+            ("sampled_softmax", lambda: ksh.SampledSoftmax(V, num_sampled=8, chunk_size=32))):
         with distribution.scope():
             head = make()
             head.build((None, None, dim))
         weights = head.trainable_weights
         calls_of = {"hierarchical_frequency": "vocab_parallel_within_cluster",
                     "hierarchical_random_tied": "vocab_parallel_within_cluster",
-                    "monotonic_tiled": "vocab_parallel_pointwise_nll"}.get(
+                    "monotonic_tiled": "vocab_parallel_pointwise_nll",
+                    "sampled_softmax": "pointwise_linear"}.get(
                         name, "linear_nll_on_shards")
 
         def loss(h, values):

@@ -11,6 +11,7 @@ from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_mixture
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_pointwise_nll
+from keras_softmax_heads.heads.head_utils import linear_nll_on_shards
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.head_utils import token_nll_on_shards
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
@@ -143,14 +144,19 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         device's vocabulary shard where the kernel is sharded on V (JAX):
         the summed core with its per-token losses
         (`chunked.vocab_parallel.token_losses`), exact gradients for any
-        cotangent, or for a head without a summed core (`MonotonicSoftmax`)
-        the tiled pass on each shard (`_vocab_parallel_tiled_nll`); None
-        elsewhere."""
+        cotangent; for the Linear-Softmax scores of the sampled and
+        self-normalised heads (their exact evaluation) the summed
+        cross-entropy's (`head_utils.linear_nll_on_shards`), and for a head
+        with a transform but no summed core (`MonotonicSoftmax`) the tiled
+        pass on each shard (`_vocab_parallel_tiled_nll`); None elsewhere."""
         operands = self._vocab_parallel_operands(inputs)
         if operands is None:
             return None
         layout, rows, kernel, transposed, chunk = operands
         options = self._summed_core_options()
+        if options is None and not self.has_score_transform():  # Linear-Softmax scores
+            return linear_nll_on_shards(rows, kernel, self.bias, transposed, layout, targets,
+                                        self.vocab_size, chunk)
         if options is None:  # no summed core (`MonotonicSoftmax`): the tiled pass per shard
             return ops.reshape(self._vocab_parallel_tiled_nll(layout, rows, kernel, transposed,
                                                               targets), ops.shape(targets))
