@@ -224,3 +224,50 @@ def vocabulary_sharding(mesh, transposed, path="kernel"):
     layout_map = keras.distribution.LayoutMap(mesh)
     layout_map[path] = ("model", None) if transposed else (None, "model")
     return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+
+
+def log_likelihood_on_shards(head, h, y, u, distribution, calls, compiled="evaluation"):
+    """A head's `log_likelihood(h, y)` and the gradients of `sum(u * ll)`
+    with respect to `h` and its trainable weights (JAX), traced under
+    `distribution` (each device its vocabulary shard where the head has
+    such a path) and traced again without one.
+
+    Returns a dict: `value_err` and `grad_err` (the inputs', then each
+    weight's: largest difference relative to the largest entry),
+    `num_weights`, `calls` (what was appended to the list `calls`,
+    `count_calls`, while tracing under the distribution), `grads` (the
+    sharded weights' gradients) and `compiled`: the evaluation (`"evaluation"`)
+    or the gradient step (`"step"`) compiled under the distribution."""
+    import jax
+
+    weights = head.trainable_weights
+
+    def loss(h, values):
+        with keras.StatelessScope(state_mapping=list(zip(weights, values))):
+            ll = head.log_likelihood(h, y)
+        return jax.numpy.sum(ll * u), ll
+
+    def step():  # a new function, traced anew (jit caches by function)
+        return jax.jit(jax.value_and_grad(lambda h, v: loss(h, v), argnums=(0, 1),
+                                          has_aux=True))
+
+    values = [w.value for w in weights]
+    before = len(calls)
+    with distribution.scope():  # traced under the distribution
+        (_, ll_sharded), grads_sharded = step()(h, values)
+        program = (step() if compiled == "step"
+                   else jax.jit(lambda h, values: loss(h, values)[1]))
+        program = program.lower(h, values).compile()
+    traced = calls[before:]
+    (_, ll_single), grads_single = step()(h, values)  # traced without one
+    flat = lambda g: [np.asarray(g[0])] + [np.asarray(x) for x in g[1]]
+    return {
+        "value_err": float(np.abs(np.asarray(ll_sharded) - np.asarray(ll_single)).max()
+                           / np.abs(np.asarray(ll_single)).max()),
+        "grad_err": [float(np.abs(x - z).max() / max(np.abs(z).max(), 1e-12))
+                     for x, z in zip(flat(grads_sharded), flat(grads_single))],
+        "num_weights": len(weights),
+        "calls": traced,
+        "grads": grads_sharded[1],
+        "compiled": program,
+    }

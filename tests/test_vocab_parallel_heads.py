@@ -33,6 +33,7 @@ import json
 
 import pytest
 from backends import count_calls
+from backends import log_likelihood_on_shards
 from backends import run_on_simulated_devices
 
 pytest.importorskip("jax")
@@ -85,7 +86,6 @@ def large_collectives(compiled, elements):
 
 
 def child():
-    import jax
     import keras
     import numpy as np
 
@@ -128,39 +128,20 @@ def child():
         with distribution.scope():
             head = make()
             head.build((None, None, dim))
-        weights = head.trainable_weights
         calls_of = {"hierarchical_frequency": "vocab_parallel_within_cluster",
                     "hierarchical_random_tied": "vocab_parallel_within_cluster",
                     "monotonic_tiled": "vocab_parallel_pointwise_nll",
                     "sampled_softmax": "pointwise_linear"}.get(
                         name, "linear_nll_on_shards")
-
-        def loss(h, values):
-            with keras.StatelessScope(state_mapping=list(zip(weights, values))):
-                ll = head.log_likelihood(h, y)
-            return jax.numpy.sum(ll * u), ll
-
-        def step():  # a new function, traced anew (jit caches by function)
-            return jax.jit(jax.value_and_grad(lambda h, v: loss(h, v), argnums=(0, 1),
-                                              has_aux=True))
-
-        values = [w.value for w in weights]
-        before = len(calls)
-        with distribution.scope():  # traced under the distribution
-            (_, ll_sharded), grads_sharded = step()(h, values)
-            compiled = step().lower(h, values).compile()
-        used = calls[before:].count(calls_of)
-        (_, ll_single), grads_single = step()(h, values)  # traced without one
-        flat = lambda g: [np.asarray(g[0])] + [np.asarray(x) for x in g[1]]
+        r = log_likelihood_on_shards(head, h, y, u, distribution, calls, compiled="step")
         result[name] = {
-            "vocab_parallel_calls": used,
-            "value_err": float(np.abs(np.asarray(ll_sharded) - np.asarray(ll_single)).max()
-                               / np.abs(np.asarray(ll_single)).max()),
-            "num_weights": len(weights),
-            "grad_err": [float(np.abs(x - z).max() / max(np.abs(z).max(), 1e-12))
-                         for x, z in zip(flat(grads_sharded), flat(grads_single))],
-            "large_collectives": large_collectives(compiled, V * dim // 2),
-            "vocab_grad_specs": [str(g.sharding.spec) for w, g in zip(weights, grads_sharded[1])
+            "vocab_parallel_calls": r["calls"].count(calls_of),
+            "value_err": r["value_err"],
+            "num_weights": r["num_weights"],
+            "grad_err": r["grad_err"],
+            "large_collectives": large_collectives(r["compiled"], V * dim // 2),
+            "vocab_grad_specs": [str(g.sharding.spec)
+                                 for w, g in zip(head.trainable_weights, r["grads"])
                                  if V in w.shape],
         }
     print(json.dumps(result))

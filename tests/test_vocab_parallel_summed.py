@@ -21,6 +21,7 @@ import json
 
 import pytest
 from backends import count_calls
+from backends import log_likelihood_on_shards
 from backends import run_on_simulated_devices
 from backends import vocabulary_sharding
 
@@ -419,9 +420,7 @@ def head_token_losses(rng):
     one: the log-likelihoods, and the gradients of `sum(u * ll)` for a
     random cotangent `u` with respect to the inputs and every trainable
     weight; and whether the compiled evaluation gathers a V-sized array."""
-    import jax
     import keras
-    import numpy as np
 
     import keras_softmax_heads as ksh
     from keras_softmax_heads import training
@@ -450,36 +449,13 @@ def head_token_losses(rng):
             else:
                 head = make()
             head.build((None, None, dim))
-        weights = head.trainable_weights
-
-        def loss(h, values):
-            with keras.StatelessScope(state_mapping=list(zip(weights, values))):
-                ll = head.log_likelihood(h, y)
-            return ops_sum(ll * u), ll
-
-        def ops_sum(x):
-            return jax.numpy.sum(x)
-
-        def step():  # a new function, traced anew (jit caches by function)
-            return jax.jit(jax.value_and_grad(lambda h, v: loss(h, v), argnums=(0, 1),
-                                              has_aux=True))
-
-        values = [w.value for w in weights]
-        before = len(calls)
-        with distribution.scope():  # traced under the distribution
-            (_, ll_sharded), grads_sharded = step()(h, values)
-            evaluation = jax.jit(lambda h, values: loss(h, values)[1]).lower(h, values).compile()
-        used = len(calls) - before
-        (_, ll_single), grads_single = step()(h, values)  # traced without one
-        flat = lambda g: [np.asarray(g[0])] + [np.asarray(x) for x in g[1]]
+        r = log_likelihood_on_shards(head, h, y, u, distribution, calls)
         result[name] = {
-            "token_losses_calls": used,
-            "value_err": float(np.abs(np.asarray(ll_sharded) - np.asarray(ll_single)).max()
-                               / np.abs(np.asarray(ll_single)).max()),
-            "num_weights": len(weights),
-            "grad_err": [float(np.abs(x - z).max() / max(np.abs(z).max(), 1e-12))
-                         for x, z in zip(flat(grads_sharded), flat(grads_single))],
-            "all_gather_shapes": all_gather_shapes(evaluation),
+            "token_losses_calls": len(r["calls"]),
+            "value_err": r["value_err"],
+            "num_weights": r["num_weights"],
+            "grad_err": r["grad_err"],
+            "all_gather_shapes": all_gather_shapes(r["compiled"]),
             "vocab": v,
         }
     return result
