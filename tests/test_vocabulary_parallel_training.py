@@ -88,10 +88,13 @@ def test_every_head_trains_under_model_parallel():
 @pytest.mark.slow
 def test_model_parallel_training_under_mixed_bfloat16():
     """`--mixed_precision=mixed_bfloat16` with `--strategy=model_parallel`:
-    the chunked heads train and evaluate on their shards to the unsharded
-    bfloat16 run's losses (measured: test NLL within 1.5e-5 relative,
-    weights within 6.2e-3 of their scale, the products in bfloat16)."""
-    heads = ["plif:bf16", "full_softmax:bf16", "mixture_of_softmaxes:bf16"]
+    the chunked heads, and the heads with a per-token path on the shards
+    (`HierarchicalSoftmax`, MoC, `MonotonicSoftmax`), train and evaluate on
+    their shards to the unsharded bfloat16 run's losses (measured: test NLL
+    within 1.5e-5 relative, weights within 6.4e-3 of their scale, the
+    products in bfloat16)."""
+    heads = ["plif:bf16", "full_softmax:bf16", "mixture_of_softmaxes:bf16",
+             "hierarchical:bf16", "mixture_of_contexts:bf16", "monotonic:bf16"]
     result = run_on_simulated_devices(__file__, DEVICES, *heads)
     assert sorted(result) == sorted(heads), result
     for name in heads:
