@@ -182,12 +182,12 @@ def test_platform_dispatch(monkeypatch):
 
 
 def test_histogram_under_a_distribution_keeps_the_scores_shape():
-    """On JAX under a `keras.distribution`, every platform's default is the
-    scatter, on the scores' own shape (`sharded_scatter`: XLA then
-    partitions it into per-device histograms and one all-reduce;
+    """On JAX under a `keras.distribution.ModelParallel`, every platform's
+    default is the scatter, on the scores' own shape (`sharded_scatter`:
+    XLA then partitions it into per-device histograms and one all-reduce;
     `tests/test_vocab_parallel_heads.py` checks the compiled collectives);
-    the same sums as the flat scatter. Off JAX, or without a
-    distribution, nothing changes."""
+    the same sums as the flat scatter. Off JAX, without a distribution or
+    under `DataParallel`, nothing changes."""
     rng = np.random.default_rng(0)
     idx = rng.integers(0, 7, (3, 5, 11)).astype("int32")
     w = rng.normal(size=(3, 5, 11)).astype("float32")
@@ -195,8 +195,14 @@ def test_histogram_under_a_distribution_keeps_the_scores_shape():
     assert not dispatch.sharded_scatter()
     if BACKEND != "jax":
         pytest.skip("keras.distribution runs on JAX")
-    distribution = keras.distribution.DataParallel(
-        devices=keras.distribution.list_devices()[:1])
+    devices = keras.distribution.list_devices()[:1]
+    with keras.distribution.DataParallel(devices=devices).scope():
+        assert not dispatch.sharded_scatter()
+        with forced_platform("tpu"):
+            assert dispatch.histogram_method() == "sorted"
+    mesh = keras.distribution.DeviceMesh((1, 1), ("batch", "model"), devices)
+    distribution = keras.distribution.ModelParallel(
+        layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
     with distribution.scope():
         assert dispatch.sharded_scatter()
         for platform in ("cpu", "gpu", "tpu"):

@@ -183,8 +183,9 @@ def histogram_method():
       installed JAX lacks Pallas' Triton backend
       (`platforms.has_pallas_triton`);
     * TPU: `"sorted"` (`sorted_knot_histogram`, no scatter at all);
-    * on JAX under a `keras.distribution` (whatever the platform):
-      `"scatter"`, which then keeps the scores' shape (`sharded_scatter`):
+    * on JAX under a `keras.distribution.ModelParallel` (whatever the
+      platform): `"scatter"`, which then keeps the scores' shape
+      (`sharded_scatter`):
       XLA's partitioner splits a scatter-add of sharded scores into each
       device's partial histogram and one `[K]` all-reduce, where flattening
       the scores, sorting them or a kernel would gather all of them on
@@ -207,12 +208,15 @@ def histogram_method():
 
 def sharded_scatter():
     """Whether `knot_histogram`'s scatter keeps the scores' shape: JAX under
-    a current `keras.distribution`, whose layouts may shard the scores (the
-    vocabulary axis of `[N, V]` under `training.VocabularyParallel`).
-    Flattened (elsewhere: 1.5x faster on one CPU device, measured), the
-    sharded axis would no longer be a block of the flat array and XLA
-    would gather the scores and indices on every device."""
-    return keras.backend.backend() == "jax" and keras.distribution.distribution() is not None
+    a current `keras.distribution.ModelParallel`, whose layouts may shard
+    the scores on their vocabulary axis (`training.VocabularyParallel`).
+    Flattened (elsewhere: 1.5x faster on one CPU device, measured), that
+    axis would no longer be a block of the flat array and XLA would gather
+    the scores and indices on every device. Under `DataParallel` (rows
+    split: blocks of the flat array) the platform's method stays."""
+    return (keras.backend.backend() == "jax"
+            and isinstance(keras.distribution.distribution(),
+                           keras.distribution.ModelParallel))
 
 
 def knot_histogram(idx, weights, num_knots, method=None):
