@@ -214,6 +214,12 @@ def test_histogram_under_a_distribution_keeps_the_scores_shape():
         # An explicit method is respected.
         (h,) = dispatch.knot_histogram(idx, (w,), 7, method="sorted")
         assert np.abs(ops.convert_to_numpy(h) - expected).max() < 1e-5
+        # Inside a shard's body (one device's arrays) the platform's method.
+        with dispatch.per_shard():
+            assert not dispatch.sharded_scatter()
+            with forced_platform("tpu"):
+                assert dispatch.histogram_method() == "sorted"
+        assert dispatch.sharded_scatter()
     assert not dispatch.sharded_scatter()
 
 

@@ -24,6 +24,10 @@ vocabulary size between devices:
   and `SelfNormalizedSoftmax`): the Linear-Softmax on each device's shard
   (`head_utils.linear_nll_on_shards`), where XLA's partitioner gathered
   the matrix in the tiled pass;
+* `PLIFSoftmax` with `chunk_size` (its summed pass on the shards, checked
+  in `test_vocab_parallel_summed.py`): here, that its partial slope
+  histograms inside each shard's body keep the platform's method
+  (`functional.dispatch.per_shard`);
 * `MonotonicSoftmax` (dense): the table's gradient, a histogram of the
   `[N, V]` scores, keeps their shape (`functional.dispatch.sharded_scatter`),
   where flattened they were gathered on every device.
@@ -45,11 +49,18 @@ V = 192
 def test_heads_on_vocabulary_shards_match_single_device():
     result = run_on_simulated_devices(__file__, DEVICES)
     assert sorted(result) == ["hierarchical_frequency", "hierarchical_random_tied",
-                              "mixture_of_contexts", "monotonic", "monotonic_tiled",
+                              "mixture_of_contexts", "monotonic", "monotonic_tiled", "plif",
                               "sampled_softmax"], result
+    # The knot histograms: the dense head's, of the sharded [N, V] scores,
+    # keeps their shape (no flat segment_sum); PLIF's partial histograms
+    # inside each shard's summed pass keep the platform's method (here the
+    # flat segment_sum; a Pallas kernel on a GPU, the sorted one on a TPU).
+    assert result["monotonic"]["flat_histograms"] == 0, result["monotonic"]
+    assert result["plif"]["flat_histograms"] > 0, result["plif"]
     for name, r in result.items():
-        if name != "monotonic":  # its own pass, traced twice (the value, the gradient)
-            assert r["vocab_parallel_calls"] == 2, (name, r)
+        if name != "monotonic":  # its path, in both traces (the value, the gradient);
+            # PLIF's summed pass twice a trace (token_losses' forward and backward)
+            assert r["vocab_parallel_calls"] == (4 if name == "plif" else 2), (name, r)
         assert r["value_err"] < 1e-5, (name, r)
         assert len(r["grad_err"]) == r["num_weights"] + 1, (name, r)
         # The monotonic MLP's parameters: sums over all N x V scores, which
@@ -91,6 +102,7 @@ def child():
 
     import keras_softmax_heads as ksh
     from keras_softmax_heads import training
+    from keras_softmax_heads.functional import dispatch
     from keras_softmax_heads.heads import hierarchical_softmax
     from keras_softmax_heads.heads import mixture_of_contexts
     from keras_softmax_heads.heads import pointwise_softmax_head
@@ -105,6 +117,8 @@ def child():
     count_calls(hierarchical_softmax, "vocab_parallel_within_cluster", calls)
     count_calls(pointwise_softmax_head, "vocab_parallel_pointwise_nll", calls)
     count_calls(pointwise_softmax_head, "linear_nll_on_shards", calls, "pointwise_linear")
+    count_calls(pointwise_softmax_head, "vocab_parallel_mixture", calls)
+    count_calls(dispatch, "segment_sum", calls, "flat_histogram")
     distribution = training.VocabularyParallel(V, vocab_shards=DEVICES // 2)  # 2 x 2
     counts = rng.zipf(1.3, V).astype("float64")
 
@@ -124,18 +138,21 @@ def child():
             ("monotonic", lambda: ksh.MonotonicSoftmax(V, num_units=4, grid_size=64)),
             ("monotonic_tiled", lambda: ksh.MonotonicSoftmax(V, num_units=4, grid_size=64,
                                                              chunk_size=32)),
-            ("sampled_softmax", lambda: ksh.SampledSoftmax(V, num_sampled=8, chunk_size=32))):
+            ("sampled_softmax", lambda: ksh.SampledSoftmax(V, num_sampled=8, chunk_size=32)),
+            ("plif", lambda: ksh.PLIFSoftmax(V, chunk_size=32, num_knots=64))):
         with distribution.scope():
             head = make()
             head.build((None, None, dim))
         calls_of = {"hierarchical_frequency": "vocab_parallel_within_cluster",
                     "hierarchical_random_tied": "vocab_parallel_within_cluster",
                     "monotonic_tiled": "vocab_parallel_pointwise_nll",
-                    "sampled_softmax": "pointwise_linear"}.get(
+                    "sampled_softmax": "pointwise_linear",
+                    "plif": "vocab_parallel_mixture"}.get(
                         name, "linear_nll_on_shards")
         r = log_likelihood_on_shards(head, h, y, u, distribution, calls, compiled="step")
         result[name] = {
             "vocab_parallel_calls": r["calls"].count(calls_of),
+            "flat_histograms": r["calls"].count("flat_histogram"),
             "value_err": r["value_err"],
             "num_weights": r["num_weights"],
             "grad_err": r["grad_err"],

@@ -20,6 +20,25 @@ from keras import ops
 from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
 from keras_softmax_heads.chunked.summed_divergence import summed_divergence
 from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
+from keras_softmax_heads.functional import dispatch
+
+
+def on_shards(shard, mesh, in_specs, out_specs, check_vma=False):
+    """`jax.shard_map` of `shard` over the Keras `mesh` (`in_specs`,
+    `out_specs` as `PartitionSpec`s), its body traced in
+    `functional.dispatch.per_shard`: one device's arrays, on which the
+    knot histograms keep the platform's method. `check_vma=False` (the
+    passes' convention): a replicated input's cotangent is summed over the
+    shards, a replicated output's cotangent reaches each shard divided by
+    their number."""
+    import jax
+
+    def body(*args):
+        with dispatch.per_shard():
+            return shard(*args)
+
+    return jax.shard_map(body, mesh=mesh.backend_mesh, in_specs=tuple(in_specs),
+                         out_specs=out_specs, check_vma=check_vma)
 
 
 def batch_axis_for(layout, rows):
@@ -171,11 +190,9 @@ def summed_over_shards(shard, mesh, specs, row_spec, extra_outputs, inputs):
     partition specs; `shard` returns `per_device` outputs: a `[1]` sum and
     `extra_outputs` per-row arrays, all split like the rows, `row_spec`):
     the whole sum, or the tuple of it and the per-row outputs."""
-    import jax
     import jax.numpy as jnp
 
-    out = jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
-                        out_specs=(row_spec,) * (1 + extra_outputs), check_vma=False)(*inputs)
+    out = on_shards(shard, mesh, specs, (row_spec,) * (1 + extra_outputs))(*inputs)
     total = jnp.sum(out[0])
     return (total,) + tuple(out[1:]) if extra_outputs else total
 
@@ -398,7 +415,6 @@ def vocab_parallel_pointwise_nll(h, kernel, bias, targets, layout, *, transform_
     Returns:
         `[N]` negative log-likelihoods (float32).
     """
-    import jax
     from jax.sharding import PartitionSpec
 
     from keras_softmax_heads.chunked.losses import chunked_pointwise_stats
@@ -442,8 +458,7 @@ def vocab_parallel_pointwise_nll(h, kernel, bias, targets, layout, *, transform_
     # which the shard map's transpose sums; the replicated output's
     # cotangent reaches each device divided by the shards, and the
     # all-reduces' transposes sum it back.
-    return jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=tuple(specs),
-                         out_specs=row_spec, check_vma=False)(*inputs)
+    return on_shards(shard, mesh, specs, row_spec)(*inputs)
 
 
 def summed_mixture_nll_auto(latents, log_priors, kernel, bias, targets, weights, *,

@@ -206,15 +206,42 @@ def histogram_method():
     return "scatter"
 
 
+_PER_SHARD = threading.local()
+
+
+@contextlib.contextmanager
+def per_shard():
+    """A context for code traced inside a `jax.shard_map` body, whose
+    arrays are one device's: there `knot_histogram` keeps the platform's
+    method (`sharded_scatter` is False), as on one device. The
+    vocabulary-parallel passes (`chunked.vocab_parallel`) trace their
+    shards' bodies in it (the PLIF's slope histograms of
+    `vocab_parallel_mixture`: a Pallas kernel on a GPU, the sorted
+    histogram on a TPU).
+
+    >>> with per_shard():
+    ...     sharded_scatter()
+    False
+    """
+    previous = getattr(_PER_SHARD, "active", False)
+    _PER_SHARD.active = True
+    try:
+        yield
+    finally:
+        _PER_SHARD.active = previous
+
+
 def sharded_scatter():
     """Whether `knot_histogram`'s scatter keeps the scores' shape: JAX under
     a current `keras.distribution.ModelParallel`, whose layouts may shard
-    the scores on their vocabulary axis (`training.VocabularyParallel`).
-    Flattened (elsewhere: 1.5x faster on one CPU device, measured), that
-    axis would no longer be a block of the flat array and XLA would gather
-    the scores and indices on every device. Under `DataParallel` (rows
-    split: blocks of the flat array) the platform's method stays."""
+    the scores on their vocabulary axis (`training.VocabularyParallel`),
+    outside a shard's body (`per_shard`). Flattened (elsewhere: 1.5x faster
+    on one CPU device, measured), that axis would no longer be a block of
+    the flat array and XLA would gather the scores and indices on every
+    device. Under `DataParallel` (rows split: blocks of the flat array)
+    the platform's method stays."""
     return (keras.backend.backend() == "jax"
+            and not getattr(_PER_SHARD, "active", False)
             and isinstance(keras.distribution.distribution(),
                            keras.distribution.ModelParallel))
 

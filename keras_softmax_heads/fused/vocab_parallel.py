@@ -20,6 +20,7 @@ from keras_softmax_heads.chunked import chunked_pointwise_stats
 from keras_softmax_heads.chunked.vocab_parallel import batch_axis_for
 from keras_softmax_heads.chunked.vocab_parallel import best_word
 from keras_softmax_heads.chunked.vocab_parallel import kernel_spec
+from keras_softmax_heads.chunked.vocab_parallel import on_shards
 from keras_softmax_heads.chunked.vocab_parallel import shard_start
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.fused.pallas_cross_entropy import check_filter_eps
@@ -188,7 +189,6 @@ def over_vocabulary_shards(local, num_outputs, hidden, kernel, bias, targets, la
     split over the layout's batch axis when it divides them. Returns the
     outputs reshaped to the targets' shape.
     """
-    import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec
 
@@ -212,10 +212,9 @@ def over_vocabulary_shards(local, num_outputs, hidden, kernel, bias, targets, la
 
     in_specs = (PartitionSpec(batch_axis, None), kernel_spec(vocab_axis, kernel_transposed),
                 row_spec)
-    out = jax.shard_map(
-        shard, mesh=mesh.backend_mesh,
-        in_specs=in_specs + ((PartitionSpec(vocab_axis),) if has_bias else ()),
-        out_specs=(row_spec,) * num_outputs, check_vma=False,
+    out = on_shards(
+        shard, mesh, in_specs + ((PartitionSpec(vocab_axis),) if has_bias else ()),
+        (row_spec,) * num_outputs,
     )(h, kernel, t, *((bias,) if has_bias else ()))
     return tuple(ops.reshape(x, lead) for x in out)
 

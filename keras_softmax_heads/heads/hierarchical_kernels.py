@@ -242,6 +242,7 @@ def vocab_parallel_within_cluster(h, words_matrix, bias, cluster, position, clus
 
     from keras_softmax_heads.chunked.vocab_parallel import VocabShards
     from keras_softmax_heads.chunked.vocab_parallel import batch_axis_for
+    from keras_softmax_heads.chunked.vocab_parallel import on_shards
 
     mesh, vocab_axis, _ = layout
     words_matrix = ops.convert_to_tensor(words_matrix)
@@ -262,7 +263,7 @@ def vocab_parallel_within_cluster(h, words_matrix, bias, cluster, position, clus
     inputs = [h, words_matrix, cluster, position, ops.convert_to_tensor(cluster_words),
               ops.convert_to_tensor(cluster_sizes)]
     inputs += [ops.convert_to_tensor(bias)] if has_bias else []
-    return jax.shard_map(shard, mesh=mesh.backend_mesh, in_specs=specs, out_specs=rows)(*inputs)
+    return on_shards(shard, mesh, specs, rows, check_vma=True)(*inputs)
 
 
 def size_class_widths(max_cluster_size, ratio=None, top_ratio=None):
