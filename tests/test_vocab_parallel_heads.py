@@ -34,6 +34,8 @@ vocabulary size between devices:
 """
 
 import json
+import os
+import sys
 
 import pytest
 from backends import count_calls
@@ -75,28 +77,11 @@ def test_heads_on_vocabulary_shards_match_single_device():
         assert all("model" in spec for spec in r["vocab_grad_specs"]), (name, r)
 
 
-def large_collectives(compiled, elements):
-    """The compiled step's collectives (`all-gather f32[96,16]`, ...) whose
-    result has at least `elements` entries, those over single devices left
-    out."""
-    import re
-
-    found = set()
-    for line in compiled.as_text().splitlines():
-        if re.search(r"replica_groups=\{(\{\d+\},?)+\}", line):
-            continue
-        match = re.search(r"= \(?(\w+)\[([\d,]*)\][^\n]*? (all-gather|all-reduce|all-to-all|"
-                          r"reduce-scatter|collective-permute)(?:-start)?\(", line)
-        if match:
-            size = 1
-            for x in filter(None, match.group(2).split(",")):
-                size *= int(x)
-            if size >= elements:
-                found.add(f"{match.group(3)} {match.group(1)}[{match.group(2)}]")
-    return sorted(found)
-
-
 def child():
+    # The memory benchmark's filter of a compiled program's collectives.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "benchmarks"))
+    from bench_vocab_parallel_memory import collectives
     import keras
     import numpy as np
 
@@ -156,7 +141,7 @@ def child():
             "value_err": r["value_err"],
             "num_weights": r["num_weights"],
             "grad_err": r["grad_err"],
-            "large_collectives": large_collectives(r["compiled"], V * dim // 2),
+            "large_collectives": collectives(r["compiled"].as_text(), V * dim // 2),
             "vocab_grad_specs": [str(g.sharding.spec)
                                  for w, g in zip(head.trainable_weights, r["grads"])
                                  if V in w.shape],

@@ -99,6 +99,20 @@ def test_vocab_parallel_summed_matches_single_device():
         assert "model" in r["kernel_grad_spec"], (name, r)
 
 
+def in_both_modes(steps, args, calls):
+    """Runs the jitted steps `steps[True]` (the vocabulary-parallel path on)
+    and `steps[False]` (off) on `args`: `(outs, used, gathers)`, `outs[mode]`
+    the step's output, `used[mode]` how often each path (`"vocab_parallel"`,
+    `"single"`, counted in `calls` by `count_calls`) was traced, `gathers`
+    the all-gather shapes of the vocabulary-parallel step compiled."""
+    outs, used = {}, {}
+    for mode in (True, False):
+        before = len(calls)
+        outs[mode] = steps[mode](*args)
+        used[mode] = {k: calls[before:].count(k) for k in ("vocab_parallel", "single")}
+    return outs, used, all_gather_shapes(steps[True].lower(*args).compile())
+
+
 def all_gather_shapes(compiled):
     """The result shapes (`f32[96,16]`, ...) of a compiled step's
     all-gathers."""
@@ -135,7 +149,7 @@ def child():
         with distribution.scope():
             kernel = keras.Variable(w, name="kernel")
             bias = keras.Variable(b, name="bias") if with_bias else None
-            outs, used = {}, {}
+            steps = {}
             for mode in (True, False):
                 def loss(h, kval, bval, weights, mode=mode):
                     mapping = [(kernel, kval)] + ([(bias, bval)] if with_bias else [])
@@ -149,16 +163,12 @@ def child():
                     return value, aux["argmax"]
 
                 argnums = (0, 1, 2, 3) if with_bias else (0, 1, 3)
-                step = jax.jit(jax.value_and_grad(loss, argnums=argnums, has_aux=True))
-                args = (h, kernel.value, bias.value if with_bias else None, sw)
-                before = len(calls)
-                (value, argmax), grads = step(*args)
-                used[mode] = {k: calls[before:].count(k) for k in ("vocab_parallel", "single")}
-                outs[mode] = (float(value), np.asarray(argmax), [np.asarray(g) for g in grads])
-                if mode:
-                    gathers = all_gather_shapes(step.lower(*args).compile())
-                    grad_spec = str(grads[1].sharding.spec)
-        a, r = outs[True], outs[False]
+                steps[mode] = jax.jit(jax.value_and_grad(loss, argnums=argnums, has_aux=True))
+            outs, used, gathers = in_both_modes(
+                steps, (h, kernel.value, bias.value if with_bias else None, sw), calls)
+        grad_spec = str(outs[True][1][1].sharding.spec)
+        a, r = ((float(value), np.asarray(argmax), [np.asarray(g) for g in grads])
+                for (value, argmax), grads in (outs[True], outs[False]))
         result[name] = {
             "vocab_parallel_used": used[True]["vocab_parallel"] > 0,
             "single_device_used": used[True]["single"] > 0 or used[False]["vocab_parallel"] > 0,
@@ -302,7 +312,7 @@ def divergences(rng):
         w_s, w_t, b_s, b_t = distillation_weights(rng, h_s, h_t, v)
         for divergence, teacher_gradient in (("forward_kl", False), ("reverse_kl", True),
                                              ("jsd", False)):
-            outs, used = {}, {}
+            steps = {}
             for mode in (True, False):
                 def loss(h_s, w, b_s, h_t, w_t, b_t, mode=mode):
                     with keras.StatelessScope(state_mapping=[(w_s, w)]):
@@ -315,16 +325,12 @@ def divergences(rng):
                             vocab_parallel=mode)
 
                 argnums = (0, 1, 2, 3, 4, 5) if teacher_gradient else (0, 1, 2)
-                step = jax.jit(jax.value_and_grad(loss, argnums=argnums))
-                args = (h_s, w_s.value, b_s, h_t, w_t, b_t)
-                before = len(calls)
-                value, grads = step(*args)
-                used[mode] = {k: calls[before:].count(k) for k in ("vocab_parallel", "single")}
-                outs[mode] = (float(value), [np.asarray(g) for g in grads])
-                if mode:
-                    gathers = all_gather_shapes(step.lower(*args).compile())
-                    grad_spec = str(grads[1].sharding.spec)
-            a, r = outs[True], outs[False]
+                steps[mode] = jax.jit(jax.value_and_grad(loss, argnums=argnums))
+            outs, used, gathers = in_both_modes(steps, (h_s, w_s.value, b_s, h_t, w_t, b_t),
+                                                calls)
+            grad_spec = str(outs[True][1][1].sharding.spec)
+            a, r = ((float(value), [np.asarray(g) for g in grads])
+                    for value, grads in (outs[True], outs[False]))
             result[divergence] = {
                 "teacher_gradient": teacher_gradient,
                 "vocab_parallel_used": used[True]["vocab_parallel"] > 0,
@@ -485,7 +491,7 @@ def token_divergences(rng):
         w_s, w_t, b_s, b_t = distillation_weights(rng, h_s, h_t, v)
         for name, divergence, teacher_gradient in (("forward_kl", "forward_kl", False),
                                                    ("reverse_kl_teacher", "reverse_kl", True)):
-            outs, used = {}, {}
+            steps = {}
             for mode in (True, False):
                 def loss(h_s, w, b_s, h_t, w_t, b_t, mode=mode):
                     with keras.StatelessScope(state_mapping=[(w_s, w)]):
@@ -497,15 +503,12 @@ def token_divergences(rng):
                             chunk_size=32, vocab_parallel=mode)
                     return jax.numpy.sum(u * per_token), per_token
 
-                step = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(6)), has_aux=True))
-                args = (h_s, w_s.value, b_s, h_t, w_t, b_t)
-                before = len(calls)
-                (_, per_token), grads = step(*args)
-                used[mode] = {k: calls[before:].count(k) for k in ("vocab_parallel", "single")}
-                outs[mode] = (np.asarray(per_token), [np.asarray(g) for g in grads])
-                if mode:
-                    gathers = all_gather_shapes(step.lower(*args).compile())
-            a, r = outs[True], outs[False]
+                steps[mode] = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(6)),
+                                                         has_aux=True))
+            outs, used, gathers = in_both_modes(steps, (h_s, w_s.value, b_s, h_t, w_t, b_t),
+                                                calls)
+            a, r = ((np.asarray(per_token), [np.asarray(g) for g in grads])
+                    for (_, per_token), grads in (outs[True], outs[False]))
             result[name] = {
                 "vocab_parallel_used": used[True]["vocab_parallel"] > 0,
                 "single_device_used": used[True]["single"] > 0

@@ -23,21 +23,19 @@ if [[ -n "$DATA_DIR" ]]; then
     --project="$PROJECT" --zone="$ZONE" --worker=all
 fi
 if [[ "$BACKEND" == "jax" ]]; then
-  tpu_ssh "set -e
-  mkdir -p $REMOTE_DIR && tar -xzf /tmp/ksh.tar.gz -C $REMOTE_DIR
-  python3 -m pip install --upgrade pip
-  python3 -m pip install -e $REMOTE_DIR tensorboard
+  install="python3 -m pip install -e $REMOTE_DIR tensorboard
   python3 -m pip install 'jax[tpu]==$JAX_VERSION' \
     -f https://storage.googleapis.com/jax-releases/libtpu_releases.html
   KERAS_BACKEND=jax python3 -c 'import jax, keras, keras_softmax_heads; print(jax.__version__, keras.__version__, jax.devices())'"
 else
-  tpu_ssh "set -e
-  mkdir -p $REMOTE_DIR && tar -xzf /tmp/ksh.tar.gz -C $REMOTE_DIR
-  python3 -m pip install --upgrade pip
-  python3 -m pip install 'tensorflow-tpu==$TF_VERSION' \
+  install="python3 -m pip install 'tensorflow-tpu==$TF_VERSION' \
     -f https://storage.googleapis.com/libtpu-tf-releases/index.html
   python3 -m pip install 'keras>=3.12,<4' 'absl-py>=2.1' 'numpy>=1.26' \
     'tensorflow-datasets>=4.9.9' 'scikit-learn>=1.5' tensorboard
   python3 -m pip install --no-deps -e $REMOTE_DIR
   python3 -c 'import tensorflow as tf, keras, keras_softmax_heads; print(tf.__version__, keras.__version__)'"
 fi
+tpu_ssh "set -e
+  mkdir -p $REMOTE_DIR && tar -xzf /tmp/ksh.tar.gz -C $REMOTE_DIR
+  python3 -m pip install --upgrade pip
+  $install"

@@ -17,6 +17,7 @@ gradient in the forward pass".
 import keras
 from keras import ops
 
+from keras_softmax_heads.chunked.platform import chunk_size_for
 from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
 from keras_softmax_heads.chunked.summed_divergence import summed_divergence
 from keras_softmax_heads.chunked.summed_mixture import summed_mixture_nll
@@ -476,16 +477,20 @@ def summed_mixture_nll_auto(latents, log_priors, kernel, bias, targets, weights,
                                   kernel_transposed=kernel_transposed, **options)
 
 
-def tile_sized_token_chunk(rows, vocab, chunk_size):
+def tile_sized_token_chunk(rows, vocab, chunk_size, components=1):
     """The token chunk of a per-token pass on vocabulary shards
     (`token_losses`): `N * chunk_size / V` tokens, at least 1 and at most
     `N`, so that the pass runs as many chunks as the tiled per-token pass
     has tiles (`V / chunk_size`) and each device's chunk holds `1 / n` of a
     tile's scores (`[tokens, V / n]` against `[N, chunk_size]`); None (the
-    summed pass's default) when `N` is not static. The summed training
+    summed pass's default) when `N` is not static. `chunk_size` None: the
+    tiled pass's width on this platform for `components` mixture components
+    (`chunked.platform.chunk_size_for` of `K N` rows). The summed training
     pass keeps its own larger default chunks (sized for speed)."""
     if not isinstance(rows, int):
         return None
+    if chunk_size is None:
+        chunk_size = chunk_size_for(vocab, rows * components, components)
     return max(1, min(rows, rows * chunk_size // vocab))
 
 

@@ -5,7 +5,6 @@ import keras
 from keras import ops
 
 from keras_softmax_heads.chunked import chunked_pointwise_nll
-from keras_softmax_heads.chunked.platform import chunk_size_for
 from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.heads.head_utils import gather_targets
@@ -99,11 +98,9 @@ class MixtureOfContexts(MixtureHead):
         mixed = self._mixed_context(inputs, training)
         layout = vocab_parallel_layout(kernel, transposed)
         if layout is not None:  # JAX, the kernel sharded on V: each device its shard
-            rows = mixed.shape[0]
-            width = self.chunk_size or chunk_size_for(self.vocab_size, rows)
             nll = linear_nll_on_shards(
                 mixed, kernel, self.bias, transposed, layout, targets, self.vocab_size,
-                tile_sized_token_chunk(rows, self.vocab_size, width))
+                tile_sized_token_chunk(mixed.shape[0], self.vocab_size, self.chunk_size))
         else:
             nll = chunked_pointwise_nll(
                 mixed,

@@ -7,7 +7,6 @@ from keras import ops
 
 from keras_softmax_heads import functional
 from keras_softmax_heads.chunked import chunked_mixture_nll
-from keras_softmax_heads.chunked.platform import chunk_size_for
 from keras_softmax_heads.chunked.vocab_parallel import summed_mixture_nll_auto
 from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
@@ -301,11 +300,9 @@ class MixtureOfSoftmaxes(MixtureHead):
         vocabulary shard: the summed core with its per-token losses
         (`chunked.vocab_parallel.token_losses`, exact gradients for any
         cotangent)."""
-        rows, k = latent.shape[0], self.num_components
         # As many chunks as the tiled pass has tiles, 1 / n of a tile's scores each.
-        width = self.chunk_size or chunk_size_for(
-            self.vocab_size, None if rows is None else rows * k, k)
-        chunk = tile_sized_token_chunk(rows, self.vocab_size, width)
+        chunk = tile_sized_token_chunk(latent.shape[0], self.vocab_size, self.chunk_size,
+                                       self.num_components)
         has_bias, has_plif = self.bias is not None, self.raw_slopes is not None
         extra = [x for x in (self.bias, self.raw_slopes) if x is not None]
 
