@@ -101,21 +101,28 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         """
         inputs = ops.cast(self._check_inputs(inputs), self.compute_dtype)
         kernel, transposed = self.chunked_projection()
-        transform, variables = None, []  # identity: no vector-Jacobian product
-        if self.has_score_transform():
-            variables = self.score_transform_variables()
-
-            def transform(z, *values):
-                # `chunked_pointwise_nll` makes `variables` read as `values`
-                # while this runs, and returns their gradients.
-                del values
-                return self.score_transform(z)
-
+        transform, variables = self._tiled_transform()
         return chunked_pointwise_nll(
             inputs, kernel, self.bias, targets, transform_fn=transform,
             transform_params=variables, chunk_size=self.chunk_size,
             kernel_transposed=transposed,
         )
+
+    def _tiled_transform(self):
+        """`(transform_fn, transform_params)` of the tiled pass
+        (`chunked_pointwise_nll` and its vocabulary-parallel form):
+        `score_transform` and the variables it reads, or `(None, [])` for
+        the identity (no vector-Jacobian product)."""
+        if not self.has_score_transform():
+            return None, []
+
+        def transform(z, *values):
+            # The tiled pass makes the variables read as `values` while this
+            # runs, and returns their gradients.
+            del values
+            return self.score_transform(z)
+
+        return transform, self.score_transform_variables()
 
     def _summed_core_options(self):
         """The options of this head's one component in the summed mixture
@@ -180,14 +187,10 @@ class PointwiseSoftmaxHead(SoftmaxHead):
         shard, the shards' log-sum-exps and target scores combined
         (`chunked.vocab_parallel.vocab_parallel_pointwise_nll`)."""
         ids = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
-
-        def transform(z, *values):  # the variables read as `values` meanwhile
-            del values
-            return self.score_transform(z)
-
+        transform, variables = self._tiled_transform()
         return vocab_parallel_pointwise_nll(
             rows, kernel, self.bias, ids, layout, transform_fn=transform,
-            transform_params=self.score_transform_variables(), chunk_size=self.chunk_size,
+            transform_params=variables, chunk_size=self.chunk_size,
             kernel_transposed=transposed)
 
     def _summed_loss_operands(self, inputs, targets):
