@@ -38,7 +38,9 @@ DEFAULT_ROWS = (
     ("bottleneck_ptb", "moc"), ("bottleneck_ptb", "mos"), ("bottleneck_ptb", "moss"),
     ("bottleneck_ptb", "mos_plif"),
     ("chen_ptb", "softmax"), ("chen_ptb", "nce"), ("chen_ptb", "weaknorm"),
-    ("chen_ptb", "weaknorm_sq"),
+    ("chen_ptb", "weaknorm_sq"), ("chen_ptb", "sampling"), ("chen_ptb", "d_softmax"),
+    ("chen_ptb", "hsm_random"), ("chen_ptb", "hsm_frequency"), ("chen_ptb", "hsm_kmeans"),
+    ("chen_ptb", "hsm_weighted_kmeans"),
 )
 #: Rows whose training objective is not the exact NLL.
 INEXACT_ROWS = {("chen_ptb", "nce"), ("chen_ptb", "weaknorm"), ("chen_ptb", "weaknorm_sq"),
