@@ -168,8 +168,13 @@ def section_loop():
             line += (f" `train_lm.py` / bare loop: **{data['train_lm_over_bare']:.2f}×** "
                      "(target ≤ 1.15×).")
         if data.get("compare_head_over_head") is not None:
-            line += (f" PLIF / full softmax, whole model: **{data['compare_head_over_head']:.2f}×** "
-                     "(target ≤ 1.3×).")
+            # The compared head is the row that is not the baseline's.
+            names = {"plif": "PLIF", "monotonic": "MonotonicSoftmax"}
+            head = data.get("settings", {}).get("head", "full_softmax")
+            other = next((r["head"] for r in data["rows"] if r["head"] != head), "plif")
+            target = " (target ≤ 1.3×)" if other == "plif" else " (PLIF's target: ≤ 1.3×)"
+            line += (f" {names.get(other, other)} / full softmax, whole model: "
+                     f"**{data['compare_head_over_head']:.2f}×**{target}.")
         parts += [table(["row", "head", "ms / step"], rows), line, provenance(name, data)]
     return "\n\n".join(parts)
 
