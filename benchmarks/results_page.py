@@ -384,7 +384,8 @@ def section_robustness():
                "--out=docs/results/head_robustness.json (LSTM rows; the n-gram rows: "
                "--rows=chen_ptb/... --out=docs/results/head_robustness_chen.json)")
     parts = [text, "; ".join(
-        ["*Raw:* " + ", ".join(f"[`docs/results/{n}`](results/{n})" for n in ROBUSTNESS_FILES),
+        ["*Raw:* " + ", ".join(f"[`docs/results/{n}`](results/{n})" for n in ROBUSTNESS_FILES
+                               if load(n) is not None),
          f"*command:* `{command}`", f"*machine:* {meta.get('machine')}"]) + "."]
     diag = []
     for name, label in HEAD_FIX_RUNS:
