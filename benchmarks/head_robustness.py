@@ -1,13 +1,14 @@
-r"""The seed-robustness check: every head on PTB, three seeds, fixed steps.
+r"""The seed-robustness check: every head on PTB (and WikiText-2), three seeds, fixed steps.
 
-Each row of the two studies trains for a fixed number of steps under its
+Each row of the three studies trains for a fixed number of steps under its
 study's preset (bottleneck heads: Zaremba small, 1000 steps, validated every
 250; large-vocabulary heads: Chen et al.'s n-gram model, 3000 steps, every
-750), on seeds 0, 1 and 2, and is compared with the softmax of its study on
+750; the adaptive softmax on WikiText-2: Zaremba small, 1000 steps, every
+250), on seeds 0, 1 and 2, and is compared with the softmax of its study on
 the same seed at the same step (`keras_softmax_heads.training.robustness`).
 A finished run is not trained again: rerunning resumes the check.
 
-    python benchmarks/head_robustness.py --data_dir=../shared/data/ptb \
+    python benchmarks/head_robustness.py --data_dir=../shared/data \
         --out=docs/results/head_robustness.json
     python benchmarks/head_robustness.py --rows=bottleneck_ptb/mos --seeds=0 ...
 """
@@ -17,12 +18,15 @@ import os
 from absl import app
 from absl import flags
 
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "The PTB directory.")
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None, "The corpora's directory (holding ptb/ and wikitext-2/), or one corpus's.")
 _OUT = flags.DEFINE_string("out", "docs/results/head_robustness.json", "The JSON results.")
 _ROWS = flags.DEFINE_list("rows", None, "study/row pairs (default: all of the check's).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every row.")
 _EVAL_WINDOWS = flags.DEFINE_integer("eval_windows", 40, "Validation windows per validation.")
-_DATASET = flags.DEFINE_string("dataset", "ptb", "The corpus ('synthetic' for smoke runs).")
+_DATASET = flags.DEFINE_string(
+    "dataset", None, "The corpus of every run ('synthetic' for smoke runs; default: each "
+    "study's own, PTB or WikiText-2).")
 _STEPS = flags.DEFINE_integer(
     "steps", None, "Steps of every run, validated halfway and at the end (smoke runs; "
     "default: 1000 for the LSTM rows, 3000 for the n-gram rows).")

@@ -1,8 +1,9 @@
 """The seed-robustness check: does every head train under the presets?
 
-Every row of the two studies (`studies.STUDIES`: the bottleneck heads on the
+Every row of three studies (`studies.STUDIES`: the bottleneck heads on the
 Zaremba-small LSTM, the large-vocabulary heads on Chen et al.'s n-gram
-model) is trained for the same fixed number of steps on each of several
+model, both on PTB, and the adaptive softmax against the full and the
+hierarchical softmax on WikiText-2) is trained for the same fixed number of steps on each of several
 seeds, with its study's preset, and the exact validation perplexity (of the
 first `eval_windows` validation windows) is taken every `eval_every` steps.
 Each run is then compared with the softmax row of its study on the same
@@ -19,7 +20,7 @@ seed at the same step (`verdicts`):
 `run_check` trains the runs one after the other and rewrites its JSON after
 each (a finished run is not trained again: the check resumes run by run).
 `benchmarks/head_robustness.py` is the script; the `slow` test
-`tests/test_robustness.py` runs it on PTB when `../shared/data` has it.
+`tests/test_robustness.py` runs it when `../shared/data` has PTB and WikiText-2.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ DEFAULT_ROWS = (
     ("chen_ptb", "weaknorm_sq"), ("chen_ptb", "sampling"), ("chen_ptb", "d_softmax"),
     ("chen_ptb", "hsm_random"), ("chen_ptb", "hsm_frequency"), ("chen_ptb", "hsm_kmeans"),
     ("chen_ptb", "hsm_weighted_kmeans"),
+    ("adaptive_wikitext2", "softmax"), ("adaptive_wikitext2", "adaptive"),
+    ("adaptive_wikitext2", "hsm"),
 )
 #: Rows whose training objective is not the exact NLL.
 INEXACT_ROWS = {("chen_ptb", "nce"), ("chen_ptb", "weaknorm"), ("chen_ptb", "weaknorm_sq"),
                 ("chen_ptb", "sampling")}
 #: Steps and validation interval per study (LSTM steps cost ~4x n-gram steps).
-DEFAULT_STEPS = {"bottleneck_ptb": (1000, 250), "chen_ptb": (3000, 750)}
+DEFAULT_STEPS = {"bottleneck_ptb": (1000, 250), "chen_ptb": (3000, 750),
+                 "adaptive_wikitext2": (1000, 250)}
 
 
 def run_key(study, row, seed):
@@ -110,16 +114,20 @@ def unigram_perplexity(corpus):
 
 
 def run_check(data_dir, out, rows=DEFAULT_ROWS, seeds=(0, 1, 2), steps=None,
-              eval_windows=40, dataset="ptb", provenance=None, **overrides):
+              eval_windows=40, dataset=None, provenance=None, **overrides):
     """Trains every (row, seed) not yet in `out` and rewrites `out` after each.
 
     Args:
-        data_dir: the corpus directory.
+        data_dir: the corpus directory (see `dataset`).
         out: the JSON file (`{"runs": {key: record}, ...}`).
         rows: `(study, row)` pairs.
         seeds: the seeds of every row.
         steps: `{study: (steps, eval_every)}` (default `DEFAULT_STEPS`).
         eval_windows: validation windows scored at each validation.
+        dataset: the corpus of every run (`"synthetic"` for smoke runs), or
+            None: each study's own (`studies.STUDIES[study]["dataset"]`,
+            PTB unless it names another), loaded from `data_dir` (a corpus
+            directory, or its parent holding `ptb/` and `wikitext-2/`).
         provenance: optional dict stored in every run trained by this call
             (`"provenance"`), e.g. the code's commit: runs accumulate
             across sessions and code versions.
@@ -133,19 +141,22 @@ def run_check(data_dir, out, rows=DEFAULT_ROWS, seeds=(0, 1, 2), steps=None,
     steps = dict(DEFAULT_STEPS, **(steps or {}))
     summary = studies.read_summary(out) or {}
     summary.setdefault("runs", {})
-    summary.update({"machine": studies.machine_description(), "dataset": dataset,
+    datasets = sorted({study_dataset(study, dataset) for study, _ in rows})
+    summary.update({"machine": studies.machine_description(),
+                    "dataset": datasets[0] if len(datasets) == 1 else datasets,
                     "eval_windows": eval_windows})
-    corpus = None
+    corpora = {}
     for study, row in rows:
+        name = study_dataset(study, dataset)
         for seed in seeds:
             key = run_key(study, row, seed)
             if key in summary["runs"]:
                 continue
-            if corpus is None:
-                corpus = load_dataset(dataset, data_dir)
+            if name not in corpora:
+                corpora[name] = load_dataset(name, data_dir)
             n, every = steps[study]
-            record = train_run(study, row, seed, data_dir, n, every, eval_windows, dataset,
-                               corpus, **overrides)
+            record = train_run(study, row, seed, data_dir, n, every, eval_windows, name,
+                               corpora[name], **overrides)
             if provenance:
                 record["provenance"] = dict(provenance)
             summary["runs"][key] = record
@@ -154,6 +165,12 @@ def run_check(data_dir, out, rows=DEFAULT_ROWS, seeds=(0, 1, 2), steps=None,
     summary["verdicts"] = verdicts(summary["runs"])
     studies.write_summary(out, summary)
     return summary
+
+
+def study_dataset(study, dataset=None):
+    """The corpus of `study`'s runs: `dataset` if given, else the study's own
+    (PTB unless it names another)."""
+    return dataset or studies.STUDIES[study].get("dataset", "ptb")
 
 
 def verdicts(runs, ratio=1.3, nce_ratio=1.5, stall_fraction=0.8):
