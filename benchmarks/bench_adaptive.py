@@ -4,7 +4,7 @@ Rows (each (row, phase, `V`) in its own fresh process; `--row` runs one and
 prints `RESULT <json>`):
 
 * `static`: our `AdaptiveSoftmax(V, cutoffs, factor=4)` with
-  `static_shapes=True` (capacity ladder, custom gradient), under
+  `static_shapes=True` (blocks of the tails' capacities, custom gradient), under
   `tf.function(jit_compile=True)` (mode `xla`, as `bench_peers.py` and
   `bench_large_vocab.py` run our heads);
 * `dynamic`: the same head with `static_shapes=False` (each tail gathers

@@ -659,6 +659,27 @@ def section_adaptive_threads(folder="adaptive_threads"):
         f"`bash docs/results/{folder}/run.sh` (V = 793,471: `run_793k.sh`)."])
 
 
+def section_adaptive_memory(folder="adaptive_memory"):
+    """XLA's planned temporaries of the static adaptive step, before (the
+    capacity ladder) and after (blocks of the capacity)."""
+    before, after = load(f"{folder}/before.json"), load(f"{folder}/after.json")
+    if after is None:
+        return missing(f"{folder}/after.json")
+    old = {(r["vocab_size"], r["tokens"]): r for r in (before or {}).get("rows", [])}
+    out = []
+    for r in after["rows"]:
+        was = old.get((r["vocab_size"], r["tokens"]))
+        out.append([f"{r['vocab_size']:,}", "/".join(str(c) for c in r["cutoffs"]),
+                    f"{r['tokens']:,}", str(r["capacities"]),
+                    fmt(was["temp_mib"], 0) if was else "–", fmt(r["temp_mib"], 0),
+                    fmt(was["temp_mib"] / r["temp_mib"], 1) + "×" if was else "–",
+                    fmt(r["dense_tail_mib"], 0)])
+    text = table(["V", "cutoffs", "N", "capacities K_i", "ladder (before) MiB",
+                  "blocks (now) MiB", "before / now", "one dense tail's [N, size] MiB"], out)
+    return "\n\n".join([text, provenance(f"{folder}/after.json", after)
+                         + f" Before: `{folder}/before.json` ({(before or {}).get('code', '')})."])
+
+
 def section_adaptive_study(name="study_adaptive_wikitext2.json"):
     """Issue 21's study: equal training time on WikiText-2."""
     data = load(name)
@@ -1649,6 +1670,7 @@ def build(make_figures=True):
         "adaptive_bench": section_adaptive_bench(),
         "adaptive_study": section_adaptive_study(),
         "adaptive_threads": section_adaptive_threads(),
+        "adaptive_memory": section_adaptive_memory(),
         "fused_lce": section_fused_lce(),
         "fused_lce_xla": section_fused_lce("bench_linear_cross_entropy_xla.json"),
         "fused_lce_jax": section_fused_lce("bench_linear_cross_entropy_jax.json"),

@@ -43,14 +43,14 @@ class TestAdaptiveBattery(HeadBattery):
     vocab_size, input_dim = V, D
     avoids_full_scores_in_training = True
     fit_epochs = 12
-    # PyTorch: `supports_jit = False` (the ladder branches in Python).
+    # PyTorch: `supports_jit = False` (the overflow loop runs in Python).
     jit_compatible = BACKEND != "torch"
     # No `**kw`: a plain `token_embedding` cannot be tied (the battery's
     # tying test skips on the TypeError).
     cases = {
         "counts": lambda v, d: AdaptiveSoftmax(v, CUTOFFS, factor=2, counts=COUNTS),
-        # Tied adaptive input / output; tiny capacities: most batches climb
-        # the capacity ladder.
+        # Tied adaptive input / output; tiny capacities: most batches
+        # overflow the first block.
         "tied_small_capacity": lambda v, d: _tied(
             v, d, use_bias=False, capacity_factor=0.05
         ),
@@ -137,13 +137,13 @@ def _dense_objective(head, t, weights):
 @slow_off_tensorflow
 def test_gradients_match_dense_autodiff_float64(float64):
     """The cheap `log_likelihood`'s gradients (context, every weight; tight
-    capacities, so the ladder is climbed) equal the dense path's, eagerly
-    and compiled."""
+    capacities, so the members overflow the first block) equal the dense
+    path's, eagerly and compiled."""
     rng = np.random.default_rng(3)
     h = rng.normal(size=(17, D))
     t = np.where(rng.random(17) < 0.6, 30 + rng.integers(0, 10, size=17),
                  rng.integers(0, V, size=17))
-    # Compiled (the `cond` ladder) for the tight head; the tied head eagerly.
+    # Compiled (the overflow loop) for the tight head; the tied head eagerly.
     for head, compiled in ((AdaptiveSoftmax(V, CUTOFFS, factor=2, capacity_factor=0.1), True),
                            (_tied(V, D), False)):
         head = randomised(head, h)
@@ -176,8 +176,8 @@ def test_capacity_overflow_is_exact():
                  rng.integers(0, V, size=n))
     tight = randomised(AdaptiveSoftmax(V, CUTOFFS, counts=COUNTS, capacity_factor=0.05), h)
     caps = tight.tail_capacities(n)
-    assert caps[-1] < 40, caps  # the first rung overflows
-    assert capacity_ladder(n, caps[-1])[-1] == n
+    assert caps[-1] < 40, caps  # the first block overflows
+    assert capacity_ladder(n, caps[-1])[-1] == n  # eagerly: one block of up to n rows
     reference = numpy_reference(tight, h)[np.arange(n), t]
     got = to_numpy(tight.log_likelihood(h, t))
     np.testing.assert_allclose(got, reference, atol=1e-5)
@@ -192,6 +192,40 @@ def test_capacity_overflow_is_exact():
         dynamic(h)
         dynamic.set_weights(tight.get_weights())
         np.testing.assert_allclose(to_numpy(dynamic.log_likelihood(h, t)), got, atol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's compiled memory analysis (JAX)")
+def test_xla_plans_static_tail_blocks_not_the_batch():
+    """XLA's temporaries for the loss and gradients scale with the tails'
+    capacities, not with the batch: an overflow is a loop over blocks of the
+    first capacity (a `cond` over capacities up to `N` made XLA reserve the
+    `[N, size]` scores of its largest branch: 14 GB at V = 267,735,
+    N = 8,192, d = 512, against 3.4 GB now, `docs/adaptive.md`)."""
+    import jax
+
+    v, d, n = 20_000, 64, 4096
+    head = AdaptiveSoftmax(v, [500, 2000], factor=4)
+    head.build((None, d))
+    caps = head.tail_capacities(n)
+    variables = head.trainable_weights
+    t = np.random.default_rng(0).integers(0, v, size=n).astype("int32")
+
+    def loss(values, h):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return -ops.mean(head.log_likelihood(h, t))
+
+    values = [w.value for w in variables]
+    h = np.zeros((n, d), "float32")
+    step = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(values, h).compile()
+    temp = step.memory_analysis().temp_size_in_bytes
+    # The last tail's scores for every token would take n * size * 4 bytes;
+    # its first block's (kept for the backward pass), its softmax in the
+    # backward pass and the smaller tail's stay well under that.
+    dense_tail = n * head.tail_sizes[-1] * 4
+    blocks = sum(k * s * 4 for k, s in zip(caps, head.tail_sizes))
+    assert caps[-1] < n / 2, caps
+    assert temp < 0.5 * dense_tail, (temp, dense_tail, blocks)
+    assert temp < 4 * blocks + n * (d + 2000) * 4, (temp, blocks)
 
 
 @needs_dynamic_shapes

@@ -469,3 +469,18 @@ def test_mixture_summed_benchmark_smoke(monkeypatch):
     for name in ("full_chunked", "sig_chunked", "plif_chunked", "mos2", "mos2_plif"):
         assert abs(rows[name]["first_loss"] - rows[name + "_summed"]["first_loss"]) < 1e-5
         assert rows[name + "_summed"]["ratio_to_tiled"] > 0
+
+
+def test_adaptive_memory_benchmark_smoke(tmp_path):
+    """Two small rows: XLA's planned temporaries of the static adaptive step
+    and the capacities they are planned for (the property itself, blocks and
+    not the batch: `test_adaptive.py`)."""
+    pytest.importorskip("jax")
+    out = tmp_path / "memory.json"
+    _run("bench_adaptive_memory.py", "--rows=2000:64:100/500,20000:512:2000", "--dim=32",
+         f"--out={out}", timeout=300)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["vocab_size"], r["tokens"]) for r in rows] == [(2000, 64), (20000, 512)]
+    for r in rows:
+        assert r["temp_mib"] > 0 and len(r["capacities"]) == len(r["cutoffs"]), r
+        assert all(1 <= k <= r["tokens"] for k in r["capacities"]), r

@@ -2,7 +2,7 @@
 
 Besides the layer: the capacity model of the static tails (`tail_fractions`,
 `capacity`, `capacity_ladder`) and the static tail kernel
-(`static_tail_log_likelihood`, a custom gradient); the layer's
+(`static_tail_log_likelihood`: blocks of the capacity, a custom gradient); the layer's
 `tail_log_likelihood` is the one dispatch between it and the dynamic path.
 Design notes: `docs/adaptive.md`.
 """
@@ -87,7 +87,8 @@ def capacity(num_tokens, fraction, capacity_factor):
 
 
 def capacity_ladder(num_tokens, first):
-    """Capacities tried in turn: `K, 2K, 4K, ..., N` (int `N`), or `[K, N]`."""
+    """`K, 2K, 4K, ..., N` (int `N`), or `[K, N]`: the block sizes of an
+    eager call (the first that holds the tail's members)."""
     if not isinstance(num_tokens, int):
         return [first, num_tokens]
     ladder = [first]
@@ -96,21 +97,25 @@ def capacity_ladder(num_tokens, first):
     return ladder
 
 
-def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladder,
+def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capacity,
                                 accumulation_dtype):
     """One tail's `log_softmax((h P) W + b)` at the targets of its members,
-    with static shapes: the capacity ladder, and a custom gradient.
+    with static shapes: blocks of `capacity` rows, and a custom gradient.
 
-    The tail's tokens are placed first (in token order) in `order`; capacity
-    `k` computes rows `order[:k]`, which hold every member when
-    `count <= k`. The first rung's products are computed unconditionally
-    and kept for the backward pass (the scores `z` and the rows' inputs), so
-    when it holds the members (nearly always: `capacity`) the backward pass
-    takes two products per tail, as autodiff would. Otherwise `ops.cond`
-    climbs the rest of `ladder`, in the forward and (recomputing the rows)
-    in the backward pass. The gradient is written out
-    (`d ll / d z = onehot - softmax(z)`), not taken through the `cond`
-    (under XLA that made every Keras fit step recompile; `docs/adaptive.md`).
+    The tail's tokens are placed first (in token order) in `order`; block
+    `j` computes rows `order[j K : (j + 1) K]` for `K = capacity`. Block 0
+    is computed unconditionally and its products are kept for the backward
+    pass (the scores `z` and the rows' inputs), so when it holds the
+    members (nearly always: `capacity`) the backward pass takes two products
+    per tail, as autodiff would. The members beyond it (an overflowing
+    batch) are computed by an `ops.while_loop` over the next blocks, as many
+    as they fill, in the forward pass and (recomputing the blocks' scores) in
+    the backward pass. Every block has the same `[K, size]` shape, so what
+    XLA plans for a step is a few blocks of `K` rows whatever the batch
+    holds, not the `[N, size]` scores of a dense tail (a `cond` over larger
+    capacities, the layer's earlier form, made XLA reserve its largest
+    branch: `docs/adaptive.md`). The gradient is written out
+    (`d ll / d z = onehot - softmax(z)`), not taken through the loop.
 
     Args:
         h: `[N, d]` context vectors, compute dtype, static `N`.
@@ -118,7 +123,7 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
         local: int32 `[N]`, the target's position in the tail (clipped).
         projection: `[d, d_i]`; kernel: `[d_i, size]` (compute dtype).
         bias: `[size]` (accumulation dtype) or None.
-        ladder: increasing Python ints, the last `N`.
+        capacity: Python int `K` in `[1, N]`, the rows of a block.
         accumulation_dtype: dtype of the scores.
 
     Returns:
@@ -132,18 +137,17 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
     order = ops.cast(ops.argsort(ops.where(member, positions, positions + n)), "int32")
     slot = ops.cumsum(member_int) - 1  # a member's row in `order`
     has_bias = bias is not None
+    block = int(min(max(1, capacity), n))
     if is_concrete(member_int):
-        # Eager: the rung is known now (JAX would compile the `cond`'s fresh
-        # branches at every eager call).
+        # Eager: the count is known now; one block holds every member (a
+        # loop would make JAX compile its body at every eager call). Sizes
+        # from the ladder K, 2K, ..., N, so that few shapes occur.
         count = int(ops.convert_to_numpy(ops.sum(member_int)))
-        ladder = [next(k for k in ladder if count <= k)]
-
-    def climb(fn, count, j):
-        if j == len(ladder) - 1:
-            return fn(ladder[j])
-        return ops.cond(
-            count <= ladder[j], lambda: fn(ladder[j]), lambda: climb(fn, count, j + 1)
-        )
+        block = next(k for k in capacity_ladder(n, block) if count <= k)
+    num_blocks = -(-n // block)
+    padded = num_blocks * block
+    if padded > n:  # rows past N read token 0 and are never members
+        order = ops.concatenate([order, ops.zeros((padded - n,), "int32")])
 
     # Every tensor the forward and backward passes read is an argument (JAX's
     # custom gradients cannot close over traced values).
@@ -153,13 +157,16 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
         is_member = member_int > 0
         count = ops.sum(member_int)
 
-        def scores(k):
-            """Rows `order[:k]`, their inputs and their scores:
-            `(rows, h_rows, x, z)`."""
-            rows = order[:k]
-            h_rows = ops.take(h, rows, axis=0)  # [k, d]
-            x = ops.matmul(h_rows, projection)  # [k, d_i]
-            z = ops.cast(ops.matmul(x, kernel), acc)  # [k, size]
+        def at(*indices):
+            # One index dtype (Python ints are int64 under JAX's x64).
+            return tuple(ops.convert_to_tensor(i, "int32") for i in indices)
+
+        def scores(start):
+            """Rows `order[start:start + K]`: `(rows, h_rows, x, z)`."""
+            rows = ops.slice(order, at(start), (block,))
+            h_rows = ops.take(h, rows, axis=0)  # [K, d]
+            x = ops.matmul(h_rows, projection)  # [K, d_i]
+            z = ops.cast(ops.matmul(x, kernel), acc)  # [K, size]
             if b is not None:
                 z = z + b
             return rows, h_rows, x, z
@@ -167,26 +174,44 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
         def onehot(rows):
             return ops.one_hot(ops.take(local, rows), size, dtype=acc)
 
-        def to_tokens(per_row, k):
-            """Rows' values back to the tokens (zero for non-members)."""
+        def row_is_member(start):
+            return start + ops.arange(block, dtype="int32") < count
+
+        def to_tokens(per_row):
+            """Rows' values (`[padded, ...]`, in `order`) back to the tokens
+            (zero for non-members)."""
             pad = ops.zeros((1,) + tuple(per_row.shape[1:]), per_row.dtype)
-            padded = ops.concatenate([per_row, pad], axis=0)
-            return ops.take(padded, ops.where(is_member, slot, k), axis=0)
+            rows = ops.concatenate([per_row, pad], axis=0)
+            return ops.take(rows, ops.where(is_member, slot, padded), axis=0)
 
-        def first_or_climb(first_value, fn):
-            """`first_value` if the first rung holds the members, else `fn`
-            on the first rung of the rest that does."""
-            if len(ladder) == 1:
-                return first_value()
-            return ops.cond(count <= ladder[0], first_value, lambda: climb(fn, count, 1))
+        def overflow(fn, carry):
+            """`carry` after `fn(start, carry)` for the blocks past the first
+            that hold members (none unless the batch overflows `K`)."""
+            if num_blocks == 1:
+                return carry
 
-        def log_likelihood(k, rows, h_rows, x, z):
-            ll_rows = ops.sum(z * onehot(rows), axis=-1) - ops.logsumexp(z, axis=-1)
-            return to_tokens(ll_rows, k)
+            def body(j, *carry):
+                return (j + 1, *fn(j * block, carry))
 
-        first = scores(ladder[0])
-        ll = first_or_climb(lambda: log_likelihood(ladder[0], *first),
-                            lambda k: log_likelihood(k, *scores(k)))
+            _, *carry = ops.while_loop(lambda j, *_: j * block < count, body,
+                                       (ops.convert_to_tensor(1, "int32"), *carry),
+                                       maximum_iterations=num_blocks - 1)
+            return tuple(carry)
+
+        def log_likelihood(start, rows, z):
+            picked = ops.sum(z * onehot(rows), axis=-1)
+            return ops.where(row_is_member(start), picked - ops.logsumexp(z, axis=-1), 0.0)
+
+        first = scores(0)
+        ll_rows = ops.zeros((padded,), acc)
+        ll_rows = ops.slice_update(ll_rows, at(0), log_likelihood(0, first[0], first[3]))
+
+        def forward_block(start, carry):
+            rows, _, _, z = scores(start)
+            return (ops.slice_update(carry[0], at(start), log_likelihood(start, rows, z)),)
+
+        (ll_rows,) = overflow(forward_block, (ll_rows,))
+        ll = to_tokens(ll_rows)
 
         def grad_fn(*args, upstream=None, variables=None):
             # TensorFlow and JAX call grad_fn(upstream); PyTorch
@@ -196,22 +221,30 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, ladde
                 (upstream,) = args
             upstream = ops.cast(upstream, acc)
 
-            def gradients(k, rows, h_rows, x, z):
-                g = ops.where(
-                    ops.take(is_member, rows), ops.take(upstream, rows), 0.0
-                )
+            def gradients(start, rows, h_rows, x, z):
+                g = ops.where(row_is_member(start), ops.take(upstream, rows), 0.0)
                 dz = ops.expand_dims(g, -1) * (onehot(rows) - ops.softmax(z, axis=-1))
                 dz_c = ops.cast(dz, h.dtype)
                 d_kernel = ops.matmul(ops.transpose(x), dz_c)
                 dx = ops.matmul(dz_c, ops.transpose(kernel))
                 d_projection = ops.matmul(ops.transpose(h_rows), dx)
-                dh = to_tokens(ops.matmul(dx, ops.transpose(projection)), k)
-                return dh, d_projection, d_kernel, ops.sum(dz, axis=0)
+                dh_rows = ops.matmul(dx, ops.transpose(projection))
+                return dh_rows, d_projection, d_kernel, ops.sum(dz, axis=0)
 
-            dh, d_projection, d_kernel, d_bias = first_or_climb(
-                lambda: gradients(ladder[0], *first), lambda k: gradients(k, *scores(k)))
+            dh_first, d_projection, d_kernel, d_bias = gradients(0, *first)
+            dh_rows = ops.slice_update(
+                ops.zeros((padded, int(h.shape[-1])), dh_first.dtype), at(0, 0), dh_first)
+
+            def backward_block(start, carry):
+                dh_rows, d_projection, d_kernel, d_bias = carry
+                dh, dp, dk, db = gradients(start, *scores(start))
+                return (ops.slice_update(dh_rows, at(start, 0), dh), d_projection + dp,
+                        d_kernel + dk, d_bias + db)
+
+            dh_rows, d_projection, d_kernel, d_bias = overflow(
+                backward_block, (dh_rows, d_projection, d_kernel, d_bias))
             grads = [
-                ops.cast(dh, h.dtype),
+                ops.cast(to_tokens(dh_rows), h.dtype),
                 ops.cast(d_projection, projection.dtype),
                 ops.cast(d_kernel, kernel.dtype),
             ]
@@ -246,8 +279,9 @@ class AdaptiveSoftmax(SoftmaxHead):
     compute each tail only for the tokens whose target lies in it. `logits`
     returns the `[..., V]` within-cluster scores (not normalised together),
     `head_logits` returns `z`. Static shapes (default) give tail `i` a
-    capacity `tail_capacities(N)` and rerun the same exact computation at
-    `2x, 4x, ..., N` when a batch overflows it: no token is ever dropped.
+    capacity `tail_capacities(N)` and score its tokens in blocks of that
+    many rows, the first always, more only when a batch overflows it: no
+    token is ever dropped, and XLA plans memory for blocks, not for `N`.
     Design notes: `docs/adaptive.md`.
 
     Args:
@@ -368,9 +402,9 @@ class AdaptiveSoftmax(SoftmaxHead):
         self.static_shapes = check_static_shapes(
             static_shapes, "gathers each tail's tokens with data-dependent shapes")
         # Keras turns `jit_compile` off for a model with this layer when the
-        # shapes are data-dependent, and on PyTorch, where the capacity
-        # ladder branches in Python (`torch.compile` would break its graph
-        # at every tail and recompile as the branch taken changes).
+        # shapes are data-dependent, and on PyTorch, where the static tails'
+        # overflow loop runs in Python (`torch.compile` would break its graph
+        # at every tail and recompile as the number of blocks changes).
         self.supports_jit = self.static_shapes and keras.backend.backend() != "torch"
         self.capacity_factor = check_positive("capacity_factor", capacity_factor)
         bounds = self.cutoffs + [vocab]
@@ -576,8 +610,8 @@ class AdaptiveSoftmax(SoftmaxHead):
     def tail_log_likelihood(self, h, member, local, i):
         """`log p(w | tail i, h)` for the members of tail `i`, 0 elsewhere.
 
-        The one dispatch point between the static path (capacity ladder,
-        XLA) and the dynamic path (`static_shapes=False`).
+        The one dispatch point between the static path (blocks of the tail's
+        capacity, XLA) and the dynamic path (`static_shapes=False`).
 
         Args:
             h: `[N, d]` context vectors (compute dtype).
@@ -598,12 +632,10 @@ class AdaptiveSoftmax(SoftmaxHead):
             # `None` batch): no static capacity; every token, exact.
             rows = ops.arange(n, dtype="int32")
             return self.gathered_tail_log_likelihood(h, member, local, rows, i, weights)
-        ladder = capacity_ladder(
-            n, capacity(n, self.tail_fractions[i], self.capacity_factor)
-        )
         projection, kernel, bias = weights
         return static_tail_log_likelihood(
-            h, member, local, projection, kernel, bias, ladder, self.accumulation_dtype
+            h, member, local, projection, kernel, bias,
+            capacity(n, self.tail_fractions[i], self.capacity_factor), self.accumulation_dtype,
         )
 
     def gathered_tail_log_likelihood(self, h, member, local, rows, i, weights=None):
@@ -626,7 +658,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         return ops.take(padded, ops.where(member, slot, k))
 
     def tail_capacities(self, num_tokens):
-        """The first-rung capacities `K_i` for a batch of `num_tokens`.
+        """The capacities `K_i` (rows of a block) for a batch of `num_tokens`.
 
         >>> AdaptiveSoftmax(1000, cutoffs=[10, 100]).tail_capacities(2048)
         [823, 837]
