@@ -232,14 +232,17 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
                 return dh_rows, d_projection, d_kernel, ops.sum(dz, axis=0)
 
             dh_first, d_projection, d_kernel, d_bias = gradients(0, *first)
+            if num_blocks > 1:  # overflow blocks add to them: float32 sums
+                d_projection, d_kernel = ops.cast(d_projection, acc), ops.cast(d_kernel, acc)
             dh_rows = ops.slice_update(
                 ops.zeros((padded, int(h.shape[-1])), dh_first.dtype), at(0, 0), dh_first)
 
             def backward_block(start, carry):
                 dh_rows, d_projection, d_kernel, d_bias = carry
                 dh, dp, dk, db = gradients(start, *scores(start))
-                return (ops.slice_update(dh_rows, at(start, 0), dh), d_projection + dp,
-                        d_kernel + dk, d_bias + db)
+                return (ops.slice_update(dh_rows, at(start, 0), dh),
+                        d_projection + ops.cast(dp, acc), d_kernel + ops.cast(dk, acc),
+                        d_bias + db)
 
             dh_rows, d_projection, d_kernel, d_bias = overflow(
                 backward_block, (dh_rows, d_projection, d_kernel, d_bias))
