@@ -1380,7 +1380,8 @@ VOCAB_PARALLEL_HEADS = {"full_softmax": "`FullSoftmax`", "sigsoftmax": "`SigSoft
 
 VOCAB_PARALLEL_FILES = ("vocab_parallel/memory_cpu_v65536.json",
                         "vocab_parallel/memory_cpu_v65536_d512.json",
-                        "vocab_parallel/memory_cpu_v65536_per_token_heads.json")
+                        "vocab_parallel/memory_cpu_v65536_per_token_heads.json",
+                        "vocab_parallel/memory_cpu_v65536_adaptive_differentiated.json")
 
 
 def section_vocab_parallel(names=VOCAB_PARALLEL_FILES):
