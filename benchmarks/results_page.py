@@ -388,9 +388,11 @@ def section_robustness():
                     ("yes" if all(passed) else "**no**") if passed else "–"])
     text = table(["study", "row", "steps", "seed 0: valid ppl (/ softmax)", "seed 1", "seed 2",
                   "worst ratio at any validation", "passes"], out)
-    command = ("python benchmarks/head_robustness.py --data_dir=../shared/data/ptb "
+    command = ("python benchmarks/head_robustness.py --data_dir=../shared/data "
                "--out=docs/results/head_robustness.json (LSTM rows; the n-gram rows: "
-               "--rows=chen_ptb/... --out=docs/results/head_robustness_chen.json)")
+               "--rows=chen_ptb/... --out=docs/results/head_robustness_chen.json; the rows "
+               "added on 2026-11-30: --rows=... --seeds=... "
+               "--out=docs/results/head_robustness_every_head_{a,b}.json, two processes)")
     parts = [text, "; ".join(
         ["*Raw:* " + ", ".join(f"[`docs/results/{n}`](results/{n})" for n in ROBUSTNESS_FILES
                                if load(n) is not None),
