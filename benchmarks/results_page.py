@@ -253,13 +253,15 @@ def section_bottleneck(make_figures):
     rows = _study_rows(data)
     base = rows.get("softmax")
     out, bands_rows, band_names = [], [], None
+
+    # The steps' own time (the first step, which compiles, and the epoch's
+    # set-up excluded): the epoch's wall time hid the heads' differences
+    # (four heads at 323 +- 1 s, with step rates 7.8-9.2/s).
+    def step_s(row):
+        return 1.0 / row["steps_per_second"] if row.get("steps_per_second") else None
+
     for key, r in rows.items():
         paper = BOTTLENECK_PAPERS.get(key, {})
-        # The steps' own time (the first step, which compiles, and the
-        # epoch's set-up excluded): the epoch's wall time hid the heads'
-        # differences (four heads at 323 +- 1 s, with step rates 7.8-9.2/s).
-        def step_s(row):
-            return 1.0 / row["steps_per_second"] if row.get("steps_per_second") else None
         ratio = (step_s(r) / step_s(base) if base and step_s(base) and step_s(r)
                  else None)
         paper_ratio = (paper["ganea_sec"] / BOTTLENECK_PAPERS["softmax"]["ganea_sec"]

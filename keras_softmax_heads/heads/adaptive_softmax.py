@@ -177,9 +177,15 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
         def row_is_member(start):
             return start + ops.arange(block, dtype="int32") < count
 
+        def with_all_rows(first_rows):
+            """Block 0's values, `[K, ...]`, as the `[padded, ...]` buffer of
+            every row (zeros until the overflow blocks write theirs)."""
+            rest = ops.zeros((padded - block,) + tuple(first_rows.shape[1:]), first_rows.dtype)
+            return ops.concatenate([first_rows, rest], axis=0)
+
         def to_tokens(per_row):
             """Rows' values (`[padded, ...]`, in `order`) back to the tokens
-            (zero for non-members)."""
+            (zero for non-members: only members' rows are read)."""
             pad = ops.zeros((1,) + tuple(per_row.shape[1:]), per_row.dtype)
             rows = ops.concatenate([per_row, pad], axis=0)
             return ops.take(rows, ops.where(is_member, slot, padded), axis=0)
@@ -198,17 +204,15 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
                                        maximum_iterations=num_blocks - 1)
             return tuple(carry)
 
-        def log_likelihood(start, rows, z):
-            picked = ops.sum(z * onehot(rows), axis=-1)
-            return ops.where(row_is_member(start), picked - ops.logsumexp(z, axis=-1), 0.0)
+        def log_likelihood(rows, z):
+            return ops.sum(z * onehot(rows), axis=-1) - ops.logsumexp(z, axis=-1)
 
         first = scores(0)
-        ll_rows = ops.zeros((padded,), acc)
-        ll_rows = ops.slice_update(ll_rows, at(0), log_likelihood(0, first[0], first[3]))
+        ll_rows = with_all_rows(log_likelihood(first[0], first[3]))
 
         def forward_block(start, carry):
             rows, _, _, z = scores(start)
-            return (ops.slice_update(carry[0], at(start), log_likelihood(start, rows, z)),)
+            return (ops.slice_update(carry[0], at(start), log_likelihood(rows, z)),)
 
         (ll_rows,) = overflow(forward_block, (ll_rows,))
         ll = to_tokens(ll_rows)
@@ -234,8 +238,7 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
             dh_first, d_projection, d_kernel, d_bias = gradients(0, *first)
             if num_blocks > 1:  # overflow blocks add to them: float32 sums
                 d_projection, d_kernel = ops.cast(d_projection, acc), ops.cast(d_kernel, acc)
-            dh_rows = ops.slice_update(
-                ops.zeros((padded, int(h.shape[-1])), dh_first.dtype), at(0, 0), dh_first)
+            dh_rows = with_all_rows(dh_first)
 
             def backward_block(start, carry):
                 dh_rows, d_projection, d_kernel, d_bias = carry
