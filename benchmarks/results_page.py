@@ -655,12 +655,32 @@ def section_adaptive_threads(folder="adaptive_threads"):
                        + [fmt(ms[k] / ms["torch"]) if k in ms and "torch" in ms else "–"
                           for k in ("before", "after", "dynamic")]
                        + [f"{fmt(mem[0], 0)} → {fmt(mem[1], 0)}"])
-    return "\n\n".join([
+    blocks = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, folder, "blocks_t*_*.json"))):
+        threads, rnd = re.match(r"blocks_t(\d+)_(\w+)\.json$", os.path.basename(path)).groups()
+        rows = {(r["key"], r["v"]): r for r in load(os.path.join(folder, os.path.basename(path)))["rows"]}
+        for v in sorted({v for _, v in rows}):
+            ms = {k: 1000 * rows[(k, v)]["step_s"] for k in ("static", "dynamic", "torch")
+                  if (k, v) in rows and "step_s" in rows[(k, v)]}
+            blocks.append([threads, f"{v:,}", rnd]
+                          + [f"{ms[k]:.1f}" if k in ms else "–" for k in ("static", "dynamic", "torch")]
+                          + [fmt(ms[k] / ms["torch"]) if k in ms and "torch" in ms else "–"
+                             for k in ("static", "dynamic")]
+                          + [fmt(rows.get(("static", v), {}).get("peak_mib"), 0)])
+    parts = [
         table(["threads", "V", "round", "static before (ms)", "static after (ms)",
                "dynamic (ms)", "torch (ms)", "before / torch", "after / torch",
                "dynamic / torch", "static peak MiB (before → after)"], out),
         f"*Raw:* [`docs/results/{folder}/`](results/{folder}/README.md); *command:* "
-        f"`bash docs/results/{folder}/run.sh` (V = 793,471: `run_793k.sh`)."])
+        f"`bash docs/results/{folder}/run.sh` (V = 793,471: `run_793k.sh`)."]
+    if blocks:
+        parts += [
+            "The same check after the static tails became blocks of their capacity "
+            "(`blocks_t{threads}_{round}.json`):",
+            table(["threads", "V", "round", "static (ms)", "dynamic (ms)", "torch (ms)",
+                   "static / torch", "dynamic / torch", "static peak MiB"], blocks),
+            f"*Command:* `SRC=<checkout> bash docs/results/{folder}/run_blocks.sh`."]
+    return "\n\n".join(parts)
 
 
 def section_adaptive_memory(folder="adaptive_memory"):
