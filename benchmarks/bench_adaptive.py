@@ -10,6 +10,9 @@ prints `RESULT <json>`):
 * `dynamic`: the same head with `static_shapes=False` (each tail gathers
   exactly its tokens: data-dependent shapes, so `tf.function` without XLA,
   mode `graph`);
+* `chunked`: the `static` head with `chunk_size=--chunk_size` (default
+  4096: the head cluster's and the tails' log-normalisers over tiles of
+  that many words, recomputed in the backward pass), mode `xla`;
 * `full`: `FullSoftmax(V)` (mode `xla`), the exact reference;
 * `hsm`: `HierarchicalSoftmax(V, counts=..., clustering="frequency")` (its
   default clustering, frequency bins; static shapes, mode `xla`);
@@ -99,6 +102,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROWS = {
     "static": ("AdaptiveSoftmax (static_shapes=True)", "xla"),
     "dynamic": ("AdaptiveSoftmax (static_shapes=False)", "graph"),
+    "chunked": ("AdaptiveSoftmax (static_shapes=True, chunk_size)", "xla"),
     "full": ("FullSoftmax", "xla"),
     "hsm": ("HierarchicalSoftmax (frequency)", "xla"),
     "torch": ("torch.nn.AdaptiveLogSoftmaxWithLoss", "eager"),
@@ -123,6 +127,7 @@ def define_flags():
     flags.DEFINE_list("vocab_sizes", ["33278", "100000", "793471"], "Vocabulary sizes V.")
     flags.DEFINE_integer("dim", 512, "Context size d.")
     flags.DEFINE_integer("tokens", 2048, "Tokens N per step.")
+    flags.DEFINE_integer("chunk_size", 4096, "The `chunked` row's chunk_size.")
     flags.DEFINE_list("rows", list(ROWS), f"Rows ({', '.join(ROWS)}).")
     flags.DEFINE_list("phases", list(PHASES), "Phases (train, eval).")
     flags.DEFINE_list("cutoffs", [], "Overrides, 'V:c1/c2/...' (e.g. 793471:4000/40000/200000).")
@@ -201,14 +206,15 @@ def run_torch_row(phase, vocab_size, dim, tokens, cutoffs, warmup, repeats, thre
     return result
 
 
-def build_head(key, vocab_size, dim, cutoffs):
+def build_head(key, vocab_size, dim, cutoffs, chunk_size=4096):
     """Our head of row `key`, built for `[None, dim]` inputs (seeded)."""
     from keras_softmax_heads import AdaptiveSoftmax, FullSoftmax, HierarchicalSoftmax
 
     random.seed(0)  # Keras' unseeded initialisers draw their seeds from it
-    if key in ("static", "dynamic"):
+    if key in ("static", "dynamic", "chunked"):
         head = AdaptiveSoftmax(vocab_size, cutoffs=cutoffs, factor=FACTOR,
-                               static_shapes=key == "static")
+                               static_shapes=key != "dynamic",
+                               chunk_size=chunk_size if key == "chunked" else None)
     elif key == "full":
         head = FullSoftmax(vocab_size)
     elif key == "hsm":
@@ -222,7 +228,8 @@ def build_head(key, vocab_size, dim, cutoffs):
     return head
 
 
-def run_keras_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats, threads):
+def run_keras_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats, threads,
+                  chunk_size=4096):
     import tensorflow as tf
 
     try:
@@ -235,7 +242,7 @@ def run_keras_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats,
     mode = ROWS[key][1]
     h_np, y_np = numpy_inputs(tokens, vocab_size, dim)
     h, y = steps.tensor(h_np), steps.tensor(y_np)
-    head = build_head(key, vocab_size, dim, cutoffs)
+    head = build_head(key, vocab_size, dim, cutoffs, chunk_size)
     if phase == "train":
         fn = steps.train_step(head, mode, reduction="sum")
     else:
@@ -243,18 +250,21 @@ def run_keras_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats,
     result = measure.step_row(lambda: fn(h, y), warmup, repeats, steps.peak_memory())
     result.update(threads=tf.config.threading.get_intra_op_parallelism_threads(),
                   versions={"tensorflow": tf.__version__, "keras": keras.__version__})
-    if key in ("static", "dynamic"):
+    if key in ("static", "dynamic", "chunked"):
         result["capacities"] = head.tail_capacities(tokens)
+    if key == "chunked":
+        result["chunk_size"] = head.chunk_size
     return result
 
 
-def run_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats, threads):
+def run_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats, threads,
+            chunk_size=4096):
     """One row in this process: the `measure.step_row` dict."""
     if key == "torch":
         return run_torch_row(phase, vocab_size, dim, tokens, cutoffs, warmup, repeats,
                              threads)
     return run_keras_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats,
-                         threads)
+                         threads, chunk_size)
 
 
 # ----------------------------------------------------------------- parent
@@ -262,6 +272,7 @@ def child_args(key, phase, vocab_size):
     return [f"--row={key}:{phase}:{vocab_size}", f"--dim={FLAGS.dim}",
             f"--tokens={FLAGS.tokens}", f"--repeats={FLAGS.repeats}",
             f"--warmup={FLAGS.warmup}", f"--threads={FLAGS.threads}",
+            f"--chunk_size={FLAGS.chunk_size}",
             "--cutoffs=" + ",".join(FLAGS.cutoffs)]
 
 
@@ -282,10 +293,13 @@ def ratios_of(rows):
             return t[a] / t[b] if t.get(a) and t.get(b) else None
 
         entry = {"v": v}
-        for key in ("static", "dynamic"):
+        for key in ("static", "dynamic", "chunked"):
             entry[f"{key}_over_torch_train"] = ratio((key, "train", v), ("torch", "train", v))
             entry[f"{key}_over_full_train"] = ratio((key, "train", v), ("full", "train", v))
-        for key in ("static", "dynamic", "hsm", "torch"):
+        for phase in PHASES:
+            entry[f"chunked_over_static_{phase}"] = ratio(("chunked", phase, v),
+                                                          ("static", phase, v))
+        for key in ("static", "dynamic", "chunked", "hsm", "torch"):
             entry[f"{key}_over_full_eval"] = ratio((key, "eval", v), ("full", "eval", v))
         entry["hsm_over_full_train"] = ratio(("hsm", "train", v), ("full", "train", v))
         out.append(entry)
@@ -319,7 +333,7 @@ def run_all():
             for phase in FLAGS.phases:
                 row = {"key": key, "row": ROWS[key][0], "mode": ROWS[key][1], "phase": phase,
                        "v": v, "d": FLAGS.dim, "n": FLAGS.tokens}
-                if key in ("static", "dynamic", "torch"):
+                if key in ("static", "dynamic", "chunked", "torch"):
                     row["cutoffs"] = cutoffs
                 est = estimated_bytes(key, phase, v, FLAGS.tokens)
                 t0 = time.perf_counter()
@@ -346,6 +360,7 @@ def run_all():
         "settings": {"vocab_sizes": vocab_sizes, "d": FLAGS.dim, "n": FLAGS.tokens,
                      "factor": FACTOR, "repeats": FLAGS.repeats, "warmup": FLAGS.warmup,
                      "threads": FLAGS.threads, "memory_budget_gb": budget / 1e9,
+                     "chunk_size": FLAGS.chunk_size,
                      "cutoffs": {str(v): cutoffs_for(v, FLAGS.cutoffs) for v in vocab_sizes},
                      "inputs": INPUTS,
                      "modes": {k: m for k, (_, m) in ROWS.items()}},
@@ -364,7 +379,7 @@ def main(argv):
         try:
             result = run_row(key, phase, v, FLAGS.dim, FLAGS.tokens,
                              cutoffs_for(v, FLAGS.cutoffs), FLAGS.warmup, FLAGS.repeats,
-                             FLAGS.threads)
+                             FLAGS.threads, FLAGS.chunk_size)
         except Exception as err:  # recorded as the row's error
             result = {"error": measure.error_text(err)}
         fresh_process.report(result)

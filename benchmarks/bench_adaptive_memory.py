@@ -5,10 +5,13 @@ Compiles (nothing runs) the loss and its gradients of the head's exact NLL,
 `V, N, cutoffs` row at `d` (default 512), and records
 `compiled.memory_analysis()`: temporaries and arguments, next to the tails'
 first-block capacities `tail_capacities(N)` and what one dense tail's
-`[N, size]` float32 scores would take. A CPU is enough: the figures are
+`[N, size]` float32 scores would take. `--chunk_size=C` builds the head
+with `chunk_size=C` (the clusters' log-normalisers over tiles of `C` words). A CPU is enough: the figures are
 XLA's buffer assignment for the step, the memory a TPU or GPU would need.
 
     python benchmarks/bench_adaptive_memory.py --out=docs/results/adaptive_memory/after.json
+    python benchmarks/bench_adaptive_memory.py --chunk_size=8192 \
+        --out=docs/results/adaptive_memory/chunked_8192.json
 """
 
 import argparse
@@ -28,11 +31,13 @@ def parse_args(argv=None):
     parser.add_argument("--rows", default=",".join(ROWS),
                         help="comma-separated V:N:c1/c2/... (cutoffs)")
     parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--chunk_size", type=int, default=None,
+                        help="the head's chunk_size (default: None, whole clusters)")
     parser.add_argument("--out", default=None)
     return parser.parse_args(argv)
 
 
-def planned_memory(vocab, tokens, cutoffs, dim):
+def planned_memory(vocab, tokens, cutoffs, dim, chunk_size=None):
     """`{"temp_mib", "argument_mib", "capacities", "tail_sizes",
     "dense_tail_mib"}` of one compiled step."""
     import jax
@@ -41,7 +46,7 @@ def planned_memory(vocab, tokens, cutoffs, dim):
 
     from keras_softmax_heads import AdaptiveSoftmax
 
-    head = AdaptiveSoftmax(vocab, cutoffs=cutoffs)
+    head = AdaptiveSoftmax(vocab, cutoffs=cutoffs, chunk_size=chunk_size)
     head.build((None, dim))
     variables = head.trainable_weights
 
@@ -79,8 +84,9 @@ def main(argv=None):
     for spec in args.rows.split(","):
         vocab, tokens, cutoffs = spec.split(":")
         row = {"vocab_size": int(vocab), "tokens": int(tokens), "dim": args.dim,
-               "cutoffs": [int(c) for c in cutoffs.split("/")]}
-        row.update(planned_memory(row["vocab_size"], row["tokens"], row["cutoffs"], args.dim))
+               "cutoffs": [int(c) for c in cutoffs.split("/")], "chunk_size": args.chunk_size}
+        row.update(planned_memory(row["vocab_size"], row["tokens"], row["cutoffs"], args.dim,
+                                  args.chunk_size))
         rows.append(row)
         print(f"V={row['vocab_size']} N={row['tokens']} cutoffs={row['cutoffs']}: "
               f"temporaries {row['temp_mib']:.0f} MiB (one dense tail's scores "

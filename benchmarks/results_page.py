@@ -613,21 +613,32 @@ def section_adaptive_bench(name="bench_adaptive.json"):
             continue
         out.append([f"{r['v']:,}", r["row"], r.get("mode", ""), r["phase"], cut,
                     f"{1000 * r['step_s']:.1f}", fmt(r.get("peak_mib"), 0)])
-    ratios = [[f"{e['v']:,}", fmt(e.get("static_over_torch_train")),
-               fmt(e.get("dynamic_over_torch_train")), fmt(e.get("static_over_full_eval")),
-               fmt(e.get("dynamic_over_full_eval")), fmt(e.get("hsm_over_full_eval"))]
-              for e in data.get("ratios", [])]
     settings = data.get("settings", {})
-    return "\n\n".join([
+    parts = [
         f"d = {settings.get('d')}, N = {settings.get('n')}, factor / div_value "
         f"{settings.get('factor')}, {settings.get('threads')} thread(s); median of "
         f"{settings.get('repeats')} timed calls, each row in a fresh process.",
-        table(["V", "row", "mode", "phase", "cutoffs", "ms", "peak MiB"], out),
-        "Ratios (train: < 1 means ours is faster than torch's module; eval: exact "
-        "log-likelihood over the `FullSoftmax`'s):",
-        table(["V", "static / torch (train)", "dynamic / torch (train)",
-               "static / full (eval)", "dynamic / full (eval)", "HSM / full (eval)"], ratios),
-        provenance(name, data)])
+        table(["V", "row", "mode", "phase", "cutoffs", "ms", "peak MiB"], out)]
+    if any(r["key"] == "chunked" for r in data["rows"]):
+        # The `chunk_size` run: the chunked row against the static one and torch's.
+        ratios = [[f"{e['v']:,}", fmt(e.get("chunked_over_static_train")),
+                   fmt(e.get("chunked_over_static_eval")), fmt(e.get("static_over_torch_train")),
+                   fmt(e.get("chunked_over_torch_train"))] for e in data.get("ratios", [])]
+        parts += [f"Ratios (`chunk_size={settings.get('chunk_size')}`; < 1: the first is faster):",
+                  table(["V", "chunked / static (train)", "chunked / static (eval)",
+                         "static / torch (train)", "chunked / torch (train)"], ratios)]
+    else:
+        ratios = [[f"{e['v']:,}", fmt(e.get("static_over_torch_train")),
+                   fmt(e.get("dynamic_over_torch_train")), fmt(e.get("static_over_full_eval")),
+                   fmt(e.get("dynamic_over_full_eval")), fmt(e.get("hsm_over_full_eval"))]
+                  for e in data.get("ratios", [])]
+        parts += ["Ratios (train: < 1 means ours is faster than torch's module; eval: exact "
+                  "log-likelihood over the `FullSoftmax`'s):",
+                  table(["V", "static / torch (train)", "dynamic / torch (train)",
+                         "static / full (eval)", "dynamic / full (eval)", "HSM / full (eval)"],
+                        ratios)]
+    note = f" {data['note']}" if data.get("note") else ""
+    return "\n\n".join(parts + [provenance(name, data) + note])
 
 
 def section_adaptive_threads(folder="adaptive_threads"):
@@ -690,18 +701,27 @@ def section_adaptive_memory(folder="adaptive_memory"):
     if after is None:
         return missing(f"{folder}/after.json")
     old = {(r["vocab_size"], r["tokens"]): r for r in (before or {}).get("rows", [])}
+    chunked_name = f"{folder}/chunked_4096.json"
+    chunked = load(chunked_name)
+    tiled = {(r["vocab_size"], r["tokens"]): r for r in (chunked or {}).get("rows", [])}
     out = []
     for r in after["rows"]:
         was = old.get((r["vocab_size"], r["tokens"]))
+        tile = tiled.get((r["vocab_size"], r["tokens"]))
         out.append([f"{r['vocab_size']:,}", "/".join(str(c) for c in r["cutoffs"]),
                     f"{r['tokens']:,}", str(r["capacities"]),
                     fmt(was["temp_mib"], 0) if was else "–", fmt(r["temp_mib"], 0),
                     fmt(was["temp_mib"] / r["temp_mib"], 1) + "×" if was else "–",
+                    fmt(tile["temp_mib"], 0) if tile else "–",
                     fmt(r["dense_tail_mib"], 0)])
     text = table(["V", "cutoffs", "N", "capacities K_i", "ladder (before) MiB",
-                  "blocks (now) MiB", "before / now", "one dense tail's [N, size] MiB"], out)
-    return "\n\n".join([text, provenance(f"{folder}/after.json", after)
-                         + f" Before: `{folder}/before.json` ({(before or {}).get('code', '')})."])
+                  "blocks (now) MiB", "before / now", "blocks, chunk_size=4096 MiB",
+                  "one dense tail's [N, size] MiB"], out)
+    source = (provenance(f"{folder}/after.json", after)
+              + f" Before: `{folder}/before.json` ({(before or {}).get('code', '')}).")
+    if chunked:
+        source += f" `chunk_size=4096`: `{chunked_name}` (`{chunked['command']}`)."
+    return "\n\n".join([text, source])
 
 
 def section_adaptive_study(name="study_adaptive_wikitext2.json"):
@@ -1693,6 +1713,7 @@ def build(make_figures=True):
         "gpu_exact": section_speed_exact("bench_exact_heads_gpu_jax.json"),
         "gpu_peers": section_peers("bench_peers_gpu.json"),
         "adaptive_bench": section_adaptive_bench(),
+        "adaptive_chunked": section_adaptive_bench("bench_adaptive_chunked.json"),
         "adaptive_study": section_adaptive_study(),
         "adaptive_threads": section_adaptive_threads(),
         "adaptive_memory": section_adaptive_memory(),

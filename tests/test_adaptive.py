@@ -54,6 +54,11 @@ class TestAdaptiveBattery(HeadBattery):
         "tied_small_capacity": lambda v, d: _tied(
             v, d, use_bias=False, capacity_factor=0.05
         ),
+        # Clusters' log-normalisers over tiles of 3 words (the last partial),
+        # the blocks overflowing too.
+        "chunked": lambda v, d: AdaptiveSoftmax(
+            v, CUTOFFS, factor=2, chunk_size=3, capacity_factor=0.3
+        ),
     }
 
 
@@ -143,9 +148,13 @@ def test_gradients_match_dense_autodiff_float64(float64):
     h = rng.normal(size=(17, D))
     t = np.where(rng.random(17) < 0.6, 30 + rng.integers(0, 10, size=17),
                  rng.integers(0, V, size=17))
-    # Compiled (the overflow loop) for the tight head; the tied head eagerly.
+    # Compiled (the overflow loop) for the tight heads; the tied ones eagerly.
+    # `chunk_size`: the clusters in tiles of 3 words (5 for the tied head).
     for head, compiled in ((AdaptiveSoftmax(V, CUTOFFS, factor=2, capacity_factor=0.1), True),
-                           (_tied(V, D), False)):
+                           (_tied(V, D), False),
+                           (AdaptiveSoftmax(V, CUTOFFS, factor=2, capacity_factor=0.1,
+                                            chunk_size=3), True),
+                           (_tied(V, D, capacity_factor=0.1, chunk_size=5), False)):
         head = randomised(head, h)
         weights = ops.convert_to_tensor(rng.normal(size=17))
 
@@ -192,6 +201,15 @@ def test_capacity_overflow_is_exact():
         dynamic(h)
         dynamic.set_weights(tight.get_weights())
         np.testing.assert_allclose(to_numpy(dynamic.log_likelihood(h, t)), got, atol=1e-6)
+    for static in (True, False) if BACKEND != "jax" else (True,):
+        chunked = AdaptiveSoftmax.from_config(
+            {**tight.get_config(), "chunk_size": 3, "static_shapes": static})
+        chunked(h)
+        chunked.set_weights(tight.get_weights())
+        np.testing.assert_allclose(to_numpy(chunked.log_likelihood(h, t)), got, atol=1e-5)
+        if static:
+            np.testing.assert_allclose(to_numpy(jit(chunked.log_likelihood)(h, t)), got,
+                                       atol=1e-5)
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="XLA's compiled memory analysis (JAX)")
@@ -226,6 +244,38 @@ def test_xla_plans_static_tail_blocks_not_the_batch():
     assert caps[-1] < n / 2, caps
     assert temp < 0.5 * dense_tail, (temp, dense_tail, blocks)
     assert temp < 4 * blocks + n * (d + 2000) * 4, (temp, blocks)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's compiled memory analysis (JAX)")
+def test_xla_plans_chunked_clusters_in_tiles():
+    """With `chunk_size`, XLA's temporaries for the loss and gradients hold
+    tiles of the clusters, not the head's `[N, c_0 + C]` scores nor a tail
+    block's `[K_i, size_i]`: below the largest block's scores alone, and
+    below a third of the unchunked step's."""
+    import jax
+
+    v, d, n = 40_000, 64, 4096
+    t = np.random.default_rng(0).integers(0, v, size=n).astype("int32")
+    h = np.zeros((n, d), "float32")
+    temps = {}
+    for chunk in (None, 1024):
+        head = AdaptiveSoftmax(v, [4000, 8000], factor=4, chunk_size=chunk)
+        head.build((None, d))
+        variables = head.trainable_weights
+
+        def loss(values, h, head=head, variables=variables):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return -ops.mean(head.log_likelihood(h, t))
+
+        values = [w.value for w in variables]
+        step = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(values, h).compile()
+        temps[chunk] = step.memory_analysis().temp_size_in_bytes
+    caps = head.tail_capacities(n)
+    largest_block = max(k * s * 4 for k, s in zip(caps, head.tail_sizes))
+    head_scores = n * (4000 + 2) * 4
+    assert temps[1024] < largest_block, (temps, largest_block)
+    assert temps[1024] < head_scores, (temps, head_scores)
+    assert temps[1024] < temps[None] / 3, temps
 
 
 @needs_dynamic_shapes
@@ -357,6 +407,8 @@ def test_bad_arguments():
         AdaptiveSoftmax(V, CUTOFFS, capacity_factor=0)
     with pytest.raises(ValueError, match="static_shapes='no'"):
         AdaptiveSoftmax(V, CUTOFFS, static_shapes="no")
+    with pytest.raises(ValueError, match=r"Received: chunk_size=0"):
+        AdaptiveSoftmax(V, CUTOFFS, chunk_size=0)
     with pytest.raises(ValueError, match="adaptive_embedding"):
         AdaptiveSoftmax(V, CUTOFFS, token_embedding=keras.layers.Embedding(V, D))
     with pytest.raises(ValueError, match="counts"):

@@ -289,12 +289,14 @@ def test_adaptive_benchmark_rows_in_process(monkeypatch):
     assert bench.cutoffs_for(793471) == [60000, 100000, 640000]
     assert bench.cutoffs_for(793471, ["793471:4000/40000/200000"]) == [4000, 40000, 200000]
     value = {}
-    for key in ("static", "dynamic"):
+    for key in ("static", "dynamic", "chunked"):
         for phase in ("train", "eval"):
-            r = bench.run_row(key, phase, 300, 16, 64, [20, 100], 1, 1, 1)
+            r = bench.run_row(key, phase, 300, 16, 64, [20, 100], 1, 1, 1, chunk_size=64)
             assert r["step_s"] > 0 and r["capacities"], r
             value[key, phase] = r["value"]
     assert value["static", "train"] == pytest.approx(-value["static", "eval"], rel=1e-4)
+    assert value["chunked", "eval"] == pytest.approx(value["static", "eval"], rel=1e-4)
+    assert value["chunked", "train"] == pytest.approx(value["static", "train"], rel=1e-4)
     assert value["dynamic", "eval"] == pytest.approx(value["static", "eval"], rel=1e-4)
     assert value["dynamic", "train"] == pytest.approx(value["static", "train"], rel=1e-4)
     if _installed("torch"):
@@ -478,9 +480,10 @@ def test_adaptive_memory_benchmark_smoke(tmp_path):
     pytest.importorskip("jax")
     out = tmp_path / "memory.json"
     _run("bench_adaptive_memory.py", "--rows=2000:64:100/500,20000:512:2000", "--dim=32",
-         f"--out={out}", timeout=300)
+         "--chunk_size=256", f"--out={out}", timeout=300)
     rows = json.loads(out.read_text())["rows"]
     assert [(r["vocab_size"], r["tokens"]) for r in rows] == [(2000, 64), (20000, 512)]
     for r in rows:
         assert r["temp_mib"] > 0 and len(r["capacities"]) == len(r["cutoffs"]), r
         assert all(1 <= k <= r["tokens"] for k in r["capacities"]), r
+        assert r["chunk_size"] == 256, r

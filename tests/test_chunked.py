@@ -626,6 +626,35 @@ def test_value_and_vjp():
     assert_close(ga, [np.sum(to_numpy(ct) * s)], 1e-6, "d/da")
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_linear_passes_match_the_chunked_loss(use_bias):
+    """`linear_nll_forward` / `linear_nll_backward` (the two passes on their
+    own, for a caller's custom gradient) equal `chunked_pointwise_nll` and
+    its autodiff gradients, with a last partial tile."""
+    from keras_softmax_heads.chunked import linear_nll_backward
+    from keras_softmax_heads.chunked import linear_nll_forward
+
+    h, kernel, bias, targets, weights = (
+        x.astype("float32") if x.dtype == np.float64 else x for x in problem(seed=11))
+    bias = bias if use_bias else None
+    nll, lse = linear_nll_forward(h, kernel, bias, targets, 8)
+    want = numpy_nll(h, kernel, bias, targets, "identity", [])
+    assert_close(nll, want, 1e-5, "nll")
+    z = h @ kernel + (0.0 if bias is None else bias)
+    assert_close(lse, np.log(np.exp(z).sum(-1)), 1e-5, "lse")
+    grads = linear_nll_backward(h, kernel, bias, targets, lse, weights, 8)
+    primals = [kernel] + ([bias] if use_bias else [])
+
+    def objective(x, k, *b):
+        return ops.sum(chunked_pointwise_nll(x, k, b[0] if b else None, targets,
+                                             chunk_size=8) * ops.convert_to_tensor(weights))
+
+    _, want_grads, _ = value_and_grad(objective, [h] + primals)
+    assert len(grads) == 2 + int(use_bias)
+    for got, exp, name in zip(grads, want_grads, ["h", "kernel", "bias"]):
+        assert_close(got, exp, 1e-5, name)
+
+
 def test_leading_dims_and_shapes():
     h, kernel, bias, targets, _ = problem(n=12, seed=10)
     f32 = lambda x: x.astype("float32")  # noqa: E731

@@ -24,6 +24,8 @@ in the forward pass, over chunks of tokens). Design notes
 and when each path wins: `docs/chunked.md`.
 """
 
+from keras_softmax_heads.chunked.core import linear_nll_backward
+from keras_softmax_heads.chunked.core import linear_nll_forward
 from keras_softmax_heads.chunked.dispatch import value_and_vjp
 from keras_softmax_heads.chunked.losses import chunked_mixture_nll
 from keras_softmax_heads.chunked.losses import chunked_pointwise_nll
@@ -42,6 +44,8 @@ __all__ = [
     "chunked_pointwise_nll",
     "chunked_pointwise_stats",
     "kernel_geometry",
+    "linear_nll_backward",
+    "linear_nll_forward",
     "tile_width",
     "value_and_vjp",
 ]

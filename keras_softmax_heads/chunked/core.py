@@ -683,3 +683,34 @@ def pointwise_nll(h, kernel, bias, targets, transform_fn, params, variables,
     args = [h, kernel] + ([bias] if has_bias else []) + list(params)
     return nll_fn(targets, *args)
 
+
+def linear_problem(h, kernel, bias, targets, chunk_size, implementation="auto"):
+    """The `TileProblem` of Linear-Softmax (no transform) on flat `h` `[N, d]`
+    and a `[d, V]` kernel, both gradients wanted: what `linear_nll_forward`
+    and `linear_nll_backward` run, for a caller that writes its own custom
+    gradient around the passes (e.g. a head scoring blocks of rows)."""
+    d, vocab = kernel_geometry(h, kernel, False)
+    spec = CoreSpec(
+        d=d, tiling=Tiling.of(vocab, chunk_size), acc=accumulation_dtype(h, kernel),
+        low_matmul=dispatch.low_precision_matmul(h, kernel), transform_fn=None,
+        variables=[], kernel_transposed=False, has_bias=bias is not None, stats=False,
+        implementation=implementation, gradients=(True, True),
+    )
+    return TileProblem(spec, h, kernel, bias, targets, [])
+
+
+def linear_nll_forward(h, kernel, bias, targets, chunk_size, implementation="auto"):
+    """`(nll, lse)`, each `[N]` (accumulation dtype): the forward pass of
+    `-log_softmax(h W + b)[target]` over vocabulary tiles, no gradient."""
+    p = linear_problem(h, kernel, bias, targets, chunk_size, implementation)
+    nll, (lse,) = dispatch.run_pass(lambda: forward(p), implementation)
+    return nll, lse
+
+
+def linear_nll_backward(h, kernel, bias, targets, lse, upstream, chunk_size,
+                        implementation="auto"):
+    """`[dh, dkernel]` (plus `dbias` with a bias), in the inputs' dtypes: the
+    gradients of `sum(upstream * nll)`, the tiles recomputed from the
+    forward pass's `lse` (`linear_nll_forward`)."""
+    p = linear_problem(h, kernel, bias, targets, chunk_size, implementation)
+    return dispatch.run_pass(lambda: backward(p, (lse,), upstream), implementation)

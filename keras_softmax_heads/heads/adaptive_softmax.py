@@ -13,6 +13,10 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_softmax_heads.chunked import check_chunk_size
+from keras_softmax_heads.chunked import chunked_pointwise_nll
+from keras_softmax_heads.chunked import linear_nll_backward
+from keras_softmax_heads.chunked import linear_nll_forward
 from keras_softmax_heads.heads.adaptive_embedding import AdaptiveEmbedding
 from keras_softmax_heads.heads.head_utils import adaptive_band_dims
 from keras_softmax_heads.heads.head_utils import add_constant_weight
@@ -98,7 +102,7 @@ def capacity_ladder(num_tokens, first):
 
 
 def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capacity,
-                                accumulation_dtype):
+                                accumulation_dtype, chunk_size=None):
     """One tail's `log_softmax((h P) W + b)` at the targets of its members,
     with static shapes: blocks of `capacity` rows, and a custom gradient.
 
@@ -117,6 +121,13 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
     branch: `docs/adaptive.md`). The gradient is written out
     (`d ll / d z = onehot - softmax(z)`), not taken through the loop.
 
+    With `chunk_size`, a block's `[K, size]` scores are never held either:
+    its log-normaliser is computed over tiles of at most `chunk_size` words
+    of the tail (`chunked.linear_nll_forward`, an online log-sum-exp), only
+    the rows' `[K]` log-normalisers are kept, and the backward pass
+    recomputes every block's tiles (`chunked.linear_nll_backward`): memory
+    `O(K chunk_size)` a tail, one more product of the tail's scores a step.
+
     Args:
         h: `[N, d]` context vectors, compute dtype, static `N`.
         member: bool `[N]`, whether a token's target is in this tail.
@@ -125,6 +136,8 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
         bias: `[size]` (accumulation dtype) or None.
         capacity: Python int `K` in `[1, N]`, the rows of a block.
         accumulation_dtype: dtype of the scores.
+        chunk_size: None (a block's scores at once) or an int, the widest
+            tile of the tail's words (`chunked.tile_width`).
 
     Returns:
         `[N]` log-probabilities (0 for non-members), `accumulation_dtype`.
@@ -207,15 +220,32 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
         def log_likelihood(rows, z):
             return ops.sum(z * onehot(rows), axis=-1) - ops.logsumexp(z, axis=-1)
 
-        first = scores(0)
-        ll_rows = with_all_rows(log_likelihood(first[0], first[3]))
+        def chunked_forward(start):
+            """Block `start`'s `(ll, lse)` over tiles of the tail's words."""
+            rows = ops.slice(order, at(start), (block,))
+            x = ops.matmul(ops.take(h, rows, axis=0), projection)
+            nll, lse = linear_nll_forward(x, kernel, b, ops.take(local, rows), chunk_size)
+            return -nll, lse
 
-        def forward_block(start, carry):
-            rows, _, _, z = scores(start)
-            return (ops.slice_update(carry[0], at(start), log_likelihood(rows, z)),)
+        if chunk_size is None:
+            first = scores(0)
+            ll_rows = with_all_rows(log_likelihood(first[0], first[3]))
+            carry = (ll_rows,)
 
-        (ll_rows,) = overflow(forward_block, (ll_rows,))
-        ll = to_tokens(ll_rows)
+            def forward_block(start, carry):
+                rows, _, _, z = scores(start)
+                return (ops.slice_update(carry[0], at(start), log_likelihood(rows, z)),)
+        else:
+            # Only the rows' log-normalisers are kept for the backward pass.
+            carry = tuple(with_all_rows(v) for v in chunked_forward(0))
+
+            def forward_block(start, carry):
+                return tuple(ops.slice_update(c, at(start), v)
+                             for c, v in zip(carry, chunked_forward(start)))
+
+        carry = overflow(forward_block, carry)
+        ll = to_tokens(carry[0])
+        lse_rows = carry[1] if chunk_size is not None else None
 
         def grad_fn(*args, upstream=None, variables=None):
             # TensorFlow and JAX call grad_fn(upstream); PyTorch
@@ -225,24 +255,51 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
                 (upstream,) = args
             upstream = ops.cast(upstream, acc)
 
+            def member_upstream(start, rows):
+                return ops.where(row_is_member(start), ops.take(upstream, rows), 0.0)
+
+            def products(dx, h_rows):
+                """`(dh_rows, d_projection)` from the gradient of `x`."""
+                return (ops.matmul(dx, ops.transpose(projection)),
+                        ops.matmul(ops.transpose(h_rows), dx))
+
             def gradients(start, rows, h_rows, x, z):
-                g = ops.where(row_is_member(start), ops.take(upstream, rows), 0.0)
+                g = member_upstream(start, rows)
                 dz = ops.expand_dims(g, -1) * (onehot(rows) - ops.softmax(z, axis=-1))
                 dz_c = ops.cast(dz, h.dtype)
                 d_kernel = ops.matmul(ops.transpose(x), dz_c)
                 dx = ops.matmul(dz_c, ops.transpose(kernel))
-                d_projection = ops.matmul(ops.transpose(h_rows), dx)
-                dh_rows = ops.matmul(dx, ops.transpose(projection))
+                dh_rows, d_projection = products(dx, h_rows)
                 return dh_rows, d_projection, d_kernel, ops.sum(dz, axis=0)
 
-            dh_first, d_projection, d_kernel, d_bias = gradients(0, *first)
+            def chunked_gradients(start):
+                rows = ops.slice(order, at(start), (block,))
+                h_rows = ops.take(h, rows, axis=0)
+                x = ops.matmul(h_rows, projection)
+                lse = ops.slice(lse_rows, at(start), (block,))
+                # ll = -nll: the upstream of the nll is -g.
+                grads = linear_nll_backward(x, kernel, b, ops.take(local, rows), lse,
+                                            -member_upstream(start, rows), chunk_size)
+                dh_rows, d_projection = products(grads[0], h_rows)
+                d_bias = ops.cast(grads[2], acc) if b is not None else ops.zeros((), acc)
+                return dh_rows, d_projection, grads[1], d_bias
+
+            def block_gradients(start):
+                if chunk_size is None:
+                    return gradients(start, *scores(start))
+                return chunked_gradients(start)
+
+            if chunk_size is None:
+                dh_first, d_projection, d_kernel, d_bias = gradients(0, *first)
+            else:
+                dh_first, d_projection, d_kernel, d_bias = chunked_gradients(0)
             if num_blocks > 1:  # overflow blocks add to them: float32 sums
                 d_projection, d_kernel = ops.cast(d_projection, acc), ops.cast(d_kernel, acc)
             dh_rows = with_all_rows(dh_first)
 
             def backward_block(start, carry):
                 dh_rows, d_projection, d_kernel, d_bias = carry
-                dh, dp, dk, db = gradients(start, *scores(start))
+                dh, dp, dk, db = block_gradients(start)
                 return (ops.slice_update(dh_rows, at(start, 0), dh),
                         d_projection + ops.cast(dp, acc), d_kernel + ops.cast(dk, acc),
                         d_bias + db)
@@ -307,6 +364,13 @@ class AdaptiveSoftmax(SoftmaxHead):
             TensorFlow graphs and PyTorch; raises on JAX).
         capacity_factor: number `> 0`, the capacity's margin over the
             expected tail load (default 1.25).
+        chunk_size: optional int >= 1: `log_likelihood` / `training_loss`
+            compute the head cluster's and every tail's log-normaliser over
+            tiles of at most `chunk_size` words (`chunked`), recomputing
+            them in the backward pass: no `[N, c_0 + C]` head scores and no
+            `[K_i, size_i]` block of a tail's scores are held, at the cost
+            of one more product of the scores a step. Same values. Default
+            None (whole clusters at once; `call` is dense either way).
         token_embedding: must be None (a plain embedding cannot be tied).
         **kwargs: `use_bias` (head bias `a`, tail biases `b_i`),
             `kernel_initializer` (of `U`, `P_i`, `W_i`), `bias_initializer`,
@@ -336,6 +400,10 @@ class AdaptiveSoftmax(SoftmaxHead):
     >>> t = np.array([0, 7, 19])
     >>> bool(np.allclose(head.log_likelihood(h, t), log_p[np.arange(3), t], atol=1e-5))
     True
+    >>> tiled = AdaptiveSoftmax.from_config({**head.get_config(), "chunk_size": 3})
+    >>> tiled.build((None, 8)); tiled.set_weights(head.get_weights())
+    >>> bool(np.allclose(tiled.log_likelihood(h, t), log_p[np.arange(3), t], atol=1e-5))
+    True
 
     References:
         - Grave, Joulin, Cissé, Grangier & Jégou, 2017. Efficient softmax
@@ -353,6 +421,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         adaptive_embedding=None,
         static_shapes=True,
         capacity_factor=1.25,
+        chunk_size=None,
         token_embedding=None,
         **kwargs,
     ):
@@ -413,6 +482,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         # at every tail and recompile as the number of blocks changes).
         self.supports_jit = self.static_shapes and keras.backend.backend() != "torch"
         self.capacity_factor = check_positive("capacity_factor", capacity_factor)
+        self.chunk_size = check_chunk_size(chunk_size, default=None)
         bounds = self.cutoffs + [vocab]
         self.num_clusters = len(self.cutoffs)
         self.tail_sizes = [b - a for a, b in zip(bounds, bounds[1:])]
@@ -601,11 +671,19 @@ class AdaptiveSoftmax(SoftmaxHead):
             axis=-1,
         )  # 0: head, i + 1: tail i
         c0 = self.cutoffs[0]
-        head_lp = ops.log_softmax(self._head_scores(h), axis=-1)
         head_index = ops.where(band == 0, rank, c0 + band - 1)
-        ll = ops.squeeze(
-            ops.take_along_axis(head_lp, ops.expand_dims(head_index, -1), axis=-1), -1
-        )
+        if self.chunk_size is None:
+            head_lp = ops.log_softmax(self._head_scores(h), axis=-1)
+            ll = ops.squeeze(
+                ops.take_along_axis(head_lp, ops.expand_dims(head_index, -1), axis=-1), -1
+            )
+        else:
+            head_bias = None
+            if self.head_bias is not None:
+                head_bias = ops.cast(self.head_bias, self.accumulation_dtype)
+            ll = -ops.cast(chunked_pointwise_nll(
+                h, self.head_matrix(), head_bias, head_index, chunk_size=self.chunk_size,
+            ), self.accumulation_dtype)
         for i in range(self.num_clusters):
             member = band == i + 1
             local = ops.clip(rank - self.cutoffs[i], 0, self.tail_sizes[i] - 1)
@@ -642,6 +720,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         return static_tail_log_likelihood(
             h, member, local, projection, kernel, bias,
             capacity(n, self.tail_fractions[i], self.capacity_factor), self.accumulation_dtype,
+            chunk_size=self.chunk_size,
         )
 
     def gathered_tail_log_likelihood(self, h, member, local, rows, i, weights=None):
@@ -652,12 +731,19 @@ class AdaptiveSoftmax(SoftmaxHead):
         members are computed and never read.
         """
         h_rows = ops.take(h, rows, axis=0)  # [K, d]
-        z = self.tail_scores(h_rows, i, weights)  # [K, size_i]
-        # The target's score by a one-hot product (exact: the other terms
-        # are zeros), as in `static_tail_log_likelihood`.
-        onehot = ops.one_hot(ops.take(local, rows), self.tail_sizes[i], dtype=z.dtype)
-        picked = ops.sum(z * onehot, axis=-1)
-        ll_rows = picked - ops.logsumexp(z, axis=-1)  # [K]
+        if self.chunk_size is not None:
+            projection, kernel, bias = weights or self.tail_weights(i)
+            ll_rows = -ops.cast(chunked_pointwise_nll(
+                ops.matmul(h_rows, projection), kernel, bias, ops.take(local, rows),
+                chunk_size=self.chunk_size,
+            ), self.accumulation_dtype)
+        else:
+            z = self.tail_scores(h_rows, i, weights)  # [K, size_i]
+            # The target's score by a one-hot product (exact: the other
+            # terms are zeros), as in `static_tail_log_likelihood`.
+            onehot = ops.one_hot(ops.take(local, rows), self.tail_sizes[i], dtype=z.dtype)
+            picked = ops.sum(z * onehot, axis=-1)
+            ll_rows = picked - ops.logsumexp(z, axis=-1)  # [K]
         k = ops.shape(rows)[0]
         slot = ops.cumsum(ops.cast(member, "int32")) - 1  # a member's row
         padded = ops.concatenate([ll_rows, ops.zeros((1,), ll_rows.dtype)], axis=0)
@@ -696,6 +782,7 @@ class AdaptiveSoftmax(SoftmaxHead):
                 ),
                 "static_shapes": self.static_shapes,
                 "capacity_factor": self.capacity_factor,
+                "chunk_size": self.chunk_size,
             }
         )
         return config
