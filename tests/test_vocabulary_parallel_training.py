@@ -77,8 +77,9 @@ def test_model_parallel_training_matches_single_device():
 
 @pytest.mark.slow
 def test_every_head_trains_under_model_parallel():
-    heads = ["adaptive", "differentiated", "hierarchical", "mixture_of_contexts",
-             "mixture_of_softmaxes", "monotonic", "nce", "plif", "sampled_softmax", "self_normalized", "sigsoftmax"]
+    heads = ["adaptive", "adaptive:chunked", "differentiated", "hierarchical",
+             "mixture_of_contexts", "mixture_of_softmaxes", "monotonic", "nce", "plif",
+             "sampled_softmax", "self_normalized", "sigsoftmax"]
     result = run_on_simulated_devices(__file__, DEVICES, *heads)
     assert sorted(result) == sorted(heads), result
     for head in heads:
@@ -134,13 +135,14 @@ def child():
 
     out = {}
     for i, name in enumerate(sys.argv[1:]):
-        # "head" or "head:bf16" (both runs under mixed_bfloat16).
-        head, _, bf16 = name.partition(":")
-        precision = {"mixed_precision": "mixed_bfloat16"} if bf16 else {}
+        # "head", "head:bf16" (both runs under mixed_bfloat16) or
+        # "head:chunked" (a head outside CHUNKED given `chunk_size` too).
+        head, _, option = name.partition(":")
+        precision = {"mixed_precision": "mixed_bfloat16"} if option == "bf16" else {}
         calls = []
         count_calls(full_softmax, "vocab_parallel_summed", calls)
         count_calls(vocab_parallel, "vocab_parallel_mixture", calls)
-        chunk_size = 16 if head in CHUNKED else None
+        chunk_size = 16 if head in CHUNKED or option == "chunked" else None
         sharded_config = _config(head, chunk_size=chunk_size, strategy="model_parallel",
                                  vocab_shards=2, **precision)
         with tempfile.TemporaryDirectory() as tmp:
