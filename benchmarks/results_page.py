@@ -724,6 +724,24 @@ def section_adaptive_memory(folder="adaptive_memory"):
     return "\n\n".join([text, source])
 
 
+def section_adaptive_jax(name="adaptive_memory/jax_chunked.json"):
+    """`bench_adaptive_jax.py`: the adaptive softmax's JAX training step,
+    whole clusters against `chunk_size` tiles, same process."""
+    data = load(name)
+    if data is None:
+        return missing(name)
+    out = [[f"{r['v']:,}", "/".join(str(c) for c in r["cutoffs"]), f"{r['n']:,}",
+            f"{1e3 * r['whole']['step_s']:.1f}", f"{1e3 * r['chunked']['step_s']:.1f}",
+            fmt(r["ratio"]), fmt(r["whole"]["temp_mib"], 0), fmt(r["chunked"]["temp_mib"], 0)]
+           for r in data["rows"]]
+    chunk = data["rows"][0]["chunk_size"] if data["rows"] else "?"
+    return "\n\n".join([
+        table(["V", "cutoffs", "N", "whole (ms)", f"chunk_size={chunk} (ms)", "chunked / whole",
+               "whole: XLA temporaries MiB", "chunked: XLA temporaries MiB"], out),
+        provenance(name, data) + f" Device: {data.get('device')}; medians of "
+        f"{data.get('rounds')} interleaved rounds."])
+
+
 def section_adaptive_study(name="study_adaptive_wikitext2.json"):
     """Issue 21's study: equal training time on WikiText-2."""
     data = load(name)
@@ -1714,6 +1732,7 @@ def build(make_figures=True):
         "gpu_peers": section_peers("bench_peers_gpu.json"),
         "adaptive_bench": section_adaptive_bench(),
         "adaptive_chunked": section_adaptive_bench("bench_adaptive_chunked.json"),
+        "adaptive_jax": section_adaptive_jax(),
         "adaptive_study": section_adaptive_study(),
         "adaptive_threads": section_adaptive_threads(),
         "adaptive_memory": section_adaptive_memory(),

@@ -473,6 +473,20 @@ def test_mixture_summed_benchmark_smoke(monkeypatch):
         assert rows[name + "_summed"]["ratio_to_tiled"] > 0
 
 
+def test_adaptive_jax_benchmark_smoke(tmp_path):
+    """bench_adaptive_jax.py at a tiny size: both heads' loss (the same),
+    compiled memory and interleaved times."""
+    pytest.importorskip("jax")
+    out = tmp_path / "adaptive_jax.json"
+    _run("bench_adaptive_jax.py", "--vocab_sizes=2000", "--tokens=64", "--dim=16",
+         "--rounds=2", "--chunk_size=256", f"--out={out}", timeout=300)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["chunked"]["loss"] == pytest.approx(row["whole"]["loss"], rel=1e-5)
+    for name in ("whole", "chunked"):
+        assert len(row[name]["wall_s"]) == 2 and row[name]["temp_mib"] >= 0, row
+    assert row["ratio"] > 0 and row["cutoffs"] == [40, 200, 1000], row
+
+
 def test_adaptive_memory_benchmark_smoke(tmp_path):
     """Two small rows: XLA's planned temporaries of the static adaptive step
     and the capacities they are planned for (the property itself, blocks and
