@@ -42,6 +42,13 @@ def test_every_head_lowers_for_a_gpu(monkeypatch):
     assert lowered_kernels("gpu", monkeypatch) == expected
 
 
+def test_adaptive_softmax_with_chunk_size_lowers(monkeypatch):
+    """`AdaptiveSoftmax(chunk_size=...)`: the tiled clusters inside the
+    static tails' blocks lower with static shapes for a TPU and a GPU."""
+    for platform in ("tpu", "gpu"):
+        assert lowered_kernels(platform, monkeypatch, ["adaptive"], chunk_size=128) == set()
+
+
 def test_without_pallas_triton_the_gpu_takes_the_xla_paths(monkeypatch):
     """Where JAX has no Pallas Triton backend (deprecated in JAX 0.11 for
     removal), the GPU defaults need no kernel: PLIF's and MonotonicSoftmax's
@@ -77,11 +84,11 @@ def test_without_pallas_triton_the_gpu_takes_the_xla_paths(monkeypatch):
     assert lowered_kernels("gpu", monkeypatch, names=("plif", "monotonic")) == set()
 
 
-def lowered_kernels(platform, monkeypatch, names=HEADS):
+def lowered_kernels(platform, monkeypatch, names=HEADS, **options):
     """Lowers the step of every registry head in `names` (the device
-    table's, `bench_device_heads.train_step`) for `platform` with static
-    shapes (asserting no dynamic dimension); returns the heads whose step
-    holds a Triton (Pallas) kernel."""
+    table's, `bench_device_heads.train_step`; `options` for `make_head`) for
+    `platform` with static shapes (asserting no dynamic dimension); returns
+    the heads whose step holds a Triton (Pallas) kernel."""
     import jax
 
     monkeypatch.syspath_prepend(BENCH)
@@ -95,7 +102,7 @@ def lowered_kernels(platform, monkeypatch, names=HEADS):
     kernels = set()
     with forced_platform(platform):
         for name in names:
-            head = make_head(name, vocab, counts=counts)
+            head = make_head(name, vocab, counts=counts, **options)
             head.build((None, d))
             weights = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in head.trainable_variables]
             text = lower_for(train_step(head), (weights, h, y), target).as_text()
