@@ -742,6 +742,28 @@ def section_adaptive_jax(name="adaptive_memory/jax_chunked.json"):
         f"{data.get('rounds')} interleaved rounds."])
 
 
+def section_adaptive_torch(folder="adaptive_threads"):
+    """`bench_adaptive_torch.py`: our layer on the PyTorch backend against
+    torch's module, before and after the one-hot products went."""
+    after = load(f"{folder}/torch_backend.json")
+    if after is None:
+        return missing(f"{folder}/torch_backend.json")
+    before = load(f"{folder}/torch_backend_before.json") or {"rows": []}
+    was = {r["v"]: r for r in before["rows"]}
+    names = list(after["rows"][0]["step_s"]) if after["rows"] else []
+    out = []
+    for r in after["rows"]:
+        for name in names:
+            old = was.get(r["v"], {}).get("over_torch", {}).get(name)
+            out.append([f"{r['v']:,}", name, f"{1e3 * r['step_s'][name]:.1f}",
+                        fmt(old) if old is not None else "–", fmt(r["over_torch"][name])])
+    return "\n\n".join([
+        table(["V", "row", "ms (after)", "/ torch (before)", "/ torch (after)"], out),
+        provenance(f"{folder}/torch_backend.json", after)
+        + f" Before: `{folder}/torch_backend_before.json` ({before.get('code', '')}); "
+        f"{after.get('threads')} thread, medians of {after.get('rounds')} interleaved rounds."])
+
+
 def section_adaptive_study(name="study_adaptive_wikitext2.json"):
     """Issue 21's study: equal training time on WikiText-2."""
     data = load(name)
@@ -1733,6 +1755,7 @@ def build(make_figures=True):
         "adaptive_bench": section_adaptive_bench(),
         "adaptive_chunked": section_adaptive_bench("bench_adaptive_chunked.json"),
         "adaptive_jax": section_adaptive_jax(),
+        "adaptive_torch": section_adaptive_torch(),
         "adaptive_study": section_adaptive_study(),
         "adaptive_threads": section_adaptive_threads(),
         "adaptive_memory": section_adaptive_memory(),

@@ -487,6 +487,21 @@ def test_adaptive_jax_benchmark_smoke(tmp_path):
     assert row["ratio"] > 0 and row["cutoffs"] == [40, 200, 1000], row
 
 
+def test_adaptive_torch_benchmark_smoke(tmp_path):
+    """bench_adaptive_torch.py at a tiny size: our layer on the PyTorch
+    backend (every row the same loss) beside torch's module."""
+    if not _installed("torch"):
+        pytest.skip("torch not installed")
+    out = tmp_path / "adaptive_torch.json"
+    _run("bench_adaptive_torch.py", "--vocab_sizes=2000", "--tokens=64", "--dim=16",
+         "--rounds=1", "--chunk_size=256", "--no-no_bias_rows", f"--out={out}", timeout=300)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(row["step_s"]) == {"static", "dynamic", "chunked", "torch"}, row
+    ours = [row["first_loss"][k] for k in ("static", "dynamic", "chunked")]
+    assert ours == pytest.approx([ours[0]] * 3, rel=1e-5), row
+    assert row["over_torch"]["torch"] == 1.0
+
+
 def test_adaptive_memory_benchmark_smoke(tmp_path):
     """Two small rows: XLA's planned temporaries of the static adaptive step
     and the capacities they are planned for (the property itself, blocks and

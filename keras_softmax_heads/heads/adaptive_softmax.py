@@ -17,6 +17,7 @@ from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.chunked import linear_nll_backward
 from keras_softmax_heads.chunked import linear_nll_forward
+from keras_softmax_heads.chunked.dispatch import scaled_minus_target
 from keras_softmax_heads.heads.adaptive_embedding import AdaptiveEmbedding
 from keras_softmax_heads.heads.head_utils import adaptive_band_dims
 from keras_softmax_heads.heads.head_utils import add_constant_weight
@@ -184,8 +185,8 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
                 z = z + b
             return rows, h_rows, x, z
 
-        def onehot(rows):
-            return ops.one_hot(ops.take(local, rows), size, dtype=acc)
+        def targets_of(rows):
+            return ops.take(local, rows)
 
         def row_is_member(start):
             return start + ops.arange(block, dtype="int32") < count
@@ -218,7 +219,10 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
             return tuple(carry)
 
         def log_likelihood(rows, z):
-            return ops.sum(z * onehot(rows), axis=-1) - ops.logsumexp(z, axis=-1)
+            # The target's score by a gather: no `[K, size]` one-hot (on
+            # PyTorch `ops.one_hot` builds an int64 one and converts it).
+            picked = ops.take_along_axis(z, ops.expand_dims(targets_of(rows), -1), axis=-1)
+            return ops.squeeze(picked, -1) - ops.logsumexp(z, axis=-1)
 
         def chunked_forward(start):
             """Block `start`'s `(ll, lse)` over tiles of the tail's words."""
@@ -265,7 +269,9 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
 
             def gradients(start, rows, h_rows, x, z):
                 g = member_upstream(start, rows)
-                dz = ops.expand_dims(g, -1) * (onehot(rows) - ops.softmax(z, axis=-1))
+                # g (onehot - softmax): the softmax scaled by -g, g added at
+                # the target (in place on PyTorch, one fused pass under XLA).
+                dz = scaled_minus_target(ops.softmax(z, axis=-1), -g, targets_of(rows), -g)
                 dz_c = ops.cast(dz, h.dtype)
                 d_kernel = ops.matmul(ops.transpose(x), dz_c)
                 dx = ops.matmul(dz_c, ops.transpose(kernel))
@@ -739,10 +745,9 @@ class AdaptiveSoftmax(SoftmaxHead):
             ), self.accumulation_dtype)
         else:
             z = self.tail_scores(h_rows, i, weights)  # [K, size_i]
-            # The target's score by a one-hot product (exact: the other
-            # terms are zeros), as in `static_tail_log_likelihood`.
-            onehot = ops.one_hot(ops.take(local, rows), self.tail_sizes[i], dtype=z.dtype)
-            picked = ops.sum(z * onehot, axis=-1)
+            # The target's score by a gather, as in `static_tail_log_likelihood`.
+            picked = ops.squeeze(ops.take_along_axis(
+                z, ops.expand_dims(ops.take(local, rows), -1), axis=-1), -1)
             ll_rows = picked - ops.logsumexp(z, axis=-1)  # [K]
         k = ops.shape(rows)[0]
         slot = ops.cumsum(ops.cast(member, "int32")) - 1  # a member's row
