@@ -154,10 +154,16 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
     block = int(min(max(1, capacity), n))
     if is_concrete(member_int):
         # Eager: the count is known now; one block holds every member (a
-        # loop would make JAX compile its body at every eager call). Sizes
-        # from the ladder K, 2K, ..., N, so that few shapes occur.
+        # loop would make JAX compile its body at every eager call). On JAX,
+        # whose eager operations compile per shape, sizes from the ladder K,
+        # 2K, ..., N, so that few shapes occur; elsewhere (PyTorch, whose
+        # layers Keras runs eagerly, TensorFlow's eager mode) exactly the
+        # members' rows, as the dynamic path and torch's module score.
         count = int(ops.convert_to_numpy(ops.sum(member_int)))
-        block = next(k for k in capacity_ladder(n, block) if count <= k)
+        if keras.backend.backend() == "jax":
+            block = next(k for k in capacity_ladder(n, block) if count <= k)
+        else:
+            block = max(1, count)
     num_blocks = -(-n // block)
     padded = num_blocks * block
     if padded > n:  # rows past N read token 0 and are never members
