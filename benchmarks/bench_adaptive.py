@@ -44,7 +44,8 @@ Cutoffs (`cutoffs_for(V)`; `--cutoffs=V:c1/c2/...` overrides):
   lm1b setting (kimiyoung/transformer-xl, `pytorch/train.py`, with
   `div_val = 4`). A smaller head, e.g. Grave et al.'s style of a few
   thousand words, is `--cutoffs=793471:4000/40000/200000`;
-* any other `V`: `reference_inputs.adaptive_cutoffs(V)` (2%, 10%, 50%).
+* any other `V`: `reference_inputs.adaptive_cutoffs(V)` (2%, 10%, 50%;
+  the table and the rule: `reference_inputs.adaptive_benchmark_cutoffs`).
 
 `factor` / `div_value` 4 for every row.
 
@@ -92,7 +93,7 @@ import time
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
 import measure  # benchmarks/measure.py
 import select_backend  # benchmarks/select_backend.py
-from reference_inputs import INPUTS, adaptive_cutoffs, numpy_inputs
+from reference_inputs import INPUTS, adaptive_benchmark_cutoffs, numpy_inputs
 from absl import app
 from absl import flags
 
@@ -108,12 +109,6 @@ ROWS = {
     "torch": ("torch.nn.AdaptiveLogSoftmaxWithLoss", "eager"),
 }
 PHASES = ("train", "eval")
-#: Cutoffs of the benchmark's vocabulary sizes (see the module docstring).
-DEFAULT_CUTOFFS = {
-    33278: [2000, 10000],
-    100000: [2000, 10000, 50000],
-    793471: [60000, 100000, 640000],
-}
 FACTOR = 4
 #: Estimated peak in float32 `[N, V]` tensors of the rows that build them.
 FULL_UNITS = {"train": 6, "eval": 2}
@@ -141,8 +136,9 @@ def define_flags():
 
 
 def cutoffs_for(vocab_size, overrides=()):
-    """The cutoffs of `vocab_size`: `overrides` ('V:c1/c2'), the defaults,
-    else `reference_inputs.adaptive_cutoffs`.
+    """The cutoffs of `vocab_size`: `overrides` ('V:c1/c2'), else
+    `reference_inputs.adaptive_benchmark_cutoffs` (the benchmarks' table,
+    else 2%, 10%, 50% of V).
 
     >>> cutoffs_for(33278)
     [2000, 10000]
@@ -153,9 +149,7 @@ def cutoffs_for(vocab_size, overrides=()):
         v, _, cuts = item.partition(":")
         if int(v) == vocab_size:
             return [int(c) for c in cuts.split("/") if c]
-    if vocab_size in DEFAULT_CUTOFFS:
-        return list(DEFAULT_CUTOFFS[vocab_size])
-    return adaptive_cutoffs(vocab_size)
+    return adaptive_benchmark_cutoffs(vocab_size)
 
 
 def estimated_bytes(key, phase, vocab_size, tokens):

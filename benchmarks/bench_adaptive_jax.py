@@ -1,7 +1,8 @@
 r"""`AdaptiveSoftmax` on JAX: whole clusters against `chunk_size` tiles.
 
-For each `V` (cutoffs as `bench_adaptive.py`'s), two heads with the same
-weights, `AdaptiveSoftmax(V, cutoffs, factor=4)` (static shapes) and the same
+For each `V` (cutoffs `reference_inputs.adaptive_benchmark_cutoffs`, as
+`bench_adaptive.py`'s), two heads with the same weights,
+`AdaptiveSoftmax(V, cutoffs, factor=4)` (static shapes) and the same
 with `chunk_size=--chunk_size`, each compiled with `jax.jit` as the summed
 training loss `-sum(log_likelihood(h, t))` and its gradients with respect
 to `h` and every weight (what a JAX or TPU training step runs). Recorded per
@@ -29,15 +30,7 @@ import statistics
 import sys
 
 import measure  # benchmarks/measure.py
-from reference_inputs import INPUTS, adaptive_cutoffs, numpy_inputs
-
-#: The cutoffs of `bench_adaptive.py`'s vocabulary sizes.
-DEFAULT_CUTOFFS = {
-    33278: [2000, 10000],
-    100000: [2000, 10000, 50000],
-    793471: [60000, 100000, 640000],
-}
-
+from reference_inputs import INPUTS, adaptive_benchmark_cutoffs, numpy_inputs
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,7 +51,7 @@ def compare(vocab, tokens, dim, chunk_size, rounds):
 
     from keras_softmax_heads import AdaptiveSoftmax
 
-    cutoffs = DEFAULT_CUTOFFS.get(vocab) or adaptive_cutoffs(vocab)
+    cutoffs = adaptive_benchmark_cutoffs(vocab)
     h, t = numpy_inputs(tokens, vocab, dim)
     steps, row = {}, {"v": vocab, "n": tokens, "d": dim, "cutoffs": cutoffs,
                       "chunk_size": chunk_size}

@@ -2,7 +2,8 @@ r"""`AdaptiveSoftmax` on the PyTorch backend against `AdaptiveLogSoftmaxWithLoss
 
 A Keras user on `KERAS_BACKEND=torch` trains our layer eagerly (Keras runs
 PyTorch without `torch.compile` for it: `supports_jit` is False there). For
-each `V` (cutoffs as `bench_adaptive.py`'s), in one process, the training
+each `V` (cutoffs `reference_inputs.adaptive_benchmark_cutoffs`, as
+`bench_adaptive.py`'s), in one process, the training
 step (the summed loss and `torch.autograd.grad` with respect to `h` and
 every weight) of:
 
@@ -34,15 +35,7 @@ import statistics
 import sys
 
 import measure  # benchmarks/measure.py
-from reference_inputs import INPUTS, adaptive_cutoffs, numpy_inputs
-
-#: The cutoffs of `bench_adaptive.py`'s vocabulary sizes.
-DEFAULT_CUTOFFS = {
-    33278: [2000, 10000],
-    100000: [2000, 10000, 50000],
-    793471: [60000, 100000, 640000],
-}
-
+from reference_inputs import INPUTS, adaptive_benchmark_cutoffs, numpy_inputs
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -83,7 +76,7 @@ def compare(vocab, tokens, dim, chunk_size, rounds, no_bias_rows):
     import torch
     import torch_heads  # benchmarks/torch_heads.py
 
-    cutoffs = DEFAULT_CUTOFFS.get(vocab) or adaptive_cutoffs(vocab)
+    cutoffs = adaptive_benchmark_cutoffs(vocab)
     h, t = numpy_inputs(tokens, vocab, dim)
     rows = {"static": {}, "dynamic": {"static_shapes": False},
             "chunked": {"chunk_size": chunk_size}}

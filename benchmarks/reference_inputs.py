@@ -30,6 +30,21 @@ def glorot(shape, seed):
     return rng.uniform(-limit, limit, size=shape).astype(np.float32)
 
 
+#: The adaptive softmax benchmarks' cutoffs of their vocabulary sizes
+#: (`bench_adaptive.py`'s docstring says where each comes from).
+ADAPTIVE_CUTOFFS = {
+    33278: [2000, 10000],
+    100000: [2000, 10000, 50000],
+    793471: [60000, 100000, 640000],
+}
+
+
+def adaptive_benchmark_cutoffs(v):
+    """The adaptive softmax benchmarks' cutoffs: `ADAPTIVE_CUTOFFS[V]`, else
+    `adaptive_cutoffs(V)`."""
+    return list(ADAPTIVE_CUTOFFS[v]) if v in ADAPTIVE_CUTOFFS else adaptive_cutoffs(v)
+
+
 def adaptive_cutoffs(v):
     """`[round(0.02 V), round(0.1 V), round(0.5 V)]`, deduplicated, in `(0, V)`."""
     cuts = sorted({round(v * f) for f in (0.02, 0.1, 0.5)})
