@@ -26,6 +26,7 @@ from keras_softmax_heads.heads.head_utils import check_cutoffs
 from keras_softmax_heads.heads.head_utils import check_factor
 from keras_softmax_heads.heads.head_utils import check_static_shapes
 from keras_softmax_heads.heads.head_utils import frequency_order
+from keras_softmax_heads.heads.head_utils import gather_targets
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.samplers import counts_to_config
@@ -181,11 +182,16 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
             # One index dtype (Python ints are int64 under JAX's x64).
             return tuple(ops.convert_to_tensor(i, "int32") for i in indices)
 
-        def scores(start):
-            """Rows `order[start:start + K]`: `(rows, h_rows, x, z)`."""
+        def block_inputs(start):
+            """Rows `order[start:start + K]`, their `h` and `x = h P`:
+            `(rows, h_rows, x)`."""
             rows = ops.slice(order, at(start), (block,))
             h_rows = ops.take(h, rows, axis=0)  # [K, d]
-            x = ops.matmul(h_rows, projection)  # [K, d_i]
+            return rows, h_rows, ops.matmul(h_rows, projection)  # x: [K, d_i]
+
+        def scores(start):
+            """`(rows, h_rows, x, z)` of block `start`."""
+            rows, h_rows, x = block_inputs(start)
             z = ops.cast(ops.matmul(x, kernel), acc)  # [K, size]
             if b is not None:
                 z = z + b
@@ -227,14 +233,12 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
         def log_likelihood(rows, z):
             # The target's score by a gather: no `[K, size]` one-hot (on
             # PyTorch `ops.one_hot` builds an int64 one and converts it).
-            picked = ops.take_along_axis(z, ops.expand_dims(targets_of(rows), -1), axis=-1)
-            return ops.squeeze(picked, -1) - ops.logsumexp(z, axis=-1)
+            return gather_targets(z, targets_of(rows)) - ops.logsumexp(z, axis=-1)
 
         def chunked_forward(start):
             """Block `start`'s `(ll, lse)` over tiles of the tail's words."""
-            rows = ops.slice(order, at(start), (block,))
-            x = ops.matmul(ops.take(h, rows, axis=0), projection)
-            nll, lse = linear_nll_forward(x, kernel, b, ops.take(local, rows), chunk_size)
+            rows, _, x = block_inputs(start)
+            nll, lse = linear_nll_forward(x, kernel, b, targets_of(rows), chunk_size)
             return -nll, lse
 
         if chunk_size is None:
@@ -285,12 +289,10 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
                 return dh_rows, d_projection, d_kernel, ops.sum(dz, axis=0)
 
             def chunked_gradients(start):
-                rows = ops.slice(order, at(start), (block,))
-                h_rows = ops.take(h, rows, axis=0)
-                x = ops.matmul(h_rows, projection)
+                rows, h_rows, x = block_inputs(start)
                 lse = ops.slice(lse_rows, at(start), (block,))
                 # ll = -nll: the upstream of the nll is -g.
-                grads = linear_nll_backward(x, kernel, b, ops.take(local, rows), lse,
+                grads = linear_nll_backward(x, kernel, b, targets_of(rows), lse,
                                             -member_upstream(start, rows), chunk_size)
                 dh_rows, d_projection = products(grads[0], h_rows)
                 d_bias = ops.cast(grads[2], acc) if b is not None else ops.zeros((), acc)
@@ -685,10 +687,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         c0 = self.cutoffs[0]
         head_index = ops.where(band == 0, rank, c0 + band - 1)
         if self.chunk_size is None:
-            head_lp = ops.log_softmax(self._head_scores(h), axis=-1)
-            ll = ops.squeeze(
-                ops.take_along_axis(head_lp, ops.expand_dims(head_index, -1), axis=-1), -1
-            )
+            ll = gather_targets(ops.log_softmax(self._head_scores(h), axis=-1), head_index)
         else:
             head_bias = None
             if self.head_bias is not None:
@@ -752,9 +751,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         else:
             z = self.tail_scores(h_rows, i, weights)  # [K, size_i]
             # The target's score by a gather, as in `static_tail_log_likelihood`.
-            picked = ops.squeeze(ops.take_along_axis(
-                z, ops.expand_dims(ops.take(local, rows), -1), axis=-1), -1)
-            ll_rows = picked - ops.logsumexp(z, axis=-1)  # [K]
+            ll_rows = gather_targets(z, ops.take(local, rows)) - ops.logsumexp(z, axis=-1)  # [K]
         k = ops.shape(rows)[0]
         slot = ops.cumsum(ops.cast(member, "int32")) - 1  # a member's row
         padded = ops.concatenate([ll_rows, ops.zeros((1,), ll_rows.dtype)], axis=0)
