@@ -1,8 +1,11 @@
 """Exact output heads vs FullSoftmax: training-step time and peak memory.
 
 A "step" is the forward and backward pass of the head's training loss,
-`mean(head.training_loss(h, y))`, with respect to `h` `[N, d]` and all of the
-head's trainable weights (`steps.train_step`), on the Keras backend(s) of
+the objective `HeadLoss` and `HeadModel` train (`head.summed_training_loss(h,
+y, 1 / N)`: `mean(head.training_loss(h, y))`, with its gradient computed in
+the forward pass where the head has a summed core, e.g. the mixtures), with
+respect to `h` `[N, d]` and all of the head's trainable weights
+(`steps.train_step(..., summed=True)`), on the Keras backend(s) of
 `--backend` (`tensorflow`, `jax`, `torch`; a comma list runs each in its
 own processes and sets their ratios side by side), in the backend's modes
 (`--modes`; TensorFlow: `graph` = `tf.function`, `xla` =
@@ -69,6 +72,8 @@ import argparse
 import functools
 import itertools
 import os
+import shlex
+import sys
 import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
@@ -150,7 +155,8 @@ def child_time(args):
             if head is None:
                 continue
             head.build((None, d))
-            calls[name] = functools.partial(steps.train_step(head, args.modes[0]), h, y)
+            calls[name] = functools.partial(
+                steps.train_step(head, args.modes[0], summed=True), h, y)
         except Exception as err:  # reported as the head's row
             errors[name] = measure.error_text(err)
     warmup_s = {}
@@ -176,7 +182,7 @@ def child_memory(args):
         fresh_process.report({"skipped": True})
         return
     head.build((None, d))
-    step = steps.train_step(head, args.modes[0])
+    step = steps.train_step(head, args.modes[0], summed=True)
     h, y = inputs(n, v, d)
     rss_before = measure.status()["VmHWM"]
     step(h, y)  # tracing / compilation, and a first step
@@ -384,7 +390,13 @@ def main():
         print(f"peak MiB on {backend}: {source}")
     if len(args.backends) > 1:
         print_comparison(records, args.tolerance)
-    measure.save(records, args.json)
+    measure.save({
+        "command": " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_exact_heads.py",
+                                                      *sys.argv[1:]]),
+        "machine": measure.machine(),
+        "objective": "summed_training_loss(h, y, 1 / N): what HeadLoss and HeadModel train",
+        "rows": records,
+    }, args.json)
 
 
 if __name__ == "__main__":

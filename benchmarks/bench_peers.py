@@ -12,8 +12,10 @@ every vocabulary size `V`:
   PyTorch references of `torch_heads.py` (full softmax, PLIF
   gather-on-cumsum, MoS, `AdaptiveLogSoftmaxWithLoss`) and the same product.
 
-Phases `train` (forward and backward of the summed NLL), `eval` (the exact
-summed log-likelihood) and `forward` (the product). Each row is timed by
+Phases `train` (forward and backward of the summed NLL: on our side the
+head's `summed_training_loss`, what `HeadLoss` and `HeadModel` train, which
+for the mixture is its tiled summed core), `eval` (the exact summed
+log-likelihood) and `forward` (the product). Each row is timed by
 `measure.step_row`; its memory is read by the side's `measure` reader. The
 protocol (inputs, GFLOP/s, threads, memory instruments, skipped rows) is in
 `docs/benchmarks.md`.
@@ -85,8 +87,8 @@ def units(side, key, components):
     """Estimated peak of a row in float32 `[N, V]` tensors."""
     if key == "matmul":
         return 2
-    if key == "mos":
-        return 6 * components
+    if key == "mos":  # ours: vocabulary tiles, no [N, K, V] (`chunked_mixture_nll`)
+        return 6 if side == "ours" else 6 * components
     if key == "plif" and side == "torch":
         return 10
     return 6
@@ -205,7 +207,7 @@ def our_call(task, h, y, heads, args):
     if key not in heads:
         heads[key] = our_head(key, args)
     if phase == "train":
-        fn = steps.train_step(heads[key], "xla", reduction="sum")
+        fn = steps.train_step(heads[key], "xla", reduction="sum", summed=True)
     else:
         fn = steps.eval_step(heads[key], "xla")
     return lambda: fn(h, y)
@@ -572,6 +574,7 @@ def settings_of(args, labels, side_info):
                                    else "tf.function(jit_compile=True)"),
                   labels["torch"]: "eager"},
         "inputs": INPUTS,
+        "our_train_objective": "summed_training_loss (what HeadLoss trains)",
     }
 
 

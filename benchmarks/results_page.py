@@ -45,9 +45,6 @@ SOURCES = {
     "bench_large_vocab.json": dict(
         command="python benchmarks/bench_large_vocab.py   (V = 10k, 100k, 793k; d = 512, N = 2048)",
         machine="2-core CPU (this project's development machine), TensorFlow 2.21"),
-    "bench_exact_heads.json": dict(
-        command="python benchmarks/bench_exact_heads.py --v 10000,33000 --d 256,512",
-        machine="2-core CPU (this project's development machine), TensorFlow 2.21"),
     "bench_large_vocab_gpu_jax.json": dict(
         command="KERAS_BACKEND=jax python benchmarks/bench_large_vocab.py --backend jax "
                 "--v 10000,33000,100000,793471 --in-process --memory-budget-gb 60 --repeats 5 "
@@ -538,10 +535,10 @@ def section_speed_large(make_figures, names=("bench_large_vocab.json",),
 
 
 def section_speed_exact(name="bench_exact_heads.json"):
-    data = load(name)
-    if data is None:
+    raw = load(name)
+    if raw is None:
         return missing(name)
-    data = data["rows"] if isinstance(data, dict) else data
+    data = raw["rows"] if isinstance(raw, dict) else raw
     keys = sorted({(r["v"], r["d"], r["mode"]) for r in data})
     heads = list(dict.fromkeys(r["head"] for r in data))
     out = []
@@ -558,9 +555,13 @@ def section_speed_exact(name="bench_exact_heads.json"):
         out.append(cells)
     header = ["head"] + [f"V={v:,} d={d} {m}" for v, d, m in keys]
     return "\n\n".join([
-        "Train step (forward + backward of the training loss), N = 2048; the ratio is the "
-        "median over rounds of the head's step against the full softmax's step of the same round.",
-        table(header, out), provenance(name, data)])
+        "Train step (forward + backward of "
+        + (f"`{raw['objective']}`" if isinstance(raw, dict) and raw.get("objective")
+           else "the training loss")
+        + "), N = 2048; the ratio is the median over rounds of the head's step against the "
+        "full softmax's step of the same round.",
+        table(header, out), provenance(name, _machine_text(raw) if isinstance(raw, dict)
+                                       else raw)])
 
 
 def section_peers(name="bench_peers.json"):
@@ -589,7 +590,9 @@ def section_peers(name="bench_peers.json"):
         f"({settings.get('our_backend', 'tensorflow')}, XLA) at the same V and phase; "
         f"float32 products ({settings.get('matmul_precision', 'float32')} precision asked of "
         "both sides). Peak memory is each side's own instrument (allocator peak or peak "
-        "resident size: not the same measure across sides).",
+        "resident size: not the same measure across sides)."
+        + (f" Our train rows: `{settings['our_train_objective']}`."
+           if settings.get("our_train_objective") else ""),
         table(["side", "row", "phase", "V", "ms", "/ full (same side)", "/ our FullSoftmax",
                "GFLOP/s", "peak MiB"], out),
         "Achieved GFLOP/s of the full-softmax train step (6NdV flops) against a bare "

@@ -180,15 +180,23 @@ def _jax_step(fn, variables, mode, wrt, state, grad):
 
 
 # ------------------------------------------------------------------ heads
-def train_step(head, mode, reduction="mean"):
+def train_step(head, mode, reduction="mean", summed=False):
     """Step of `reduction(head.training_loss(h, y))` and its gradients.
 
     Gradients are taken with respect to `h` and every trainable weight of
-    the head; `reduction` is `"mean"` or `"sum"`.
+    the head; `reduction` is `"mean"` or `"sum"`. With `summed`, the loss is
+    `head.summed_training_loss(h, y, weights)` with weights `1 / N` (mean)
+    or 1 (sum): the objective `HeadLoss` and `HeadModel` train (the same
+    value; heads with a summed core compute its gradient in the forward
+    pass).
     """
     reduce = keras.ops.mean if reduction == "mean" else keras.ops.sum
 
     def loss_fn(h, y):
+        if summed:
+            weight = 1.0 / y.shape[0] if reduction == "mean" else 1.0
+            weights = keras.ops.full(keras.ops.shape(y), weight)
+            return head.summed_training_loss(h, y, weights, training=True)
         return reduce(head.training_loss(h, y, training=True))
 
     return grad_step(loss_fn, head.trainable_variables, mode, wrt=(0,),

@@ -166,7 +166,10 @@ def test_exact_heads_backend(backend, tmp_path):
     out = tmp_path / "exact.json"
     stdout = _run("bench_exact_heads.py", "--quick", f"--backend={backend}",
                   "--modes", MODES[backend], "--heads", "full,sigsoftmax", "--json", str(out))
-    rows = json.loads(out.read_text())
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("python benchmarks/bench_exact_heads.py --quick")
+    assert result["objective"].startswith("summed_training_loss")
+    rows = result["rows"]
     assert {r["head"] for r in rows} == {"full", "sigsoftmax"}, stdout
     for r in rows:
         assert r["backend"] == backend and "error" not in r, r
@@ -184,7 +187,7 @@ def test_exact_heads_two_backends_compared(tmp_path):
     stdout = _run("bench_exact_heads.py", "--quick", "--backend=tensorflow,jax", "--modes",
                   f"graph,{MODES['jax']}", "--heads", "full,sigsoftmax", "--rounds", "2",
                   "--no-memory", "--json", str(out))
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["rows"]
     assert {(r["backend"], r["head"]) for r in rows} == {
         (b, h) for b in ("tensorflow", "jax") for h in ("full", "sigsoftmax")}
     assert f"| sigsoftmax | jax {MODES['jax']} |" in stdout, stdout
@@ -212,7 +215,7 @@ def test_failed_head_is_a_row(tmp_path):
     _run("bench_exact_heads.py", "--n", "64", "--v", "500", "--d", "32", "--modes", "graph",
          "--heads", "full,mos", "--mixture-components", "0", "--rounds", "1", "--warmup", "1",
          "--no-memory", "--json", str(out))
-    rows = {r["head"]: r for r in json.loads(out.read_text())}
+    rows = {r["head"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["full"]["wall_ms"] > 0
     assert "num_components" in rows["mos"]["error"]
 
