@@ -9,7 +9,7 @@ and a head in `HeadModel`.
 Modules: `heads` (the heads, one per module, and the head registry),
 `losses` (`HeadLoss`, `LinearCrossEntropy`, `linear_cross_entropy`),
 `fused` (the fused linear + cross-entropy, per-token statistics and
-distillation divergences without the logits, the keras-hub integrations), `metrics` (`Perplexity`), `head_model`,
+distillation divergences without the logits, the keras-hub integrations), `metrics` (`Perplexity`, `HeadMetric`), `head_model`,
 `functional` (log-space output functions, PLIF kernels), `chunked`,
 `samplers`, `clustering`, `diagnostics` (the papers' NumPy diagnostics),
 `models` (backbones), `data` (corpora, `tf.data`), `training`
@@ -48,6 +48,7 @@ from keras_softmax_heads.fused import linear_cross_entropy
 from keras_softmax_heads.fused import linear_divergence
 from keras_softmax_heads.fused import linear_token_scores
 from keras_softmax_heads.losses import HeadLoss
+from keras_softmax_heads.metrics import HeadMetric
 from keras_softmax_heads.metrics import Perplexity
 from keras_softmax_heads.models.lstm_lm import LSTMLanguageModel
 from keras_softmax_heads.models.ngram_lm import NgramLanguageModel
@@ -66,6 +67,7 @@ __all__ = [
     "DifferentiatedSoftmax",
     "FullSoftmax",
     "HeadLoss",
+    "HeadMetric",
     "HeadModel",
     "HierarchicalSoftmax",
     "LSTMLanguageModel",

@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_softmax_heads.heads.head_utils import per_replica
 from keras_softmax_heads.heads.head_utils import token_weights
+from keras_softmax_heads.validation import keras_mask_weights
 
 # The `save_own_variables` keys of the random-number generators' states
 # (`SEED_STATE_KEY.format(i)`), next to Keras' own "0", "1", ... keys.
@@ -116,7 +117,9 @@ class HeadModel(keras.Model):
         Training minimises `head.training_loss(h, y)` plus the regularisation
         losses; evaluation uses `-head.log_likelihood(h, y)`. Both are
         averaged over tokens weighted by `sample_weight` (a `[B]` weight
-        covers its sequence's tokens), and the mean is what `loss` reports.
+        covers its sequence's tokens) and by the backbone's Keras mask (e.g.
+        `Embedding(mask_zero=True)`: padding counts for nothing, as in a
+        Keras loss), and the mean is what `loss` reports.
         A head with `gradient_in_forward` on trains through
         `head.summed_training_loss(h, y, weights)` with those weights over
         their sum: the same mean, its gradient computed with it. Under a
@@ -125,8 +128,11 @@ class HeadModel(keras.Model):
         """
         self._check_compiled_loss()
         h = y_pred["contexts"]
+        # The backbone's Keras mask (e.g. `Embedding(mask_zero=True)`) weighs
+        # the tokens as `sample_weight` does, as in a Keras loss.
+        mask_weight = keras_mask_weights(h)
         if training and self.head.gradient_in_forward:
-            weight = token_weights(y, sample_weight)
+            weight = token_weights(y, sample_weight) * mask_weight
             count = ops.sum(weight)
             loss = self.head.summed_training_loss(
                 h, y, weight / ops.maximum(count, 1e-12), training=True
@@ -136,7 +142,7 @@ class HeadModel(keras.Model):
                 per_token = self.head.training_loss(h, y, training=True)
             else:
                 per_token = -self.head.log_likelihood(h, y)
-            loss, count = self._token_mean(per_token, sample_weight)
+            loss, count = self._token_mean(per_token, sample_weight, mask_weight)
         if training and self.losses:
             loss = loss + ops.sum(
                 ops.stack([ops.cast(l, "float32") for l in self.losses])
@@ -154,9 +160,9 @@ class HeadModel(keras.Model):
             logs["perplexity"] = ops.exp(logs["loss"])
         return logs
 
-    def _token_mean(self, per_token, sample_weight):
+    def _token_mean(self, per_token, sample_weight, mask_weight):
         per_token = ops.cast(per_token, "float32")
-        weight = token_weights(per_token, sample_weight)
+        weight = token_weights(per_token, sample_weight) * mask_weight
         total = ops.sum(per_token * weight)
         count = ops.sum(weight)
         return total / ops.maximum(count, 1e-12), count

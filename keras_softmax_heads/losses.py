@@ -14,6 +14,8 @@ from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.softmax_head import context_output_heads
 from keras_softmax_heads.heads.head_utils import per_replica
 from keras_softmax_heads.heads.head_utils import token_weights
+from keras_softmax_heads.validation import check_targets
+from keras_softmax_heads.validation import nan_if_invalid
 
 #: The reductions under which `HeadLoss` trains a `gradient_in_forward`
 #: head through its summed objective (Keras' weighted sum, or that sum over
@@ -39,7 +41,10 @@ class HeadLoss(keras.losses.Loss):
     objective, or the exact NLL computed cheaply: chunked, hierarchical).
     In evaluation (`training=False`) the head returns its exact
     log-probabilities and this loss is their negative log-likelihood, so
-    `evaluate` and `val_loss` are exact for every head.
+    `evaluate` and `val_loss` are exact for every head. In training a Keras
+    metric would be handed the contexts: give `Perplexity()` as it is and
+    any other metric wrapped in `HeadMetric(...)` (both skip those batches).
+    A Keras mask on the head's input weighs the tokens, as in Keras' losses.
 
     Per token the loss is `O(cost of head.training_loss)`: `O(N S d)` for
     `S` sampled words instead of the `O(N V d)` of a softmax over `V` words.
@@ -163,9 +168,16 @@ def contexts_and_targets(y_true, y_pred):
 
 
 def nll_terms(log_probs, targets):
-    """`log_probs[..., targets]` (`[..., V]`, `[...]` -> `[...]`), float32."""
-    targets = ops.cast(targets, "int32")
+    """`log_probs[..., targets]` (`[..., V]`, `[...]` -> `[...]`), float32.
+
+    The targets are checked as a head's are (`validation.check_targets`): an
+    id outside `[0, V)` raises eagerly and in a TensorFlow graph, and gives
+    NaN under XLA, never a plausible number."""
+    vocab_size = log_probs.shape[-1]
+    targets = check_targets(targets, vocab_size)
     picked = ops.take_along_axis(
-        ops.cast(log_probs, "float32"), ops.expand_dims(targets, -1), axis=-1
+        ops.cast(log_probs, "float32"),
+        ops.expand_dims(ops.clip(targets, 0, vocab_size - 1), -1),
+        axis=-1,
     )
-    return ops.squeeze(picked, -1)
+    return nan_if_invalid(ops.squeeze(picked, -1), targets, vocab_size)

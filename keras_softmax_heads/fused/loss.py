@@ -11,6 +11,7 @@ from keras_softmax_heads.fused.cross_entropy import check_loss_options
 from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
+from keras_softmax_heads.validation import keras_mask_weights
 
 
 def _layer_kernel(source):
@@ -236,10 +237,16 @@ class LinearCrossEntropy(keras.losses.Loss):
         return self._loss(y_true, y_pred, None, "none")
 
     def __call__(self, y_true, y_pred, sample_weight=None):
-        # Our own reduction: the mean is over the non-ignored tokens.
-        return self._loss(
-            y_true, y_pred, sample_weight, _KERAS_REDUCTIONS[self.reduction]
-        )
+        # Our own reduction: the mean is over the non-ignored tokens, the
+        # Keras mask of `y_pred` (e.g. `Embedding(mask_zero=True)`'s, handed
+        # on by the layers after it) a weight, as in Keras' own losses.
+        weight = keras_mask_weights(y_pred)
+        if sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32")
+            while len(sample_weight.shape) < len(weight.shape):
+                sample_weight = ops.expand_dims(sample_weight, -1)
+            weight = weight * sample_weight
+        return self._loss(y_true, y_pred, weight, _KERAS_REDUCTIONS[self.reduction])
 
     def get_config(self):
         config = super().get_config()

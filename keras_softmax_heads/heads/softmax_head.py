@@ -22,6 +22,7 @@ from keras_softmax_heads.heads.head_utils import build_context_checks
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.heads.head_utils import gather_targets
 from keras_softmax_heads.validation import nan_if_invalid
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_embedding_layer
 from keras_softmax_heads.validation import check_int
@@ -153,7 +154,7 @@ class SoftmaxHead(keras.layers.Layer):
             vocab_size = token_embedding.input_dim
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=2)
         self.token_embedding = token_embedding
-        self.use_bias = bool(use_bias)
+        self.use_bias = check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         # A named data-dependent start (`named_bias_initializers`, e.g. NCE's
         # "noise") is kept as its name (the config) and resolved in `build`
@@ -164,7 +165,7 @@ class SoftmaxHead(keras.layers.Layer):
             self.bias_initializer = None
         else:
             self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.return_probabilities = bool(return_probabilities)
+        self.return_probabilities = check_bool("return_probabilities", return_probabilities)
         self.training_output = training_output
         self.last_output = None
         self.last_output_masked = False

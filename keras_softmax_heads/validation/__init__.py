@@ -23,6 +23,7 @@ from keras_softmax_heads.validation.tensors import check_float_dtype
 from keras_softmax_heads.validation.tensors import check_targets
 from keras_softmax_heads.validation.tensors import graph_target_check
 from keras_softmax_heads.validation.tensors import is_concrete
+from keras_softmax_heads.validation.tensors import keras_mask_weights
 from keras_softmax_heads.validation.tensors import nan_if_invalid
 from keras_softmax_heads.validation.tensors import target_error_message
 from keras_softmax_heads.validation.arrays import check_counts

@@ -130,3 +130,32 @@ def nan_if_invalid(values, targets, vocab_size):
     """`values` with NaN wherever `targets` is outside `[0, vocab_size)`."""
     valid = ops.logical_and(targets >= 0, targets < vocab_size)
     return ops.where(valid, values, ops.full_like(values, float("nan")))
+
+
+class _KerasMaskReader(keras.losses.Loss):
+    """A loss of ones per position: called with `reduction="none"`, Keras'
+    `Loss.__call__` multiplies them by the Keras mask of `y_pred`."""
+
+    def call(self, y_true, y_pred):
+        return ops.ones(ops.shape(y_pred)[:-1], "float32")
+
+
+_MASK_READER = _KerasMaskReader(name="keras_mask", reduction="none", dtype="float32")
+
+
+def keras_mask_weights(x):
+    """float32 weights `[...]` of tensor `x` `[..., d]` from its Keras mask:
+    1 where the mask is true, 0 where it is false; ones without a mask.
+
+    The mask a layer such as `Embedding(mask_zero=True)` or an RNN hands on
+    with its output. Keras has no public accessor for it; its losses and
+    metrics read it from `y_pred` in `Loss.__call__`, which this calls (a
+    loss of ones, unreduced), so a loss or metric that does its own
+    reduction honours the mask as Keras' own do.
+
+    >>> import numpy as np, keras
+    >>> h = keras.layers.Embedding(5, 2, mask_zero=True)(np.array([[3, 1, 0]]))
+    >>> keras.ops.convert_to_numpy(keras_mask_weights(h)).tolist()
+    [[1.0, 1.0, 0.0]]
+    """
+    return _MASK_READER(ops.zeros((), "float32"), x)
