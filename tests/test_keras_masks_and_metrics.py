@@ -193,3 +193,21 @@ def test_every_head_refuses_a_non_bool_flag(option):
         for bad in ("yes", 1):
             with pytest.raises(ValueError, match=rf"{option}={bad!r}"):
                 make_head(name, V, counts=counts, **{option: bad})
+
+
+def test_linear_cross_entropy_refuses_mismatched_token_shapes():
+    """One id per token and one weight per token (or per sequence): a
+    `[N, 1]` or reshaped target array, or a weight of another length, is a
+    `ValueError` that shows both shapes, in both passes."""
+    h = np.ones((12, 4), "float32")
+    w = np.ones((4, 9), "float32")
+    for in_forward in (False, True):
+        for bad in (np.zeros((12, 1), "int32"), np.zeros((2, 6), "int32")):
+            with pytest.raises(ValueError, match=r"targets.shape=\((12, 1|2, 6)\)"):
+                ksh.linear_cross_entropy(h, w, bad, gradient_in_forward=in_forward)
+        with pytest.raises(ValueError, match=r"sample_weight.shape=\(5,\)"):
+            ksh.linear_cross_entropy(h, w, np.zeros(12, "int32"), sample_weight=np.ones(5),
+                                     gradient_in_forward=in_forward)
+    per_sequence = ksh.linear_cross_entropy(h.reshape(3, 4, 4), w, np.zeros((3, 4), "int32"),
+                                            sample_weight=np.ones(3, "float32"))
+    assert np.isfinite(to_numpy(per_sequence))

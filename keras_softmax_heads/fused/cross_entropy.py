@@ -284,6 +284,8 @@ def summed_loss(
                 f"{option}"
             )
     layout = parallel_layout(kernel, kernel_transposed, vocab_parallel)
+    targets = ops.convert_to_tensor(targets)
+    check_token_shapes(hidden, targets, sample_weight)
     targets, ignored = checked_targets(targets, vocab, ignore_index)
     acc = accumulation_dtype(hidden, kernel)
     weights = broadcast_weights(sample_weight, ops.zeros(ops.shape(targets), acc))
@@ -344,6 +346,8 @@ def token_terms(
     token_chunk_size = check_token_chunk_size(token_chunk_size)
     filter_eps = check_filter_eps(filter_eps)
     hidden, kernel, bias, vocab = projection(hidden, kernel, bias, kernel_transposed)
+    targets = ops.convert_to_tensor(targets)
+    check_token_shapes(hidden, targets, sample_weight)
     targets, ignored = checked_targets(targets, vocab, ignore_index)
     transform_fn = None
     if cap is not None:
@@ -402,6 +406,31 @@ def projection(hidden, kernel, bias, kernel_transposed):
             f"Received: bias.shape={tuple(bias.shape)}"
         )
     return hidden, kernel, bias, vocab
+
+
+def check_token_shapes(hidden, targets, sample_weight):
+    """Raises unless `targets` has the shape of `hidden` without its last
+    axis and `sample_weight` (if any) that of `targets` or a prefix of it
+    (axes of size 1 broadcast). Axes unknown while tracing are not
+    compared."""
+    tokens = tuple(hidden.shape[:-1])
+    shape = tuple(targets.shape)
+    if len(shape) != len(tokens) or any(
+            a is not None and b is not None and a != b for a, b in zip(shape, tokens)):
+        raise ValueError(
+            "`targets` must have the shape of `hidden` without its last axis, one id "
+            f"per token. Received: targets.shape={shape}, hidden.shape={tuple(hidden.shape)}"
+        )
+    if sample_weight is None:
+        return
+    weight = tuple(ops.convert_to_tensor(sample_weight).shape)
+    if len(weight) > len(shape) or any(
+            a is not None and b is not None and a not in (1, b) for a, b in zip(weight, shape)):
+        raise ValueError(
+            "`sample_weight` must have the shape of `targets` (or a prefix of it, "
+            f"e.g. one weight per sequence). Received: sample_weight.shape={weight}, "
+            f"targets.shape={shape}"
+        )
 
 
 def checked_targets(targets, vocab, ignore_index):
