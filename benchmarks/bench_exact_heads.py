@@ -23,8 +23,7 @@ Heads (each optional with `--heads`):
 * `plif_naive`: the same head with the straightforward PLIF (two gathers,
   automatic differentiation, no fused loss): what `PLIFSoftmax` improves on;
 * `mos`, `moc`: `MixtureOfSoftmaxes` / `MixtureOfContexts` with
-  `--mixture-components` components, when `keras_softmax_heads.heads.mixture_of_softmaxes`
-  is importable.
+  `--mixture-components` components.
 
 Time: for each (V, d, mode) one process builds every head on the same `h`,
 `y`, compiles the steps, runs `--warmup` steps each, then `--rounds` rounds;
@@ -87,7 +86,7 @@ ALL_HEADS = ("full", "sigsoftmax", "monotonic", "plif", "plif_naive", "mos", "mo
 
 # --------------------------------------------------------------------- heads
 def make_head(name, vocab, args):
-    """A fresh head `name` for a vocabulary of `vocab` words, or None."""
+    """A fresh head `name` for a vocabulary of `vocab` words."""
     if name == "full":
         from keras_softmax_heads.heads.full_softmax import FullSoftmax
 
@@ -120,15 +119,9 @@ def make_head(name, vocab, args):
 
         return NaivePLIF(vocab, num_knots=args.plif_knots, knot_bound=args.plif_bound)
     if name in ("mos", "moc"):
-        try:
-            from keras_softmax_heads.heads import mixture_of_softmaxes as mixture
-        except ImportError:
-            return None
-        cls = getattr(
-            mixture, "MixtureOfSoftmaxes" if name == "mos" else "MixtureOfContexts", None
-        )
-        if cls is None:
-            return None
+        import keras_softmax_heads as ksh
+
+        cls = ksh.MixtureOfSoftmaxes if name == "mos" else ksh.MixtureOfContexts
         return cls(vocab, num_components=args.mixture_components)
     raise ValueError(f"Unknown head {name!r}. Known: {ALL_HEADS}")
 
@@ -152,8 +145,6 @@ def child_time(args):
     for name in args.heads:
         try:
             head = make_head(name, v, args)
-            if head is None:
-                continue
             head.build((None, d))
             calls[name] = functools.partial(
                 steps.train_step(head, args.modes[0], summed=True), h, y)
@@ -178,9 +169,6 @@ def child_memory(args):
 
     n, v, d = args.n[0], args.v[0], args.d[0]
     head = make_head(args.heads[0], v, args)
-    if head is None:
-        fresh_process.report({"skipped": True})
-        return
     head.build((None, d))
     step = steps.train_step(head, args.modes[0], summed=True)
     h, y = inputs(n, v, d)
