@@ -113,13 +113,20 @@ def _execute(name, tmp_path, quick, timeout):
         "import sys, keras_softmax_heads; print(sys.executable); print(keras_softmax_heads.__file__)"))
     workdir = tmp_path / "cwd"
     workdir.mkdir()
+    km = _kernel_manager(tmp_path, quick)
     client = nbclient.NotebookClient(
         nb,
-        km=_kernel_manager(tmp_path, quick),
+        km=km,
         timeout=timeout,
         resources={"metadata": {"path": str(workdir)}},
     )
-    client.execute()  # raises CellExecutionError on the first failing cell
+    try:
+        client.execute()  # raises CellExecutionError on the first failing cell
+    finally:
+        # nbclient shuts down only a kernel manager it made itself; this
+        # kernel (about 1 GB resident) would otherwise live as long as pytest.
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     executable, package = "".join(o.get("text", "") for o in nb.cells[0].outputs).split()
     assert os.path.realpath(executable) == os.path.realpath(sys.executable)
     assert pathlib.Path(package).resolve().is_relative_to(REPO)
