@@ -208,6 +208,9 @@ def test_linear_cross_entropy_refuses_mismatched_token_shapes():
         with pytest.raises(ValueError, match=r"sample_weight.shape=\(5,\)"):
             ksh.linear_cross_entropy(h, w, np.zeros(12, "int32"), sample_weight=np.ones(5),
                                      gradient_in_forward=in_forward)
+    loss = ksh.LinearCrossEntropy(keras.Variable(w))
+    with pytest.raises(ValueError, match=r"sample_weight.shape=\(5,\)"):
+        loss(np.zeros(12, "int32"), h, sample_weight=np.ones(5, "float32"))
     per_sequence = ksh.linear_cross_entropy(h.reshape(3, 4, 4), w, np.zeros((3, 4), "int32"),
                                             sample_weight=np.ones(3, "float32"))
     assert np.isfinite(to_numpy(per_sequence))

@@ -8,6 +8,7 @@ from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import check_token_chunk_size
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
+from keras_softmax_heads.fused.cross_entropy import check_token_shapes
 from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
@@ -242,6 +243,8 @@ class LinearCrossEntropy(keras.losses.Loss):
         # on by the layers after it) a weight, as in Keras' own losses.
         weight = keras_mask_weights(y_pred)
         if sample_weight is not None:
+            y_pred = ops.convert_to_tensor(y_pred)
+            check_token_shapes(y_pred, self._targets(y_true, y_pred), sample_weight)
             sample_weight = ops.cast(sample_weight, "float32")
             while len(sample_weight.shape) < len(weight.shape):
                 sample_weight = ops.expand_dims(sample_weight, -1)
