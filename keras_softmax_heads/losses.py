@@ -12,6 +12,7 @@ from keras_softmax_heads.fused import LinearCrossEntropy  # noqa: F401 (re-expor
 from keras_softmax_heads.fused import linear_cross_entropy  # noqa: F401 (re-export)
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.softmax_head import context_output_heads
+from keras_softmax_heads.heads.head_utils import gather_targets
 from keras_softmax_heads.heads.head_utils import per_replica
 from keras_softmax_heads.heads.head_utils import token_weights
 from keras_softmax_heads.validation import check_targets
@@ -175,9 +176,5 @@ def nll_terms(log_probs, targets):
     NaN under XLA, never a plausible number."""
     vocab_size = log_probs.shape[-1]
     targets = check_targets(targets, vocab_size)
-    picked = ops.take_along_axis(
-        ops.cast(log_probs, "float32"),
-        ops.expand_dims(ops.clip(targets, 0, vocab_size - 1), -1),
-        axis=-1,
-    )
-    return nan_if_invalid(ops.squeeze(picked, -1), targets, vocab_size)
+    picked = gather_targets(ops.cast(log_probs, "float32"), targets)
+    return nan_if_invalid(picked, targets, vocab_size)

@@ -5,6 +5,7 @@ metric; `HeadMetric`: any Keras metric on them, for a model trained through
 import keras
 from keras import ops
 
+from keras_softmax_heads.heads.head_utils import token_weights
 from keras_softmax_heads.heads.softmax_head import context_output_heads
 from keras_softmax_heads.losses import nll_terms
 from keras_softmax_heads.validation import keras_mask_weights
@@ -56,10 +57,7 @@ class Perplexity(keras.metrics.Metric):
             targets = ops.squeeze(targets, axis=-1)
         log_p = ops.log(y_pred) if self.from_probabilities else y_pred
         nll = -nll_terms(log_p, targets)
-        weight = mask_weight
-        if sample_weight is not None:
-            weight = weight * ops.broadcast_to(
-                _expand_to(ops.cast(sample_weight, "float32"), len(nll.shape)), ops.shape(nll))
+        weight = token_weights(nll, sample_weight) * mask_weight
         self.nll_sum.assign_add(ops.sum(nll * weight))
         self.count.assign_add(ops.sum(weight))
 
@@ -80,14 +78,6 @@ def _is_context_output(y_pred):
         and len(y_pred.shape) >= 2 and y_pred.shape[-2] == 1
         for head in context_output_heads()
     )
-
-
-def _expand_to(weight, rank):
-    """`weight` with trailing axes added up to `rank` (a `[B]` weight covers
-    its sequence's tokens)."""
-    while len(weight.shape) < rank:
-        weight = ops.expand_dims(weight, -1)
-    return weight
 
 
 #: Metric names that mean "accuracy" to Keras' `compile`, which infers the

@@ -7,6 +7,7 @@ from keras import ops
 from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.chunked import check_token_chunk_size
+from keras_softmax_heads.fused.cross_entropy import broadcast_weights
 from keras_softmax_heads.fused.cross_entropy import check_loss_options
 from keras_softmax_heads.fused.cross_entropy import check_token_shapes
 from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
@@ -212,13 +213,14 @@ class LinearCrossEntropy(keras.losses.Loss):
             targets = ops.cast(targets, "int32")  # float labels, as Keras' losses take
         return targets
 
-    def _loss(self, y_true, y_pred, sample_weight, reduction):
+    def _loss(self, targets, y_pred, sample_weight, reduction):
+        """`linear_cross_entropy` of `y_pred` (a tensor) and `targets` (from
+        `_targets`) with this loss' options."""
         kernel, bias, transposed = self._resolve()
-        y_pred = ops.convert_to_tensor(y_pred)
         return linear_cross_entropy(
             y_pred,
             kernel,
-            self._targets(y_true, y_pred),
+            targets,
             bias,
             kernel_transposed=transposed,
             sample_weight=sample_weight,
@@ -235,21 +237,20 @@ class LinearCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         """The per-token loss (0 on ignored tokens), unweighted."""
-        return self._loss(y_true, y_pred, None, "none")
+        y_pred = ops.convert_to_tensor(y_pred)
+        return self._loss(self._targets(y_true, y_pred), y_pred, None, "none")
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         # Our own reduction: the mean is over the non-ignored tokens, the
         # Keras mask of `y_pred` (e.g. `Embedding(mask_zero=True)`'s, handed
         # on by the layers after it) a weight, as in Keras' own losses.
-        weight = keras_mask_weights(y_pred)
+        weight = keras_mask_weights(y_pred)  # before a conversion drops the mask
+        y_pred = ops.convert_to_tensor(y_pred)
+        targets = self._targets(y_true, y_pred)
         if sample_weight is not None:
-            y_pred = ops.convert_to_tensor(y_pred)
-            check_token_shapes(y_pred, self._targets(y_true, y_pred), sample_weight)
-            sample_weight = ops.cast(sample_weight, "float32")
-            while len(sample_weight.shape) < len(weight.shape):
-                sample_weight = ops.expand_dims(sample_weight, -1)
-            weight = weight * sample_weight
-        return self._loss(y_true, y_pred, weight, _KERAS_REDUCTIONS[self.reduction])
+            check_token_shapes(y_pred, targets, sample_weight)
+            weight = weight * broadcast_weights(sample_weight, weight)
+        return self._loss(targets, y_pred, weight, _KERAS_REDUCTIONS[self.reduction])
 
     def get_config(self):
         config = super().get_config()
