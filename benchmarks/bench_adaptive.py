@@ -86,8 +86,6 @@ Usage:
 
 import os
 import random
-import shlex
-import sys
 import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
@@ -346,8 +344,7 @@ def run_all():
         print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in e.items() if v is not None), flush=True)
     return {
-        "command": " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_adaptive.py",
-                                                      *sys.argv[1:]]),
+        "command": measure.command_line(__file__),
         "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
                                            "TF_NUM_INTEROP_THREADS") if k in os.environ},
         "machine": measure.machine(keys=("cpu", "cores", "os", "python", "date")),

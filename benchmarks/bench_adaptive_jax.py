@@ -27,7 +27,6 @@ that device.
 import argparse
 import os
 import statistics
-import sys
 
 import measure  # benchmarks/measure.py
 from reference_inputs import INPUTS, adaptive_benchmark_cutoffs, numpy_inputs
@@ -103,7 +102,7 @@ def main(argv=None):
         print(f"V={vocab}: whole {1e3 * row['whole']['step_s']:.1f} ms, "
               f"{row['whole']['temp_mib']:.0f} MiB; chunked {1e3 * row['chunked']['step_s']:.1f}"
               f" ms, {row['chunked']['temp_mib']:.0f} MiB; ratio {row['ratio']:.2f}", flush=True)
-    result = {"command": "python " + " ".join(["benchmarks/bench_adaptive_jax.py"] + sys.argv[1:]),
+    result = {"command": measure.command_line(__file__),
               "machine": measure.machine(keys=("cpu", "cores", "os", "python", "date")),
               "device": str(jax.devices()[0]),
               "versions": {"jax": jax.__version__, "keras": keras.__version__},

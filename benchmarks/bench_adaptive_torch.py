@@ -32,7 +32,6 @@ pin with `taskset`).
 import argparse
 import os
 import statistics
-import sys
 
 import measure  # benchmarks/measure.py
 from reference_inputs import INPUTS, adaptive_benchmark_cutoffs, numpy_inputs
@@ -115,7 +114,7 @@ def main(argv=None):
         print(f"V={vocab}: " + ", ".join(
             f"{name} {1e3 * s:.1f} ms ({row['over_torch'][name]:.2f}x)"
             for name, s in row["step_s"].items()), flush=True)
-    result = {"command": "python " + " ".join(["benchmarks/bench_adaptive_torch.py"] + sys.argv[1:]),
+    result = {"command": measure.command_line(__file__),
               "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS",) if k in os.environ},
               "machine": measure.machine(keys=("cpu", "cores", "os", "python", "date")),
               "versions": {"torch": torch.__version__, "keras": keras.__version__},

@@ -71,8 +71,6 @@ import argparse
 import functools
 import itertools
 import os
-import shlex
-import sys
 import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
@@ -379,8 +377,7 @@ def main():
     if len(args.backends) > 1:
         print_comparison(records, args.tolerance)
     measure.save({
-        "command": " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_exact_heads.py",
-                                                      *sys.argv[1:]]),
+        "command": measure.command_line(__file__),
         "machine": measure.machine(),
         "objective": "summed_training_loss(h, y, 1 / N): what HeadLoss and HeadModel train",
         "rows": records,

@@ -51,8 +51,6 @@ Usage:
 """
 
 import os
-import shlex
-import sys
 import threading
 import time
 
@@ -309,8 +307,7 @@ def main(argv):
     if ratios:
         print(", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
     measure.save({
-        "command": "python benchmarks/bench_fused_causal_lm.py "
-                   + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": measure.command_line(__file__),
         "machine": measure.machine(), "settings": settings, "rows": rows,
         "eval_rows": eval_rows, "ratios": ratios, "memory_cap": cap_rows,
     }, FLAGS.out)

@@ -98,8 +98,6 @@ Usage:
 """
 
 import os
-import shlex
-import sys
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
 import measure  # benchmarks/measure.py
@@ -469,8 +467,7 @@ def run(settings):
               f"{_fmt(e['time_ours_over_torch_chunked'])}; extra memory ours/keras_dense "
               f"{_fmt(e['extra_memory_ours_over_keras_dense'], 4)}")
     return {
-        "command": "python benchmarks/bench_linear_cross_entropy.py "
-                   + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": measure.command_line(__file__),
         "machine": measure.machine(),
         "settings": settings,
         "rows": rows,

@@ -32,8 +32,6 @@ import argparse
 import functools
 import os
 import random
-import shlex
-import sys
 import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
@@ -595,7 +593,7 @@ def main():
     print_devices(devices)
     if args.out:
         result = {
-            "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+            "command": measure.command_line(__file__),
             "machine": machine(devices), "devices": devices, "versions": versions,
             "settings": settings_of(args, labels, side_info),
             "rows": rows, "ratios": ratios, "efficiency": efficiency,

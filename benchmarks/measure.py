@@ -36,7 +36,9 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
+import sys
 import time
 
 MIB = 2.0**20
@@ -394,6 +396,18 @@ def machine(keys=None):
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return out if keys is None else {k: out[k] for k in keys}
+
+
+def command_line(script, args=None):
+    """The `command` of a results file: `python benchmarks/<script's file
+    name> <args>`, the arguments shell-quoted (`args`: the arguments after
+    the script's name; default `sys.argv[1:]`).
+
+    >>> command_line("/repo/benchmarks/bench_x.py", ["--v", "1,2", "--note", "a b"])
+    "python benchmarks/bench_x.py --v 1,2 --note 'a b'"
+    """
+    args = sys.argv[1:] if args is None else args
+    return shlex.join(["python", f"benchmarks/{os.path.basename(script)}", *args])
 
 
 def save(result, path, indent=1):
