@@ -453,3 +453,52 @@ def test_frozen_kernel_skips_its_gradient():
 
         # In the forward pass: the scores, dh, dW; frozen, the first two.
         assert flops(False) / flops(True) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_mixture_of_contexts_summed_matches_tiled_loss(tied):
+    """`MixtureOfContexts` trains through the summed cross-entropy of its
+    mixed context by default (`gradient_in_forward`): its summed objective
+    equals the tiled per-token loss's, weighted and summed (a weight-0
+    token), in value and in the gradients of the inputs and every weight
+    (priors, latents, kernel or tied embedding, bias); one SGD step through
+    `HeadLoss` moves every weight as the per-token path's; the option
+    round-trips through the config and a bad value is refused."""
+    from keras_softmax_heads import MixtureOfContexts
+
+    rng = np.random.default_rng(9)
+    h = rng.normal(size=(3, 4, 6)).astype("float32")
+    t = rng.integers(0, V, size=(3, 4)).astype("int32")
+    weights = rng.uniform(0.0, 1.0, size=(3, 4)).astype("float32")
+    weights[2, 0] = 0.0
+    assert MixtureOfContexts(V).gradient_in_forward
+
+    def make(flag):
+        embedding = keras.layers.Embedding(V, 6) if tied else None
+        return MixtureOfContexts(V, num_components=3, chunk_size=5, use_prior_bias=True,
+                                 token_embedding=embedding, use_bias=not tied,
+                                 gradient_in_forward=flag)
+
+    head, results = without_and_with_option(make, h, t, weights, rng)
+    assert_same_values_and_gradients(*results)
+    assert MixtureOfContexts.from_config(head.get_config()).gradient_in_forward
+    assert not MixtureOfContexts.from_config(
+        MixtureOfContexts(V, gradient_in_forward=False).get_config()).gradient_in_forward
+    with pytest.raises(ValueError, match="gradient_in_forward"):
+        MixtureOfContexts(V, gradient_in_forward="yes")
+
+    x = rng.integers(0, V, size=(4, 6)).astype("int32")
+    y, sample_weight = np.roll(x, -1, axis=1), rng.uniform(0, 2, (4, 6)).astype("float32")
+    outcomes = []
+    for flag in (False, True):
+        keras.utils.set_random_seed(0)
+        head = MixtureOfContexts(V, num_components=3, gradient_in_forward=flag)
+        model = keras.Sequential([keras.Input((6,), dtype="int32"),
+                                  keras.layers.Embedding(V, 6), head])
+        model.compile(keras.optimizers.SGD(0.5), loss=HeadLoss(head))
+        loss = model.train_on_batch(x, y, sample_weight=sample_weight)
+        outcomes.append((loss, [to_numpy(v) for v in model.trainable_weights]))
+    (ref_loss, ref_w), (loss, trained) = outcomes
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    for a, r in zip(trained, ref_w):
+        np.testing.assert_allclose(a, r, atol=1e-5)

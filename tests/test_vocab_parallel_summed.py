@@ -54,11 +54,14 @@ def test_vocab_parallel_summed_matches_single_device():
         assert example["vocab_parallel_calls"] > 0, example
         assert example["unchanged"], example
         assert example["divergences"][-1] < example["divergences"][0], example
-    # FullSoftmax(chunk_size) trained with HeadLoss, its kernel sharded on V:
-    # each device its shard, the unsharded step's loss and weights.
-    assert head["vocab_parallel_calls"] > 0, head
-    assert head["loss_rel_err"] < 1e-5 and head["step_max_err"] < 1e-4 * head["step_scale"], head
-    assert head["kernel_spec"] == [None, "model"], head
+    # FullSoftmax(chunk_size) and MixtureOfContexts trained with HeadLoss,
+    # the kernel sharded on V: each device its shard, the unsharded step's
+    # loss and weights.
+    assert sorted(head) == ["full_softmax", "mixture_of_contexts"], head
+    for name, r in head.items():
+        assert r["vocab_parallel_calls"] > 0, (name, r)
+        assert r["loss_rel_err"] < 1e-5 and r["step_max_err"] < 1e-4 * r["step_scale"], (name, r)
+        assert r["kernel_spec"] == [None, "model"], (name, r)
     assert sorted(mixtures) == ["mos_bias_batch", "mos_plif_bias_batch", "moss_transposed",
                                 "sig_relu_transposed"], mixtures
     for name, r in mixtures.items():
@@ -184,7 +187,8 @@ def child():
     result["mixture"] = mixtures(rng)
     result["token_losses"] = head_token_losses(rng)
     result["token_divergence"] = token_divergences(rng)
-    result["head"] = full_softmax_head(rng)
+    result["head"] = {"full_softmax": summed_head_step(rng, "full_softmax"),
+                      "mixture_of_contexts": summed_head_step(rng, "mixture_of_contexts")}
     result["example"] = distillation_example()  # last: it sets a global distribution
     print(json.dumps(result))
 
@@ -214,27 +218,34 @@ def distillation_example():
             "vocab_parallel_calls": len(calls)}
 
 
-def full_softmax_head(rng):
-    """One SGD step of `Sequential([Embedding, FullSoftmax(chunk_size)])`
-    with `HeadLoss` (the summed objective, its gradient in the forward
-    pass), the head's `[d, V]` kernel sharded on V, against the same step
-    unsharded."""
+def summed_head_step(rng, module_name):
+    """One SGD step of `Sequential([Embedding, head])` with `HeadLoss` (the
+    summed objective, its gradient in the forward pass), the head's
+    `[d, V]` kernel sharded on V, against the same step unsharded; the head
+    `FullSoftmax(chunk_size)` (`module_name="full_softmax"`) or
+    `MixtureOfContexts` (`"mixture_of_contexts"`: the summed cross-entropy
+    of its mixed context)."""
+    import importlib
+
     import keras
     import numpy as np
 
     import keras_softmax_heads as ksh
-    from keras_softmax_heads.heads import full_softmax
 
     v, d, batch, steps, lr = 96, 16, 4, 6, 0.5
     x = rng.integers(0, v, (batch, steps)).astype("int32")
     y = rng.integers(0, v, (batch, steps)).astype("int32")
     calls = []
-    count_calls(full_softmax, "vocab_parallel_summed", calls)
+    count_calls(importlib.import_module(f"keras_softmax_heads.heads.{module_name}"),
+                "vocab_parallel_summed", calls)
 
     def model(distribution=None):
         keras.utils.set_random_seed(0)
         with (distribution.scope() if distribution else keras.name_scope("unsharded")):
-            head = ksh.FullSoftmax(v, chunk_size=40, name="head", logit_soft_cap=3.0)
+            if module_name == "full_softmax":
+                head = ksh.FullSoftmax(v, chunk_size=40, name="head", logit_soft_cap=3.0)
+            else:
+                head = ksh.MixtureOfContexts(v, num_components=3, name="head")
             m = keras.Sequential([keras.Input((steps,), dtype="int32"),
                                   keras.layers.Embedding(v, d), head])
             m.compile(keras.optimizers.SGD(lr), loss=ksh.HeadLoss(head))

@@ -5,11 +5,17 @@ import keras
 from keras import ops
 
 from keras_softmax_heads.chunked import chunked_pointwise_nll
+from keras_softmax_heads.chunked.divergence import OutputLayer
+from keras_softmax_heads.chunked.losses import as_tensor
+from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
 from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.heads.head_utils import gather_targets
 from keras_softmax_heads.heads.head_utils import linear_nll_on_shards
+from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.mixture_head import MixtureHead
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
 
@@ -63,6 +69,12 @@ class MixtureOfContexts(MixtureHead):
           Yang et al., 2018. https://arxiv.org/abs/1711.03953
     """
 
+    def __init__(self, *args, gradient_in_forward=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if gradient_in_forward is None:
+            gradient_in_forward = True
+        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
+
     def _mixed_context(self, inputs, training):
         """`h' = sum_k pi_k c_k`, `[N, L]` in the compute dtype."""
         log_priors, latent = self._priors_and_latents(inputs, training)
@@ -111,6 +123,41 @@ class MixtureOfContexts(MixtureHead):
                 kernel_transposed=transposed,
             )
         return nan_if_invalid(-nll, targets, self.vocab_size)
+
+    def summed_training_loss(self, inputs, targets, weights, training=True):
+        """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar.
+
+        With `gradient_in_forward=True` the summed cross-entropy of the
+        mixed context `h'` computes it and its gradient in one pass over
+        token chunks (`chunked.summed_cross_entropy`; on JAX, with the
+        kernel or tied embedding sharded on V by a `keras.distribution`, on
+        each device's shard: `chunked.vocab_parallel.
+        vocab_parallel_summed`); the gradient reaches the priors and
+        latents through `h'`. Otherwise `training_loss` weighted and
+        summed. A weight-0 token adds nothing; a word id outside `[0, V)`
+        with a non-zero weight makes the sum NaN.
+        """
+        if not self.gradient_in_forward:
+            return super().summed_training_loss(inputs, targets, weights, training)
+        inputs = self._check_inputs(inputs)
+        targets = check_targets(targets, self.vocab_size)
+        kernel, transposed = self.chunked_projection()
+        bias = None if self.bias is None else as_tensor(self.bias)
+        layer = OutputLayer(self._mixed_context(inputs, training), as_tensor(kernel), bias,
+                            transposed)
+        layout = vocab_parallel_layout(kernel, transposed)
+
+        def total(ids, weights):
+            if layout is None:
+                return summed_cross_entropy(layer, ids, weights)
+            return vocab_parallel_summed(layer, ids, weights, layout)
+
+        return summed_over_valid_targets(targets, weights, self.vocab_size, total)
+
+    def get_config(self):
+        config = super().get_config()
+        config["gradient_in_forward"] = self.gradient_in_forward
+        return config
 
     def dense_log_likelihood(self, inputs, targets, training=None):
         """`log_likelihood` from the `[N, V]` log-probabilities (the
