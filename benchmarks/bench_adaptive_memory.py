@@ -18,8 +18,9 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
+
+import measure  # benchmarks/measure.py (the script's own folder)
 
 
 ROWS = ("100000:2048:2000/10000/50000", "267735:8192:20000/60000",
@@ -91,7 +92,7 @@ def main(argv=None):
         print(f"V={row['vocab_size']} N={row['tokens']} cutoffs={row['cutoffs']}: "
               f"temporaries {row['temp_mib']:.0f} MiB (one dense tail's scores "
               f"{row['dense_tail_mib']:.0f} MiB; capacities {row['capacities']})", flush=True)
-    result = {"command": "python " + " ".join([sys.argv[0]] + sys.argv[1:]),
+    result = {"command": measure.command_line(__file__),
               "machine": f"{platform.processor() or platform.machine()}; {platform.platform()}",
               "versions": {"jax": jax.__version__, "keras": keras.__version__},
               "date": time.strftime("%Y-%m-%d"), "rows": rows}

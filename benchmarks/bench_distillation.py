@@ -50,7 +50,6 @@ Usage:
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 
@@ -289,7 +288,7 @@ def run_child(args):
 
 def run(args, argv):
     result = {
-        "command": "python benchmarks/bench_distillation.py " + shlex.join(argv),
+        "command": measure.command_line(__file__, argv),
         "machine": measure.machine(), "loadavg_before": os.getloadavg(),
         "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
         "rows": [],

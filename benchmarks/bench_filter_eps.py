@@ -20,8 +20,6 @@ states and the output matrix, `|g_filtered - g| / |g|`.
 
 import json
 import os
-import shlex
-import sys
 import time
 
 import measure  # benchmarks/measure.py
@@ -239,7 +237,7 @@ def main(argv):
     done = {(r["eps"], r["seed"]) for r in results["runs"]}
     results["config"] = dict(args, probe_steps=sorted(args["probe_steps"]),
                              backend=keras.backend.backend(), dataset=_DATASET.value)
-    results["command"] = shlex.join(["python", "benchmarks/bench_filter_eps.py", *sys.argv[1:]])
+    results["command"] = measure.command_line(__file__)
     results["machine"] = measure.machine()
     for seed in (int(s) for s in _SEEDS.value):
         for eps in (parse_eps(e) for e in _EPS.value):

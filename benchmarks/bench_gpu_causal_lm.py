@@ -48,9 +48,7 @@ Usage:
 import argparse
 import json
 import os
-import shlex
 import statistics
-import sys
 import time
 
 import measure  # benchmarks/measure.py (the script's own folder)
@@ -183,7 +181,7 @@ def run(args, save=None):
     start = time.perf_counter()
     limit, limit_source = memory_limit(args)
     result = {"script": "benchmarks/bench_gpu_causal_lm.py", "args": vars(args),
-              "command": "python " + " ".join(shlex.quote(x) for x in sys.argv),
+              "command": measure.command_line(__file__),
               "machine": measure.machine(), "devices": [str(d) for d in jax.devices()],
               "jax": jax.__version__, "keras": keras.__version__,
               "memory_limit_bytes": limit, "memory_limit_source": limit_source,

@@ -21,7 +21,6 @@ False on TensorFlow (the measured setting) and to Keras' `"auto"` elsewhere.
 """
 
 import os
-import sys
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
 import measure  # benchmarks/measure.py
@@ -121,7 +120,7 @@ def run_all():
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x")
     return {
-        "command": "python benchmarks/bench_sequential.py " + " ".join(sys.argv[1:]),
+        "command": measure.command_line(__file__),
         "machine": f"{os.cpu_count()} CPU cores",
         "settings": {k: getattr(FLAGS, k) for k in ("backend", "vocab_size", "dim", "tokens",
                                                     "num_sampled", "steps", "jit_compile")},

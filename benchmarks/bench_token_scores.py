@@ -190,7 +190,7 @@ def settings():
 
 def run_all():
     """Every backend in a fresh process (or this one, `--in_process`)."""
-    result = {"benchmark": "bench_token_scores", "command": "python " + " ".join(sys.argv),
+    result = {"benchmark": "bench_token_scores", "command": measure.command_line(__file__),
               "machine": measure.machine(), "loadavg_before": list(os.getloadavg()),
               "backends": {}}
     if FLAGS.in_process:

@@ -23,11 +23,11 @@ by default, or `$KERAS_BACKEND`).
 """
 
 import os
-import sys
 import tempfile
 import time
 
 import fresh_process  # benchmarks/fresh_process.py (the script's own folder)
+import measure  # benchmarks/measure.py
 import select_backend  # benchmarks/select_backend.py
 from absl import app
 from absl import flags
@@ -120,7 +120,7 @@ def run_all():
         head_ratio = by[f"train_lm_{FLAGS.compare_head}"] / by["train_lm"]
         print(f"train_lm {FLAGS.compare_head} / {FLAGS.head}: {head_ratio:.3f}x")
     return {
-        "command": "python benchmarks/bench_train_loop.py " + " ".join(sys.argv[1:]),
+        "command": measure.command_line(__file__),
         "machine": f"{len(os.sched_getaffinity(0))} of {os.cpu_count()} CPU cores",
         "settings": {"backend": FLAGS.backend, "preset": FLAGS.preset, "head": FLAGS.head,
                      "steps": FLAGS.steps, "jit_compile": FLAGS.jit_compile,

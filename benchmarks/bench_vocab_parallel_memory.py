@@ -221,8 +221,7 @@ def main(argv=None):
               f"collectives {row['sharded']['collectives']}", flush=True)
     result = {
         "benchmark": "vocab_parallel_memory",
-        "command": "python benchmarks/bench_vocab_parallel_memory.py " + " ".join(
-            sys.argv[1:] if argv is None else argv),
+        "command": measure.command_line(__file__, argv),
         "shape": {k: getattr(args, k) for k in ("vocab", "dim", "batch", "bptt", "chunk_size",
                                                  "devices")},
         "rows": rows,
