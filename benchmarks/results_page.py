@@ -1468,7 +1468,15 @@ VOCAB_PARALLEL_HEADS = {"full_softmax": "`FullSoftmax`", "sigsoftmax": "`SigSoft
 VOCAB_PARALLEL_FILES = ("vocab_parallel/memory_cpu_v65536.json",
                         "vocab_parallel/memory_cpu_v65536_d512.json",
                         "vocab_parallel/memory_cpu_v65536_per_token_heads.json",
-                        "vocab_parallel/memory_cpu_v65536_adaptive_differentiated.json")
+                        "vocab_parallel/memory_cpu_v65536_adaptive_differentiated.json",
+                        "vocab_parallel/memory_cpu_v65536_moc_summed.json")
+# Rows whose head trained another way in another file: (file, head) -> label.
+VOCAB_PARALLEL_LABELS = {
+    ("vocab_parallel/memory_cpu_v65536_per_token_heads.json", "mixture_of_contexts"):
+        "MoC(4), per-token (`gradient_in_forward=False`)",
+    ("vocab_parallel/memory_cpu_v65536_moc_summed.json", "mixture_of_contexts"):
+        "MoC(4), summed (its default)",
+}
 
 
 def section_vocab_parallel(names=VOCAB_PARALLEL_FILES):
@@ -1488,7 +1496,9 @@ def section_vocab_parallel(names=VOCAB_PARALLEL_FILES):
                         for c in xla["collectives"] + xla.get("eval_collectives", [])
                         + xla.get("head_collectives", [])
                         if c.startswith(("all-gather", "all-reduce"))]
-            out.append([f"{shape['dim']:,}", VOCAB_PARALLEL_HEADS.get(r["head"], r["head"]),
+            label = VOCAB_PARALLEL_LABELS.get(
+                (name, r["head"]), VOCAB_PARALLEL_HEADS.get(r["head"], r["head"]))
+            out.append([f"{shape['dim']:,}", label,
                         fmt(one["temp_mib"], 1), fmt(one["argument_mib"], 1),
                         f"{fmt(ours['temp_mib'], 1)} ({fmt(r['temp_ratio'])}x)",
                         f"{fmt(ours['argument_mib'], 1)} ({fmt(r['argument_ratio'])}x)",
@@ -1509,9 +1519,9 @@ def section_vocab_parallel(names=VOCAB_PARALLEL_FILES):
         f"arguments: weights, optimizer state, batch; the LSTM's unrolled steps take most of "
         f"the step's temporaries at d = 512), of the head's training pass alone (its summed "
         f"objective and gradients given the contexts) and of its per-token `log_likelihood` "
-        f"of the batch (evaluation), MiB. The first four heads train their summed objective "
-        f"(the gradient in the forward pass), the others their per-token loss (`SampledSoftmax` "
-        f"its sampled loss; its evaluation is exact); a dense head "
+        f"of the batch (evaluation), MiB. The first four heads and MoC (summed) train their "
+        f"summed objective (the gradient in the forward pass), the others their per-token loss "
+        f"(`SampledSoftmax` its sampled loss; its evaluation is exact); a dense head "
         f"is built without `chunk_size`:",
         table(["d", "head", "one device: step temp", "args",
                "vocabulary-parallel: step temp", "args", "XLA's partitioning: step temp",
