@@ -86,6 +86,10 @@ def test_adaptive_wikitext2_study():
         "adaptive", {"cutoffs": [2000, 10000], "factor": 4})
     assert studies.study_config("adaptive_wikitext2", "hsm").head_options == {
         "clustering": "frequency"}
+    # A head_options override adds to the row's options (an A/B of one option).
+    assert studies.study_config("adaptive_wikitext2", "adaptive", seed=3,
+                                head_options={"factor": 2, "chunk_size": 64}).head_options == {
+        "cutoffs": [2000, 10000], "factor": 2, "chunk_size": 64}
     command = studies.row_command("adaptive_wikitext2", "adaptive", "wt2", "runs/a")
     assert "--dataset=wikitext2" in command and "--preset=adaptive_wikitext2" in command
     assert "--dataset=ptb" in studies.row_command("chen_ptb", "softmax", "ptb", "runs/s")

@@ -101,7 +101,8 @@ STUDIES["adaptive_wikitext2"] = {
 
 
 def study_config(study, row, **overrides):
-    """The `TrainConfig` of `row` of `study` (`overrides` last)."""
+    """The `TrainConfig` of `row` of `study` (`overrides` last; a
+    `head_options` override is merged into the row's head options)."""
     spec = _study(study)
     if row not in spec["rows"]:
         raise ValueError(
@@ -110,8 +111,9 @@ def study_config(study, row, **overrides):
         )
     head, options, *fields = spec["rows"][row]
     fields = dict(fields[0]) if fields else {}
+    options = dict(options, **overrides.pop("head_options", None) or {})
     fields.update(overrides)
-    return get_config(spec["preset"], head=head, head_options=dict(options), **fields)
+    return get_config(spec["preset"], head=head, head_options=options, **fields)
 
 
 def row_command(study, row, data_dir, model_dir, dataset=None):
