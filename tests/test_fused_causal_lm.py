@@ -345,9 +345,43 @@ def test_soft_cap_option_must_match_the_model():
         fused_class(backbone=backbone, preprocessor=None, fused_loss={"logit_soft_cap": 30.0})
     with pytest.raises(ValueError, match="vocab_parallel"):
         fused_class(backbone=backbone, preprocessor=None, fused_loss={"vocab_parallel": "yes"})
-    with pytest.raises(ValueError, match="gradient_in_forward.*summed"):
+    for options in ({"gradient_in_forward": True, "reduction": "none"},
+                    {"reduction": "none"}, {"reduction": None}):
+        # One scalar to train on: per-token losses trained their sum on
+        # TensorFlow (reporting the mean) and failed on JAX / PyTorch.
+        with pytest.raises(ValueError, match="'mean' .* or 'sum'"):
+            fused_class(backbone=backbone, preprocessor=None, fused_loss=options)
+    with pytest.raises(ValueError, match="gradient_in_forward"):
         fused_class(backbone=backbone, preprocessor=None,
-                    fused_loss={"gradient_in_forward": True, "reduction": "none"})
+                    fused_loss={"gradient_in_forward": "yes"})
+
+
+def test_linear_cross_entropy_adopts_the_layers_soft_cap():
+    """`LinearCrossEntropy(backbone.token_embedding)` of a soft-capped model
+    (Gemma 2's `final_logit_soft_cap`, on its `ReversibleEmbedding`) is the
+    stock model's loss without `logit_soft_cap` being passed (it ignored
+    the cap: the uncapped loss); the cap is in its config; another cap is
+    an error."""
+    backbone, cls = tiny_gemma2()
+    rng = np.random.default_rng(3)
+    embeddings = backbone.token_embedding.embeddings
+    embeddings.assign(ops.convert_to_numpy(embeddings) * 20.0)  # the cap matters
+    x = {"token_ids": rng.integers(1, V, (B, T)).astype("int32"),
+         "padding_mask": np.ones((B, T), "int32")}
+    y = rng.integers(1, V, (B, T)).astype("int32")
+    logits = np.asarray(ops.convert_to_numpy(cls(backbone=backbone, preprocessor=None)(x)),
+                        "float64")
+    m = logits.max(-1, keepdims=True)
+    lse = np.log(np.exp(logits - m).sum(-1)) + m[..., 0]
+    stock = (lse - np.take_along_axis(logits, y[..., None], -1)[..., 0]).mean()
+    h = backbone(x)
+    loss = ksh.LinearCrossEntropy(backbone.token_embedding)
+    np.testing.assert_allclose(float(loss(y, h)), stock, rtol=1e-5)
+    assert loss.logit_soft_cap == 1.5 and loss.get_config()["logit_soft_cap"] == 1.5
+    uncapped = ksh.LinearCrossEntropy(embeddings, kernel_transposed=True)
+    assert abs(float(uncapped(y, h)) - stock) > 1e-2 * stock  # the cap changes the loss
+    with pytest.raises(ValueError, match="soft-capped at 1.5"):
+        ksh.LinearCrossEntropy(backbone.token_embedding, logit_soft_cap=30.0)
 
 
 def test_fused_evaluate_must_be_bool():

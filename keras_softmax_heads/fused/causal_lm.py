@@ -82,11 +82,14 @@ class FusedLossCausalLM:
         check_vocab_parallel(options.get("vocab_parallel", "auto"))
         check_chunk_size(options.get("chunk_size"))
         check_token_chunk_size(options.get("token_chunk_size"))
-        if check_bool("gradient_in_forward", options.get("gradient_in_forward", False)) and (
-                check_loss_options(options.get("reduction", "mean"))[0] == "none"):
+        check_bool("gradient_in_forward", options.get("gradient_in_forward", False))
+        if check_loss_options(options.get("reduction", "mean"))[0] == "none":
+            # Keras differentiates the scalar `compute_loss` returns: per-token
+            # losses would train on their sum (TensorFlow) or fail (JAX, torch).
             raise ValueError(
-                "`fused_loss['gradient_in_forward']` needs a summed reduction. "
-                f"Received: fused_loss={options}"
+                "`fused_loss['reduction']` must be 'mean' (the default) or 'sum': "
+                "the task model trains on one scalar loss. Received: "
+                f"fused_loss={options}"
             )
         model_cap = getattr(self.backbone.token_embedding, "logit_soft_cap", None)
         if "logit_soft_cap" in options:

@@ -61,7 +61,11 @@ class LinearCrossEntropy(keras.losses.Loss):
     (its `kernel` `[d, V]` and `bias`), an embedding layer (tied weights: its
     `embeddings` `[V, d]`, `kernel_transposed`; a keras-hub
     `ReversibleEmbedding`), or a Keras variable. A layer is read when the
-    loss is first called, so it may be unbuilt when the loss is made.
+    loss is first called, so it may be unbuilt when the loss is made. A
+    layer that soft-caps its logits (keras-hub's `ReversibleEmbedding`
+    with `logit_soft_cap`, Gemma 2's `final_logit_soft_cap`) gives the
+    loss its cap when `logit_soft_cap` is not passed, so that the loss is
+    the stock model's; another cap is a `ValueError`.
 
     Reductions: `"sum_over_batch_size"` (Keras' default), `"mean"` and
     `"mean_with_sample_weight"` all average over the non-ignored tokens,
@@ -176,11 +180,31 @@ class LinearCrossEntropy(keras.losses.Loss):
             return self
         if not isinstance(source, (keras.Variable, keras.layers.Layer)):
             _layer_kernel(source)  # raises
+        self._adopt_soft_cap(source)
         self._source = source
         self._bias = bias
         if isinstance(source, keras.layers.Layer) and source.built:
             self._resolve()
         return self
+
+    def _adopt_soft_cap(self, source):
+        """A layer with a final logit soft cap of its own (keras-hub's
+        `ReversibleEmbedding(logit_soft_cap=...)`, Gemma 2's
+        `final_logit_soft_cap`) caps the scores the model trains on: its
+        cap becomes this loss' `logit_soft_cap` when none was given (as
+        the stock task model's logits), and another cap is an error."""
+        cap = getattr(source, "logit_soft_cap", None)
+        if not isinstance(source, keras.layers.Layer) or cap is None:
+            return
+        if self.logit_soft_cap is None:
+            self.logit_soft_cap = float(cap)
+        elif float(self.logit_soft_cap) != float(cap):
+            raise ValueError(
+                f"LinearCrossEntropy: logit_soft_cap={self.logit_soft_cap} does not "
+                f"match the layer {source.name!r}, whose logits are soft-capped at "
+                f"{cap} (its `logit_soft_cap`, which the loss uses when none is "
+                "given)."
+            )
 
     def _resolve(self):
         if self._source is None:
