@@ -68,8 +68,12 @@ def policy_class(temperature, entropy_bonus, chunk_size):
         def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
                          training=True):
             ids, pad = x["token_ids"], x["padding_mask"]
+            # In training `y_pred` is `call`'s hidden states; otherwise (Keras
+            # also calls this with `training=False`, e.g. while JAX and PyTorch
+            # build the model) the logits: the scores then run the backbone.
             log_p, ent = causal_lm_token_scores(
-                self, ids, pad, hidden_states=y_pred, temperature=temperature,
+                self, ids, pad, hidden_states=y_pred if training else None,
+                temperature=temperature,
                 return_entropy=True, chunk_size=chunk_size)
             # Only the generated tokens (after the prompt) carry the reward.
             mask = ops.cast(sample_weight[:, 1:], "float32")

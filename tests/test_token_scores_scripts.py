@@ -19,6 +19,9 @@ def _load(path, name):
     return module
 
 
+# On every backend: JAX and PyTorch also call `compute_loss` with
+# `training=False` (the logits), which the example's loss must handle.
+@pytest.mark.multibackend
 def test_hub_token_scores_example():
     pytest.importorskip("keras_hub")
     example = _load("examples/hub_token_scores.py", "hub_token_scores")
