@@ -85,6 +85,20 @@ class HeadModel(keras.Model):
             outputs["log_probs"] = self.head(h)
         return outputs
 
+    @property
+    def input_dtype(self):
+        """The backbone's input dtype: the dtype of its `keras.Input` (a
+        functional or `Sequential` backbone built from one), else the
+        backbone layer's `input_dtype` (`"int32"` for the library's
+        backbones). `model.export` writes it in the serving signature."""
+        try:
+            inputs = self.backbone.inputs
+        except (AttributeError, ValueError):
+            inputs = None
+        if inputs:
+            return keras.backend.standardize_dtype(inputs[0].dtype)
+        return self.backbone.input_dtype
+
     def build(self, input_shape):
         if not self.backbone.built:
             self.backbone.build(input_shape)

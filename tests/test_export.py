@@ -126,3 +126,33 @@ def test_every_head_exports_onnx(tmp_path):
         session = ort.InferenceSession(path)
         x = _tokens(3)
         _check(session.run(None, {session.get_inputs()[0].name: x})[0], model, x, name)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="PyTorch exports with format='torch'")
+def test_head_model_exports_an_int32_id_signature(tmp_path):
+    """`HeadModel` (what `examples/train_lm.py` saves as
+    `inference_model.keras`) on the library's LSTM backbone: `model.export`
+    infers the signature from its input dtype, word ids (`int32`; it wrote
+    float32 and `serve` refused int32 ids), and the SavedModel gives the
+    model's log-probabilities."""
+    import tensorflow as tf
+
+    import keras_softmax_heads as ksh
+    from keras_softmax_heads.models import get_model_class
+
+    backbone = get_model_class("lstm")(vocab_size=V, embedding_dim=D, hidden_size=D,
+                                       num_layers=1, stateful=False)
+    model = ksh.HeadModel(backbone, make_head("full_softmax", V))
+    assert model.input_dtype == "int32"
+    x = _tokens(2)
+    model(x)
+    path = str(tmp_path / "head_model")
+    model.export(path, verbose=False)
+    loaded = tf.saved_model.load(path)
+    spec = loaded.signatures["serving_default"].structured_input_signature[1]
+    assert [s.dtype for s in spec.values()] == [tf.int32], spec
+    _check(loaded.serve(tf.constant(x)).numpy(), model, x, "head_model")
+    sequential = ksh.HeadModel(keras.Sequential([keras.Input((T,), dtype="int32"),
+                                                 keras.layers.Embedding(V, D)]),
+                               make_head("full_softmax", V))
+    assert sequential.input_dtype == "int32"

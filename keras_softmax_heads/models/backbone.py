@@ -44,6 +44,13 @@ class Backbone(keras.layers.Layer):
     """
 
     @property
+    def input_dtype(self):
+        """`"int32"`: a backbone takes word ids (what `model.export`
+        writes in the signature of a model built on it; float inputs are
+        cast)."""
+        return "int32"
+
+    @property
     def token_embedding(self):
         """The input `keras.layers.Embedding` (pass it to a head to tie)."""
         return self.embedding
