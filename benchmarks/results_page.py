@@ -337,9 +337,9 @@ def section_converged(name):
 
 ROBUSTNESS_FILES = ("head_robustness.json", "head_robustness_b.json", "head_robustness_chen.json",
                     "head_robustness_mos_plif_summed.json", "head_robustness_every_head_a.json",
-                    "head_robustness_every_head_b.json")
+                    "head_robustness_every_head_b.json", "head_robustness_moc_summed.json")
 """The check's files, in order: a run of a later file replaces the same run
-of an earlier one in the table (the default's code: MoS+PLIF's summed runs)."""
+of an earlier one in the table (the default's code: MoS+PLIF's and MoC's summed runs)."""
 #: The head-fix diagnostics (`benchmarks/head_gradients.py`), in page order.
 HEAD_FIX_RUNS = (
     ("soft_s0", "softmax"),
