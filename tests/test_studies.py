@@ -90,6 +90,13 @@ def test_adaptive_wikitext2_study():
     assert studies.study_config("adaptive_wikitext2", "adaptive", seed=3,
                                 head_options={"factor": 2, "chunk_size": 64}).head_options == {
         "cutoffs": [2000, 10000], "factor": 2, "chunk_size": 64}
+    # `0` is "no budget" / "no clipping" in an override too, as on the command
+    # line (paper_comparisons.py --overrides=train_seconds=0 raised).
+    config = studies.study_config("chen_ptb", "softmax", train_seconds=0, clip_norm=0,
+                                  checkpoint_every=0)
+    assert (config.train_seconds, config.clip_norm, config.checkpoint_every) == (None,) * 3
+    training.validate_config(config)
+    assert training.get_config(epochs=1).replace(clip_norm=2.0).clip_norm == 2.0
     command = studies.row_command("adaptive_wikitext2", "adaptive", "wt2", "runs/a")
     assert "--dataset=wikitext2" in command and "--preset=adaptive_wikitext2" in command
     assert "--dataset=ptb" in studies.row_command("chen_ptb", "softmax", "ptb", "runs/s")

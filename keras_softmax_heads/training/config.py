@@ -194,10 +194,18 @@ class TrainConfig:
         "SIGINT, which stop training at that step with a checkpoint).", resumable=True)
 
     def replace(self, **changes):
-        """A copy with `changes` applied (unknown names raise `ValueError`)."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        """A copy with `changes` applied (unknown names raise `ValueError`).
+
+        As on the command line, `0` means `None` for the fields whose help
+        says "0 or none" (`clip_norm`, `train_seconds`, `checkpoint_every`).
+        """
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - set(fields))
         if unknown:
             raise ValueError(f"Unknown TrainConfig fields: {unknown}")
+        changes = {k: None if (fields[k].metadata.get("zero_is_none") and v == 0
+                               and not isinstance(v, bool)) else v
+                   for k, v in changes.items()}
         return dataclasses.replace(copy.deepcopy(self), **changes)
 
     def to_dict(self):
