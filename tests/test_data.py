@@ -205,6 +205,13 @@ def test_standard_file_names_are_accepted(tmp_path, pattern):
     (named / pattern.format("test")).unlink()
     with pytest.raises(FileNotFoundError, match=pattern.format("test").replace(".", r"\.")):
         data.load_ptb(named, verify_checksums=False)
+    # The split under another naming: the message says the three must share one.
+    (named / "test.txt").write_text((tmp_path / "plain" / "test.txt").read_text())
+    with pytest.raises(FileNotFoundError, match=r"test\.txt is there: the three splits must"):
+        data.load_ptb(named, verify_checksums=False)
+    # A file where the directory should be.
+    with pytest.raises(FileNotFoundError, match="is a file: pass the directory"):
+        data.load_ptb(named / pattern.format("train"), verify_checksums=False)
 
 
 def test_missing_split_in_tfds_manual_dir(tmp_path):

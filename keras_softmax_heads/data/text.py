@@ -283,6 +283,11 @@ def resolve_split_paths(
             names).
     """
     root = pathlib.Path(data_dir).expanduser()
+    if root.is_file():
+        raise FileNotFoundError(
+            f"Data directory {os.fspath(root)!r} is a file: pass the directory that "
+            "holds the split files (or its parent)."
+        )
     if not root.is_dir():
         raise FileNotFoundError(f"Data directory not found: {os.fspath(root)!r}")
     paths = _split_names(root)
@@ -302,9 +307,14 @@ def resolve_split_paths(
         )
     for split, path in paths.items():
         if not path.is_file():
+            # The same split under another naming: the three must share one.
+            others = [p.format(split=split) for p in SPLIT_FILE_PATTERNS
+                      if (path.parent / p.format(split=split)).is_file()]
             raise FileNotFoundError(
-                f"Missing {split} split: {os.fspath(path)!r} does not exist. The "
-                f"directory must contain one of: {accepted}."
+                f"Missing {split} split: {os.fspath(path)!r} does not exist"
+                + (f" ({', '.join(others)} is there: the three splits must share one "
+                   f"naming, that of {paths['train'].name!r})" if others else "")
+                + f". The directory must contain one of: {accepted}."
             )
     return paths
 
