@@ -254,15 +254,17 @@ def test_read_saved_settings_fills_only_old_unnamed_defaults():
     assert old_defaults_hint({}, settings, old) == ""
 
 
-def test_ptb_smoke(shared_data_dir, tmp_path):
+def test_ptb_smoke(shared_data_dir, tmp_path, capsys):
     config = training.get_config(
         "zaremba_small", dataset="ptb", data_dir=str(shared_data_dir / "ptb"),
         hidden_size=16, embedding_dim=16, epochs=1, steps_per_epoch=3,
-        eval_steps=2, eval_batch_size=4, eval_warmup=0, verbose=0, tensorboard=False,
+        eval_steps=2, eval_batch_size=4, eval_warmup=0, verbose=1, tensorboard=False,
         num_diagnostic_contexts=64)
     results = training.train_and_evaluate(config, str(tmp_path))
     assert results["corpus"]["vocab_size"] == 10000
     assert results["test"]["partial"] and results["test"]["tokens"] == 2 * 4 * 50
+    # The log says the evaluation was cut short, as results.json does.
+    assert "400 test tokens, partial: the first windows only" in capsys.readouterr().out
     assert 100 < results["test"]["perplexity"] < 1e5  # barely trained, finite
     assert results["model"]["tied_embeddings"] is False
     assert "synthetic" not in results["diagnostics"]

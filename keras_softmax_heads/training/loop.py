@@ -229,7 +229,7 @@ def _run(config, workdir, strategy):
                                      previous=corpus.valid)
     test = evaluator.summarise(test_result)
     _log(config, f"valid perplexity {valid['perplexity']:.2f}, test perplexity "
-                 f"{test['perplexity']:.2f} (exact, {test['tokens']} test tokens)")
+                 f"{test['perplexity']:.2f} (exact, {_tokens_text(test, 'test tokens')})")
     diagnostics = compute_diagnostics(config, corpus, evaluator.head, test_result, test)
     _log_synthetic(config, diagnostics, test)
 
@@ -418,7 +418,8 @@ class _Trainer:
         valid = self.evaluator.score(self.corpus.valid, config.eval_steps,
                                          previous=self.corpus.train)
         entry["valid_nll"], entry["valid_perplexity"] = valid["nll"], valid["perplexity"]
-        _log(config, f"  valid perplexity {valid['perplexity']:.2f} (exact, {valid['tokens']} tokens)")
+        _log(config, f"  valid perplexity {valid['perplexity']:.2f} "
+                     f"(exact, {_tokens_text(valid, 'tokens')})")
         if self.valid_writer is not None:
             with self.valid_writer.as_default():
                 tf.summary.scalar("perplexity", valid["perplexity"], step=epoch)
@@ -512,6 +513,15 @@ def _log_synthetic(config, diagnostics, test):
                  f"distribution)\n"
                  f"  mode matching {synthetic['mode_matching']:.3f} (fraction of those contexts "
                  f"whose most likely next word is the true model's most likely one)")
+
+
+def _tokens_text(summary, noun):
+    """`"N <noun>"`, and that the split was cut short by `eval_steps`
+    (`partial`, as `results.json` records it)."""
+    text = f"{summary['tokens']} {noun}"
+    if summary.get("partial"):
+        text += ", partial: the first windows only (eval_steps)"
+    return text
 
 
 def _log(config, message):
