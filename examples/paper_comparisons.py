@@ -53,7 +53,8 @@ def main(argv):
         _STUDY.value, _DATA_DIR.value, _RUNS_DIR.value, _OUT.value, rows=_ROWS.value,
         dataset=_DATASET.value, loop=_LOOP.value, **parse_options(_OVERRIDES.value))
     for row in summary["rows"]:
-        print(f"{row['row']:>22}: test perplexity {row['test_perplexity']:8.2f}, "
+        partial = " (partial: eval_steps)" if row.get("partial_evaluation") else ""
+        print(f"{row['row']:>22}: test perplexity {row['test_perplexity']:8.2f}{partial}, "
               f"{row['train_seconds']:7.1f} s of training, {row['epochs']} epoch(s)")
     print(f"Wrote {_OUT.value}")
 

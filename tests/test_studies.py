@@ -45,10 +45,12 @@ def test_budget_stops_after_the_epoch_that_spends_it(tmp_path):
 
 
 def test_budget_validation():
-    for bad in (0.0, -1.0, True, "10"):
+    for bad in (-1.0, True, "10"):
         with pytest.raises(ValueError, match="train_seconds"):
             training.validate_config(training.get_config(train_seconds=bad))
     assert training.validate_config(training.get_config(train_seconds=None))
+    # 0: no budget, as `--train_seconds=0` says.
+    assert training.get_config(train_seconds=0.0).train_seconds is None
 
 
 def test_study_presets():
@@ -120,11 +122,13 @@ def test_paper_comparisons_script_smoke(tmp_path):
          f"--out={out}", f"--overrides={overrides}"],
         capture_output=True, text=True, env=env, timeout=300, cwd=str(REPO))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(partial: eval_steps)" in proc.stdout
     summary = json.loads(out.read_text())
     assert summary["study"] == "chen_ptb" and summary["preset"] == "chen_ptb_ngram"
     assert [r["row"] for r in summary["rows"]] == ["hsm_kmeans"]
     for row in summary["rows"]:
         assert np.isfinite(row["test_perplexity"]) and row["train_seconds"] > 0
+        assert row["partial_evaluation"]  # eval_steps=2: the splits' first windows
         assert len(row["valid_curve"]) == 2 and row["epochs"] == 2
         assert row["command"].startswith("python examples/train_lm.py --preset=chen_ptb_ngram")
         assert row["empirical_rank"]["rank"] >= 1

@@ -262,6 +262,10 @@ def summarise(row, results):
         "seed": config.get("seed"),
         "test_perplexity": results["test"]["perplexity"],
         "valid_perplexity": results["valid"]["perplexity"],
+        # Evaluated on the splits' first windows only (`eval_steps`): not the
+        # split's perplexity.
+        "partial_evaluation": bool(results["test"].get("partial")
+                                   or results["valid"].get("partial")),
         "num_parameters": results["model"]["num_parameters"],
         "epochs": training.get("epochs"),
         "global_steps": training.get("global_steps"),
