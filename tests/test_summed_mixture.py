@@ -257,9 +257,19 @@ def test_training_step_matches_per_token_path(kind):
             backbone = keras.Sequential([keras.Input((6,), dtype="int32"), embed])
             model = HeadModel(backbone, head)
             model.compile(keras.optimizers.SGD(0.5))
-        loss = model.train_on_batch(x, y, sample_weight=sample_weight)
-        outcomes.append((loss, [to_numpy(v) for v in model.trainable_weights]))
-    (ref_loss, ref_w), (loss, weights) = outcomes
+        outcomes.append(sgd_step(model, x, y, sample_weight))
+    assert_same_steps(*outcomes)
+
+
+def sgd_step(model, x, y, sample_weight):
+    """`(loss, trainable weights)` after one `train_on_batch`."""
+    loss = model.train_on_batch(x, y, sample_weight=sample_weight)
+    return loss, [to_numpy(v) for v in model.trainable_weights]
+
+
+def assert_same_steps(reference, result):
+    """Two `sgd_step` results agree: the loss and every weight."""
+    (ref_loss, ref_w), (loss, weights) = reference, result
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     for a, r in zip(weights, ref_w):
         np.testing.assert_allclose(a, r, atol=1e-5)
@@ -496,9 +506,5 @@ def test_mixture_of_contexts_summed_matches_tiled_loss(tied):
         model = keras.Sequential([keras.Input((6,), dtype="int32"),
                                   keras.layers.Embedding(V, 6), head])
         model.compile(keras.optimizers.SGD(0.5), loss=HeadLoss(head))
-        loss = model.train_on_batch(x, y, sample_weight=sample_weight)
-        outcomes.append((loss, [to_numpy(v) for v in model.trainable_weights]))
-    (ref_loss, ref_w), (loss, trained) = outcomes
-    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
-    for a, r in zip(trained, ref_w):
-        np.testing.assert_allclose(a, r, atol=1e-5)
+        outcomes.append(sgd_step(model, x, y, sample_weight))
+    assert_same_steps(*outcomes)
