@@ -22,6 +22,7 @@ from keras_softmax_heads import functional
 from keras_softmax_heads import fused
 from keras_softmax_heads import losses
 from keras_softmax_heads import metrics
+from keras_softmax_heads.cloning import clone_function_keeping_ties
 from keras_softmax_heads.clustering import ClusterAssignment
 from keras_softmax_heads.clustering import make_clusters
 from keras_softmax_heads.head_model import HeadModel
@@ -86,6 +87,7 @@ __all__ = [
     "SoftmaxHead",
     "WordMajorSoftmaxHead",
     "available_heads",
+    "clone_function_keeping_ties",
     "linear_cross_entropy",
     "linear_divergence",
     "linear_token_scores",

@@ -30,6 +30,7 @@ ALLOWED = {
     "clustering": {"validation"},
     "heads": NUMERICS,
     "head_model": NUMERICS | {"heads"},
+    "cloning": set(),
     "fused": NUMERICS,
     "losses": NUMERICS | {"heads", "fused"},
     "metrics": NUMERICS | {"heads", "fused", "losses"},
