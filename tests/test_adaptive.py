@@ -454,3 +454,41 @@ def test_train_lm_smoke(tmp_path):
     results = training.train_and_evaluate(config, str(tmp_path))
     assert np.isfinite(results["test"]["nll"])
     assert results["model"]["tied_embeddings"] is False
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="a batch size unknown at trace time: "
+                    "TensorFlow graphs (Keras' fit / evaluate on tf.data, a partial last batch)")
+@pytest.mark.parametrize("chunk_size", [None, 16])
+def test_unknown_batch_size_scores_each_token_its_own_target(chunk_size):
+    """In a TensorFlow graph whose batch size is unknown (`[None, d]`, with
+    and without XLA) each token gets its own target's log-likelihood and
+    gradient, with head and tail words interleaved: the path read the
+    scores of token `j` for the `j`-th member of a tail (104 nats off, and
+    the gradients with it, whenever a tail's members were not the batch's
+    first tokens)."""
+    import tensorflow as tf
+
+    V, d = 200, 8
+    rng = np.random.default_rng(0)
+    head = AdaptiveSoftmax(V, cutoffs=[10, 50], chunk_size=chunk_size,
+                           kernel_initializer=keras.initializers.RandomNormal(stddev=3.0))
+    h = tf.constant(rng.normal(size=(12, d)).astype("float32"))
+    y = tf.constant([0, 60, 1, 120, 15, 2, 199, 70, 3, 11, 180, 4], "int32")
+    head.build((None, d))
+
+    def exact(x):
+        return tf.gather(head.log_probs(x), y, batch_dims=1)
+
+    for jit_compile in (False, True):
+        graph = tf.function(head.log_likelihood, jit_compile=jit_compile, input_signature=[
+            tf.TensorSpec([None, d]), tf.TensorSpec([None], tf.int32)])
+        results = []
+        for fn in (lambda x: graph(x, y), exact):
+            with tf.GradientTape() as tape:
+                tape.watch(h)
+                ll = fn(h)
+                loss = -tf.reduce_sum(ll * tf.range(1.0, 13.0))  # a different weight per token
+            results.append((ll.numpy(), tape.gradient(loss, h).numpy()))
+        (ll, grad), (ll_ref, grad_ref) = results
+        np.testing.assert_allclose(ll, ll_ref, rtol=1e-5, atol=1e-4, err_msg=str(jit_compile))
+        np.testing.assert_allclose(grad, grad_ref, rtol=1e-4, atol=1e-4, err_msg=str(jit_compile))

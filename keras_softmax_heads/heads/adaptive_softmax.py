@@ -724,9 +724,10 @@ class AdaptiveSoftmax(SoftmaxHead):
         n = ops.shape(h)[0]
         if not isinstance(n, int):
             # Batch size unknown at trace time (a TensorFlow graph with a
-            # `None` batch): no static capacity; every token, exact.
-            rows = ops.arange(n, dtype="int32")
-            return self.gathered_tail_log_likelihood(h, member, local, rows, i, weights)
+            # `None` batch): no static capacity; every token scored, in token
+            # order, the members' values kept.
+            ll = self._tail_rows_log_likelihood(h, local, i, weights)
+            return ops.where(member, ll, ops.zeros_like(ll))
         projection, kernel, bias = weights
         return static_tail_log_likelihood(
             h, member, local, projection, kernel, bias,
@@ -741,21 +742,25 @@ class AdaptiveSoftmax(SoftmaxHead):
         `O(K (d d_i + d_i size_i))` for `K = len(rows)`; rows beyond the
         members are computed and never read.
         """
-        h_rows = ops.take(h, rows, axis=0)  # [K, d]
-        if self.chunk_size is not None:
-            projection, kernel, bias = weights or self.tail_weights(i)
-            ll_rows = -ops.cast(chunked_pointwise_nll(
-                ops.matmul(h_rows, projection), kernel, bias, ops.take(local, rows),
-                chunk_size=self.chunk_size,
-            ), self.accumulation_dtype)
-        else:
-            z = self.tail_scores(h_rows, i, weights)  # [K, size_i]
-            # The target's score by a gather, as in `static_tail_log_likelihood`.
-            ll_rows = gather_targets(z, ops.take(local, rows)) - ops.logsumexp(z, axis=-1)  # [K]
+        ll_rows = self._tail_rows_log_likelihood(
+            ops.take(h, rows, axis=0), ops.take(local, rows), i, weights)  # [K]
         k = ops.shape(rows)[0]
         slot = ops.cumsum(ops.cast(member, "int32")) - 1  # a member's row
         padded = ops.concatenate([ll_rows, ops.zeros((1,), ll_rows.dtype)], axis=0)
         return ops.take(padded, ops.where(member, slot, k))
+
+    def _tail_rows_log_likelihood(self, h_rows, local_rows, i, weights=None):
+        """`log p(local_rows | tail i, h_rows)`, `[K]` float32: each row's
+        tail log-softmax at its target (tiled with `chunk_size`)."""
+        if self.chunk_size is not None:
+            projection, kernel, bias = weights or self.tail_weights(i)
+            return -ops.cast(chunked_pointwise_nll(
+                ops.matmul(h_rows, projection), kernel, bias, local_rows,
+                chunk_size=self.chunk_size,
+            ), self.accumulation_dtype)
+        z = self.tail_scores(h_rows, i, weights)  # [K, size_i]
+        # The target's score by a gather, as in `static_tail_log_likelihood`.
+        return gather_targets(z, local_rows) - ops.logsumexp(z, axis=-1)
 
     def tail_capacities(self, num_tokens):
         """The capacities `K_i` (rows of a block) for a batch of `num_tokens`.
