@@ -82,7 +82,10 @@ class HeadModel(keras.Model):
         # the log-probabilities only when compiled metrics need them.
         outputs = {"contexts": h}
         if self._wants_metrics():
-            outputs["log_probs"] = self.head(h)
+            # The exact log-probabilities (with the head's training-mode
+            # dropout in training), whatever the head returns in training
+            # (a sampling head its contexts; `return_probabilities`).
+            outputs["log_probs"] = self.head.call_log_probs(h, training=training)
         return outputs
 
     @property

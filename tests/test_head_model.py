@@ -68,6 +68,31 @@ def test_compile_metrics_and_loss_argument(tmp_path):
         model.fit(x, y, epochs=1, verbose=0)
 
 
+@pytest.mark.parametrize("make", [
+    lambda v: ksh.SampledSoftmax(v, num_sampled=4, seed=0),
+    lambda v: ksh.NCE(v, num_sampled=4, sampler="uniform", seed=0),
+    lambda v: ksh.SelfNormalizedSoftmax(v, seed=0)])
+def test_compiled_metrics_with_a_head_of_its_own_objective(make):
+    """Compiled metrics beside a sampling or self-normalised head: `fit`
+    trains (the metrics get the exact log-probabilities; it raised the
+    head's 'called in training mode' error on TensorFlow and PyTorch) and a
+    weighted `Perplexity` in `evaluate` is the exact one."""
+    keras.utils.set_random_seed(0)
+    backbone = keras.Sequential([keras.Input((6,), dtype="int32"),
+                                 keras.layers.Embedding(11, 5)])
+    model = ksh.HeadModel(backbone, make(11))
+    model.compile("adam", metrics=["sparse_categorical_accuracy"],
+                  weighted_metrics=[ksh.Perplexity(name="ppl")])
+    x, y = _data()
+    weights = (np.random.default_rng(1).random(y.shape) > 0.3).astype("float32")
+    model.fit(x, y, sample_weight=weights, epochs=1, verbose=0)
+    logs = model.evaluate(x, y, sample_weight=weights, verbose=0, return_dict=True)
+    ll = np.take_along_axis(model.predict(x, verbose=0), y[..., None], -1)[..., 0]
+    expected = np.exp(-(ll * weights).sum() / weights.sum())
+    assert logs["ppl"] == pytest.approx(expected, rel=1e-5)
+    assert logs["perplexity"] == pytest.approx(expected, rel=1e-5)
+
+
 @pytest.mark.parametrize("head", ["full", "sampled"])
 def test_save_after_fit_keeps_optimizer_state(tmp_path, head):
     """A model trained with `fit` (never built explicitly) saves its build
