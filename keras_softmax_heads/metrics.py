@@ -21,7 +21,9 @@ class Perplexity(keras.metrics.Metric):
     the Keras mask of `y_pred`, e.g. an `Embedding(mask_zero=True)`'s, as
     Keras' own metrics are) and reports `exp(sum / count)`. A target outside
     `[0, V)` raises (eagerly, in a TensorFlow graph) or makes the value NaN
-    (under XLA). For a head trained through
+    (under XLA). Keras hands `sample_weight` only to a model's
+    `weighted_metrics`: compile it there when `fit` / `evaluate` get sample
+    weights (under `metrics=` every token counts). For a head trained through
     `keras_softmax_heads.HeadLoss` the training-mode output is context
     vectors, not log-probabilities: the metric then skips the batch (its
     training value stays `nan`) and reports the exact value in evaluation
