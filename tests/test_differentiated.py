@@ -172,6 +172,12 @@ def test_bands_must_cover_vocabulary():
         DifferentiatedSoftmax(V, bands=[(13,)])
     with pytest.raises(ValueError, match="non-empty list"):
         DifferentiatedSoftmax(V, bands=[])
+    with pytest.raises(ValueError, match="non-empty list"):
+        DifferentiatedSoftmax(V, bands=np.zeros((0, 2), "int64"))
+    # A NumPy array of pairs is a list of pairs (it raised NumPy's "truth
+    # value of an array is ambiguous"); the config holds Python ints.
+    head = DifferentiatedSoftmax(V, bands=np.array([[3, 4], [10, 2]]))
+    assert head.get_config()["bands"] == [[3, 4], [10, 2]]
 
 
 def test_band_dims_must_fit_context():

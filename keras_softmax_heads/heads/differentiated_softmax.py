@@ -78,7 +78,7 @@ def _sum_with_terms(values):
 
 
 def _check_bands(bands, vocab_size):
-    if isinstance(bands, (str, bytes)) or not hasattr(bands, "__len__") or not bands:
+    if isinstance(bands, (str, bytes)) or not hasattr(bands, "__len__") or len(bands) == 0:
         raise ValueError(
             "`bands` must be a non-empty list of (num_words, dim) pairs. "
             f"Received: bands={bands!r}"
