@@ -71,7 +71,10 @@ class NCE(CandidateSamplingHead):
         sampler: the noise distribution `q`: `"unigram"` (default,
             `q ∝ counts ** distortion`), `"log_uniform"` or `"uniform"`.
         counts: non-negative training counts `[V]` (needed by
-            `"unigram"`).
+            `"unigram"`). A target whose count is 0 has noise probability
+            0 under `"unigram"`: its data term is 0 (finite, no gradient
+            to raise it), only the noise term remains; smooth the counts
+            (`counts + 1`) if such words occur in training.
         distortion: float `>= 0`, the unigram power (default 1).
         log_normalizer: float, the fixed `log Z` subtracted from the scores
             in training (default 0; evaluation is always normalised).

@@ -91,7 +91,11 @@ class SampledSoftmax(CandidateSamplingHead):
             (needs `counts`), `"batch"` (the batch's targets plus
             `num_sampled` uniform draws) or `"all"` (every word, `Q = 1`:
             the exact NLL).
-        counts: optional non-negative training counts `[V]`.
+        counts: optional non-negative training counts `[V]`, used by
+            `"unigram"` (the default `"log_uniform"` ignores them: it
+            assumes word ids ranked by frequency, as this library's
+            vocabularies are; with another id order, e.g. a subword
+            tokenizer's, pass `sampler="unigram"` with the counts).
         distortion: float `>= 0`, the unigram power (default 1; 0.75 as
             word2vec).
         unique: bool, remove repeated draws (default `True`).
