@@ -118,6 +118,23 @@ class HeadBattery:
         if self.exact_training_loss:
             np.testing.assert_allclose(loss, -ll, atol=1e-5)
 
+    @pytest.mark.skipif(BACKEND != "tensorflow", reason="a batch size unknown at trace "
+                        "time is a TensorFlow graph's (Keras fit / evaluate on tf.data)")
+    def test_log_likelihood_with_unknown_batch_size(self, case):
+        """`log_likelihood` traced with a `None` batch (what Keras' `fit`
+        and `evaluate` trace on `tf.data` or a partial last batch) gives
+        each token its own target's value, as eagerly (`AdaptiveSoftmax`
+        once read another token's there)."""
+        import tensorflow as tf
+
+        head = self.built(case)
+        h = self.inputs((12,), seed=3)
+        t = self.targets((12,), seed=4)
+        graph = tf.function(head.log_likelihood, autograph=False, input_signature=[
+            tf.TensorSpec([None, self.input_dim]), tf.TensorSpec([None], tf.int32)])
+        np.testing.assert_allclose(to_numpy(graph(h, t)), to_numpy(head.log_likelihood(h, t)),
+                                   atol=1e-5)
+
     def test_gradients_finite_difference(self, case):
         """Directional derivatives of the loss vs central differences.
 
