@@ -76,14 +76,15 @@ class FusedLossCausalLM:
                     f"`fused_loss` sets the linear_cross_entropy options; {key!r} "
                     f"comes from the model and the data. Received: fused_loss={options}"
                 )
-        check_loss_options(options.get("reduction", "mean"), options.get("ignore_index"),
-                           options.get("label_smoothing", 0.0), options.get("z_loss", 0.0),
-                           options.get("logit_soft_cap"))
+        reduction = check_loss_options(
+            options.get("reduction", "mean"), options.get("ignore_index"),
+            options.get("label_smoothing", 0.0), options.get("z_loss", 0.0),
+            options.get("logit_soft_cap"))[0]
         check_vocab_parallel(options.get("vocab_parallel", "auto"))
         check_chunk_size(options.get("chunk_size"))
         check_token_chunk_size(options.get("token_chunk_size"))
         check_bool("gradient_in_forward", options.get("gradient_in_forward", False))
-        if check_loss_options(options.get("reduction", "mean"))[0] == "none":
+        if reduction == "none":
             # Keras differentiates the scalar `compute_loss` returns: per-token
             # losses would train on their sum (TensorFlow) or fail (JAX, torch).
             raise ValueError(

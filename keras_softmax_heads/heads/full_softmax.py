@@ -3,12 +3,9 @@
 import keras
 
 from keras_softmax_heads.chunked.divergence import OutputLayer
-from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
-from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
-from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.functional import soft_cap
-from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.head_utils import linear_nll_on_shards
+from keras_softmax_heads.heads.head_utils import summed_linear_cross_entropy
 from keras_softmax_heads.heads.pointwise_softmax_head import PointwiseSoftmaxHead
 from keras_softmax_heads.validation import check_positive
 
@@ -81,14 +78,8 @@ class FullSoftmax(PointwiseSoftmaxHead):
             return super().summed_training_loss(inputs, targets, weights, training)
         rows, targets, kernel, transposed, bias = self._summed_loss_operands(inputs, targets)
         layer = OutputLayer(rows, kernel, bias, transposed, self.logit_soft_cap)
-        layout = vocab_parallel_layout(self.chunked_projection()[0], transposed)
-
-        def total(ids, weights):
-            if layout is None:
-                return summed_cross_entropy(layer, ids, weights)
-            return vocab_parallel_summed(layer, ids, weights, layout)
-
-        return summed_over_valid_targets(targets, weights, self.vocab_size, total)
+        return summed_linear_cross_entropy(layer, self.chunked_projection()[0], targets,
+                                           weights, self.vocab_size)
 
     def _vocab_parallel_nll(self, inputs, targets):
         """`-log p(targets)` on each device's vocabulary shard where the

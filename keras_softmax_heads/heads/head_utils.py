@@ -13,7 +13,9 @@ from keras import ops
 
 from keras_softmax_heads import samplers
 from keras_softmax_heads.chunked.divergence import OutputLayer
+from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
 from keras_softmax_heads.chunked.vocab_parallel import token_losses
+from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_int
@@ -256,6 +258,25 @@ def linear_nll_on_shards(rows, kernel, bias, transposed, layout, targets, vocab_
 
     return token_nll_on_shards(summed, [rows, kernel] + ([bias] if has_bias else []),
                                targets, vocab_size)
+
+
+def summed_linear_cross_entropy(layer, kernel_variable, targets, weights, vocab_size):
+    """`sum_i weights_i (-log p(targets_i))` of the Linear-Softmax `layer`
+    (a `chunked.divergence.OutputLayer`), its gradient computed in the
+    forward pass (`chunked.summed_cross_entropy`); on each device's
+    vocabulary shard (`vocab_parallel_summed`) where the layout of
+    `kernel_variable` (the variable `layer.kernel` was read from) shards
+    it on V (JAX). A float32 scalar, NaN for an id outside `[0, V)` with a
+    non-zero weight (`summed_over_valid_targets`). The summed objective of
+    `FullSoftmax` and of `MixtureOfContexts` (on its mixed context)."""
+    layout = vocab_parallel_layout(kernel_variable, layer.kernel_transposed)
+
+    def total(ids, weights):
+        if layout is None:
+            return summed_cross_entropy(layer, ids, weights)
+        return vocab_parallel_summed(layer, ids, weights, layout)
+
+    return summed_over_valid_targets(targets, weights, vocab_size, total)
 
 
 def per_replica(loss):

@@ -78,6 +78,7 @@ class MixtureHead(SoftmaxHead):
         seed=None,
         chunk_size=None,
         counts=None,
+        gradient_in_forward=None,
         **kwargs,
     ):
         super().__init__(
@@ -114,6 +115,9 @@ class MixtureHead(SoftmaxHead):
         self.use_latent_bias = check_bool("use_latent_bias", use_latent_bias)
         self.use_prior_bias = check_bool("use_prior_bias", use_prior_bias)
         self.seed = seed
+        # Both mixtures train their summed objective by default (`None`: on).
+        self.gradient_in_forward = check_bool(
+            "gradient_in_forward", True if gradient_in_forward is None else gradient_in_forward)
         self.seed_generator = None
         if self.latent_dropout > 0.0:
             self.seed_generator = keras.random.SeedGenerator(seed)
@@ -251,6 +255,7 @@ class MixtureHead(SoftmaxHead):
                 "seed": self.seed,
                 "chunk_size": self.chunk_size,
                 "counts": samplers.counts_to_config(self._counts),
+                "gradient_in_forward": self.gradient_in_forward,
             }
         )
         return config

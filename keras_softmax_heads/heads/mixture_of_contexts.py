@@ -7,15 +7,12 @@ from keras import ops
 from keras_softmax_heads.chunked import chunked_pointwise_nll
 from keras_softmax_heads.chunked.divergence import OutputLayer
 from keras_softmax_heads.chunked.losses import as_tensor
-from keras_softmax_heads.chunked.summed_cross_entropy import summed_cross_entropy
 from keras_softmax_heads.chunked.vocab_parallel import tile_sized_token_chunk
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
-from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_summed
 from keras_softmax_heads.heads.head_utils import gather_targets
 from keras_softmax_heads.heads.head_utils import linear_nll_on_shards
-from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
+from keras_softmax_heads.heads.head_utils import summed_linear_cross_entropy
 from keras_softmax_heads.heads.mixture_head import MixtureHead
-from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
 
@@ -68,12 +65,6 @@ class MixtureOfContexts(MixtureHead):
         - Breaking the softmax bottleneck (section 2.3, Mixture of Contexts):
           Yang et al., 2018. https://arxiv.org/abs/1711.03953
     """
-
-    def __init__(self, *args, gradient_in_forward=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        if gradient_in_forward is None:
-            gradient_in_forward = True
-        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
 
     def _mixed_context(self, inputs, training):
         """`h' = sum_k pi_k c_k`, `[N, L]` in the compute dtype."""
@@ -145,19 +136,7 @@ class MixtureOfContexts(MixtureHead):
         bias = None if self.bias is None else as_tensor(self.bias)
         layer = OutputLayer(self._mixed_context(inputs, training), as_tensor(kernel), bias,
                             transposed)
-        layout = vocab_parallel_layout(kernel, transposed)
-
-        def total(ids, weights):
-            if layout is None:
-                return summed_cross_entropy(layer, ids, weights)
-            return vocab_parallel_summed(layer, ids, weights, layout)
-
-        return summed_over_valid_targets(targets, weights, self.vocab_size, total)
-
-    def get_config(self):
-        config = super().get_config()
-        config["gradient_in_forward"] = self.gradient_in_forward
-        return config
+        return summed_linear_cross_entropy(layer, kernel, targets, weights, self.vocab_size)
 
     def dense_log_likelihood(self, inputs, targets, training=None):
         """`log_likelihood` from the `[N, V]` log-probabilities (the

@@ -14,7 +14,6 @@ from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_mixture
 from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.head_utils import token_nll_on_shards
 from keras_softmax_heads.heads.mixture_head import MixtureHead
-from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_positive
@@ -146,7 +145,7 @@ class MixtureOfSoftmaxes(MixtureHead):
     """
 
     def __init__(self, *args, component="softmax", num_knots=None, knot_bound=10.0,
-                 bias_initializer="unigram", gradient_in_forward=None, **kwargs):
+                 bias_initializer="unigram", **kwargs):
         component = check_choice("component", component, COMPONENTS)
         if bias_initializer is None:  # the default before MoSS had its unigram start
             bias_initializer = "unigram"
@@ -154,9 +153,6 @@ class MixtureOfSoftmaxes(MixtureHead):
         self.component = component
         self.num_knots = check_int("num_knots", num_knots, minimum=1, allow_none=True)
         self.knot_bound = check_positive("knot_bound", knot_bound)
-        if gradient_in_forward is None:
-            gradient_in_forward = True
-        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
 
     def named_bias_values(self, name):
         """`"unigram"`: the bias whose component distribution is the
@@ -375,7 +371,6 @@ class MixtureOfSoftmaxes(MixtureHead):
                 "component": self.component,
                 "num_knots": self.num_knots,
                 "knot_bound": self.knot_bound,
-                "gradient_in_forward": self.gradient_in_forward,
             }
         )
         return config
