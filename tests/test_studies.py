@@ -164,3 +164,15 @@ def test_run_study_keeps_rows_written_meanwhile(tmp_path, monkeypatch):
                                 rows=["softmax"])
     assert [r["row"] for r in summary["rows"]] == ["softmax", "sampling", "nce"]
     assert studies.read_summary(out) == summary
+
+
+def test_machine_description_names_the_thread_settings(monkeypatch):
+    # Equal-time rows depend on both (docs/benchmarks.md: one inter-op thread
+    # adds a fixed cost to every step of `fit`), so a summary records both.
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "1")
+    monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "2")
+    line = studies.machine_description()
+    assert "TF_NUM_INTRAOP_THREADS=1" in line and "TF_NUM_INTEROP_THREADS=2" in line
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS")
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS")
+    assert "TF_NUM" not in studies.machine_description()

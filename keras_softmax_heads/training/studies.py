@@ -296,9 +296,9 @@ def machine_description():
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = os.environ.get("TF_NUM_INTRAOP_THREADS")
-    return (f"{cpu}; {cores} core(s) available to the process"
-            + (f"; TF_NUM_INTRAOP_THREADS={threads}" if threads else "")
+    threads = "".join(f"; {name}={os.environ[name]}" for name in (
+        "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS") if os.environ.get(name))
+    return (f"{cpu}; {cores} core(s) available to the process" + threads
             + f"; {platform.system()} {platform.release()}; "
             + datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
 
