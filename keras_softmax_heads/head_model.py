@@ -5,9 +5,9 @@ import warnings
 import keras
 from keras import ops
 
-from keras_softmax_heads.heads.head_utils import per_replica
 from keras_softmax_heads.heads.head_utils import token_weights
 from keras_softmax_heads.validation import keras_mask_weights
+from keras_softmax_heads.validation import per_replica
 
 # The `save_own_variables` keys of the random-number generators' states
 # (`SEED_STATE_KEY.format(i)`), next to Keras' own "0", "1", ... keys.

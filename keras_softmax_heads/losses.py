@@ -13,10 +13,10 @@ from keras_softmax_heads.fused import linear_cross_entropy  # noqa: F401 (re-exp
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.heads.softmax_head import context_output_heads
 from keras_softmax_heads.heads.head_utils import gather_targets
-from keras_softmax_heads.heads.head_utils import per_replica
 from keras_softmax_heads.heads.head_utils import token_weights
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import nan_if_invalid
+from keras_softmax_heads.validation import per_replica
 
 #: The reductions under which `HeadLoss` trains a `gradient_in_forward`
 #: head through its summed objective (Keras' weighted sum, or that sum over

@@ -164,3 +164,81 @@ def test_tpu_strategy_without_tpu_raises_clear_error(tmp_path):
     assert proc.returncode != 0
     assert "Could not connect to the TPU 'local'" in proc.stderr
     assert "tpu_scripts/README.md" in proc.stderr
+
+
+def test_mirrored_fused_losses_equal_one_device():
+    """The losses that reduce by themselves (`LinearCrossEntropy`, the fused
+    causal LM's and the distiller's `compute_loss`) under MirroredStrategy
+    over 2 logical CPUs report the single-device loss and take its step:
+    each replica returns its share of the mean, as Keras' own losses do (they
+    reported and stepped 2x). The fused LM's first call is `evaluate`
+    (Keras traces it with float targets)."""
+    pytest.importorskip("keras_hub")
+    code = _TWO_LOGICAL_CPUS + """
+        import keras_hub
+        import keras_softmax_heads as ksh
+        V = 64
+        ids = np.random.default_rng(0).integers(1, V, (8, 9)).astype("int32")
+        x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((8, 8), "int32")}
+        y = ids[:, 1:]
+
+        def gpt2(seed, cls=keras_hub.models.GPT2CausalLM):
+            keras.utils.set_random_seed(seed)
+            backbone = keras_hub.models.GPT2Backbone(
+                vocabulary_size=V, num_layers=1, num_heads=2, hidden_dim=16,
+                intermediate_dim=32, max_sequence_length=16, dropout=0.0)
+            return cls(backbone=backbone, preprocessor=None)
+
+        def lce(gradient_in_forward):
+            keras.utils.set_random_seed(1)
+            embedding = keras.layers.Embedding(V, 8)
+            model = keras.Sequential([keras.Input((8,), dtype="int32"), embedding,
+                                      keras.layers.Dense(8)])
+            model.compile(keras.optimizers.SGD(0.5), loss=ksh.LinearCrossEntropy(
+                embedding, gradient_in_forward=gradient_in_forward))
+            return model, ids[:, :-1], y
+
+        def fused():
+            lm = gpt2(1, ksh.fused.fused_causal_lm(keras_hub.models.GPT2CausalLM))
+            lm.compile(keras.optimizers.SGD(0.5), weighted_metrics=[])
+            return lm, x, y
+
+        def distiller():
+            d = ksh.fused.DistillationCausalLM(gpt2(1), gpt2(2), divergence="forward_kl",
+                                               cross_entropy_weight=0.5)
+            d.compile(keras.optimizers.SGD(0.5))
+            d(x)
+            return d, x, y
+
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        out = {}
+        for name, build in [("lce", lambda: lce(False)), ("lce_summed", lambda: lce(True)),
+                            ("fused", fused), ("distiller", distiller)]:
+            rows = []
+            for scope in (None, strategy):
+                if scope is None:
+                    model, inputs, targets = build()
+                else:
+                    with scope.scope():
+                        model, inputs, targets = build()
+                if scope is None:
+                    start = [w.numpy() for w in model.weights]
+                else:
+                    for v, a in zip(model.weights, start):
+                        v.assign(a)
+                ev = model.evaluate(inputs, targets, batch_size=8, verbose=0,
+                                    return_dict=True)["loss"] if name != "distiller" else 0.0
+                loss = float(model.train_on_batch(inputs, targets, return_dict=True)["loss"])
+                step = [w.numpy() - a for w, a in zip(model.weights, start)]
+                rows.append((float(ev), loss, step))
+            (ev1, l1, s1), (ev2, l2, s2) = rows
+            out[name] = {"eval": [ev1, ev2], "loss": [l1, l2],
+                         "step": max(float(np.abs(a).max()) for a in s1),
+                         "step_diff": max(float(np.abs(a - b).max()) for a, b in zip(s1, s2))}
+        print(json.dumps(out))
+    """
+    out = _python(code)
+    for name, row in out.items():
+        assert row["eval"][1] == pytest.approx(row["eval"][0], rel=1e-5), name
+        assert row["loss"][1] == pytest.approx(row["loss"][0], rel=1e-5), name
+        assert row["step"] > 1e-4 and row["step_diff"] < 1e-3 * row["step"], (name, row)

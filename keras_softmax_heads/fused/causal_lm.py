@@ -15,6 +15,8 @@ from keras_softmax_heads.fused.cross_entropy import reduce_loss
 from keras_softmax_heads.fused.cross_entropy import token_terms
 from keras_softmax_heads.fused.vocab_parallel import check_vocab_parallel
 from keras_softmax_heads.validation import check_bool
+from keras_softmax_heads.validation import keras_integer_targets
+from keras_softmax_heads.validation import per_replica
 
 
 class FusedLossCausalLM:
@@ -166,6 +168,7 @@ class FusedLossCausalLM:
         if not (training or self._fused_evaluating):  # logits: the compiled loss
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
         kernel, transposed, cap = self.fused_projection()
+        y = keras_integer_targets(y)
         options = dict(self.fused_loss)
         reduction = check_loss_options(options.pop("reduction", "mean"))[0]
         if options.pop("gradient_in_forward", False) and training:
@@ -183,9 +186,7 @@ class FusedLossCausalLM:
             loss = reduce_loss(terms["loss"], terms["weights"], reduction)
             if not training:  # read by `compute_metrics`, next in the same test step
                 self._fused_eval_terms = terms
-        for extra in self.losses:
-            loss = loss + ops.cast(ops.sum(extra), loss.dtype)
-        return loss
+        return with_additional_losses(self, loss, reduction)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         if self._fused_evaluating:
@@ -234,6 +235,20 @@ class FusedLossCausalLM:
 
 
 _FUSED_CLASSES = {}
+
+
+
+def with_additional_losses(model, loss, reduction):
+    """The value a fused `compute_loss` returns: its reduced `loss` plus the
+    model's additional losses (`model.losses`, e.g. weight regularisers),
+    scaled as Keras' `compute_loss` scales them: under a `tf.distribute`
+    strategy, a mean and the additional losses by the replica count (the
+    replicas' gradients are summed); a sum as it is."""
+    if reduction == "mean":
+        loss = per_replica(loss)
+    for extra in model.losses:
+        loss = loss + per_replica(ops.cast(ops.sum(extra), loss.dtype))
+    return loss
 
 
 def fused_causal_lm(causal_lm_class):

@@ -10,6 +10,7 @@ from keras import ops
 from keras_softmax_heads.chunked import DEFAULT_CHUNK_SIZE
 from keras_softmax_heads.chunked import check_chunk_size
 from keras_softmax_heads.fused.causal_lm import FusedLossCausalLM
+from keras_softmax_heads.fused.causal_lm import with_additional_losses
 from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
 from keras_softmax_heads.fused.distillation import check_divergence_options
 from keras_softmax_heads.fused.distillation import linear_divergence
@@ -17,6 +18,7 @@ from keras_softmax_heads.fused.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.validation import check_choice
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_number
+from keras_softmax_heads.validation import keras_integer_targets
 
 
 def output_projection(causal_lm):
@@ -129,6 +131,7 @@ class DistillationCausalLM(keras.Model):
                      training=True):
         options = dict(self.divergence_options)
         reduction = options.pop("reduction")
+        y = keras_integer_targets(y)
         ignore_index = options.pop("ignore_index")
         teacher_hidden = ops.stop_gradient(self.teacher.backbone(x, training=False))
         s_kernel, s_transposed, s_cap = output_projection(self.student)
@@ -163,9 +166,7 @@ class DistillationCausalLM(keras.Model):
             )
             self.cross_entropy_tracker.update_state(ops.mean(ce))
             loss = loss + self.cross_entropy_weight * ce
-        for extra in self.losses:
-            loss = loss + ops.cast(ops.sum(extra), loss.dtype)
-        return loss
+        return with_additional_losses(self, loss, reduction)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         return {m.name: m.result() for m in self.metrics

@@ -13,7 +13,9 @@ from keras_softmax_heads.fused.cross_entropy import check_token_shapes
 from keras_softmax_heads.fused.cross_entropy import linear_cross_entropy
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
+from keras_softmax_heads.validation import keras_integer_targets
 from keras_softmax_heads.validation import keras_mask_weights
+from keras_softmax_heads.validation import per_replica
 
 
 def _layer_kernel(source):
@@ -230,11 +232,9 @@ class LinearCrossEntropy(keras.losses.Loss):
         return kernel, bias, transposed
 
     def _targets(self, y_true, y_pred):
-        targets = ops.convert_to_tensor(y_true)
+        targets = keras_integer_targets(y_true)  # float labels, as Keras' losses take
         if len(targets.shape) == len(y_pred.shape):  # targets [..., 1]
             targets = ops.squeeze(targets, axis=-1)
-        if "int" not in keras.backend.standardize_dtype(targets.dtype):
-            targets = ops.cast(targets, "int32")  # float labels, as Keras' losses take
         return targets
 
     def _loss(self, targets, y_pred, sample_weight, reduction):
@@ -274,7 +274,11 @@ class LinearCrossEntropy(keras.losses.Loss):
         if sample_weight is not None:
             check_token_shapes(y_pred, targets, sample_weight)
             weight = weight * broadcast_weights(sample_weight, weight)
-        return self._loss(targets, y_pred, weight, _KERAS_REDUCTIONS[self.reduction])
+        reduction = _KERAS_REDUCTIONS[self.reduction]
+        loss = self._loss(targets, y_pred, weight, reduction)
+        # A mean under a `tf.distribute` strategy: each replica's share, as
+        # Keras' own losses give (the replicas' gradients are summed).
+        return per_replica(loss) if reduction == "mean" else loss
 
     def get_config(self):
         config = super().get_config()

@@ -277,15 +277,3 @@ def summed_linear_cross_entropy(layer, kernel_variable, targets, weights, vocab_
         return vocab_parallel_summed(layer, ids, weights, layout)
 
     return summed_over_valid_targets(targets, weights, vocab_size, total)
-
-
-def per_replica(loss):
-    """`loss` divided by the replicas of the current `tf.distribute`
-    strategy (TensorFlow sums per-replica gradients); unchanged on the other
-    backends, whose distribution computes the global mean directly."""
-    if keras.backend.backend() != "tensorflow":
-        return loss
-    import tensorflow as tf
-
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    return loss / replicas if replicas > 1 else loss

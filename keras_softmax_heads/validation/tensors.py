@@ -159,3 +159,31 @@ def keras_mask_weights(x):
     [[1.0, 1.0, 0.0]]
     """
     return _MASK_READER(ops.zeros((), "float32"), x)
+
+
+def per_replica(loss):
+    """`loss` divided by the replicas of the current `tf.distribute`
+    strategy; unchanged on the other backends, whose distribution computes
+    the global mean directly.
+
+    TensorFlow sums the replicas' gradients and Keras multiplies the
+    reported loss back by the replica count, so a Keras loss with a mean
+    reduction divides by it (as Keras' own losses do); a loss or model that
+    reduces by itself calls this on its mean."""
+    if keras.backend.backend() != "tensorflow":
+        return loss
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss / replicas if replicas > 1 else loss
+
+
+def keras_integer_targets(y):
+    """`y`, word ids handed to a Keras loss hook, as an int32 tensor when
+    they come as floats (Keras' own sparse losses cast them; Keras traces a
+    model's first `evaluate` under a `tf.distribute` strategy with float
+    placeholders)."""
+    y = ops.convert_to_tensor(y)
+    if "int" not in keras.backend.standardize_dtype(y.dtype):
+        y = ops.cast(y, "int32")
+    return y
