@@ -1,5 +1,6 @@
 """`HeadModel`: train any head with `model.fit` through its training loss."""
 
+import contextlib
 import warnings
 
 import keras
@@ -113,9 +114,15 @@ class HeadModel(keras.Model):
         """Runs Keras' own `train_step` / `test_step` (whatever the backend's
         signature) with `call` returning the contexts."""
         self._check_compiled_loss()
+        # A head whose path depends on XLA (HierarchicalSoftmax's tiles)
+        # learns whether this step is compiled with it.
+        compiled_with = getattr(self.head, "compiled_with", None)
+        context = (compiled_with(bool(getattr(self, "jit_compile", False)))
+                   if compiled_with is not None else contextlib.nullcontext())
         previous, self._step_mode = self._step_mode, mode
         try:
-            return step(*args, **kwargs)
+            with context:
+                return step(*args, **kwargs)
         finally:
             self._step_mode = previous
 

@@ -639,6 +639,46 @@ def test_size_class_widths():
                 assert a <= 1.2 * b + 1
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_default_tiles_follow_the_compiled_step(jit_compile):
+    """`static_shapes=None` (the default): `HeadModel` traces the dynamic
+    tiles in a TensorFlow step without XLA (faster there at every
+    clustering), the static ones under XLA and on JAX / PyTorch; the same
+    values and steps as `static_shapes=True`; the config keeps None."""
+    head = HierarchicalSoftmax(V, counts=COUNTS, clustering="random", num_clusters=7)
+    assert head.static_shapes is None and head.supports_jit and head.uses_static_shapes
+    assert head.get_config()["static_shapes"] is None
+    assert HierarchicalSoftmax.from_config(head.get_config()).static_shapes is None
+    dynamic = BACKEND == "tensorflow" and not jit_compile
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, V, (8, 5)).astype("int32")
+    y = rng.integers(0, V, (8, 5)).astype("int32")
+    runs = []
+    for static_shapes in (None, True):
+        keras.utils.set_random_seed(0)
+        head = HierarchicalSoftmax(V, counts=COUNTS, clustering="random", num_clusters=7,
+                                   static_shapes=static_shapes)
+        seen = []
+        log_likelihood = head.log_likelihood
+
+        def spy(*args, head=head, seen=seen, log_likelihood=log_likelihood, **kwargs):
+            seen.append(head.uses_static_shapes)
+            return log_likelihood(*args, **kwargs)
+
+        head.log_likelihood = spy
+        model = ksh.HeadModel(keras.Sequential([keras.layers.Embedding(V, D)]), head)
+        model.compile(optimizer=keras.optimizers.SGD(0.5), jit_compile=jit_compile)
+        losses = [model.train_on_batch(x, y, return_dict=True)["loss"] for _ in range(2)]
+        losses.append(model.evaluate(x, y, verbose=0, return_dict=True)["loss"])
+        runs.append((losses, [to_numpy(w) for w in model.weights], seen))
+        assert head.uses_static_shapes  # outside a step: the static tiles
+    (losses, weights, seen), (static_losses, static_weights, static_seen) = runs
+    assert seen and set(seen) == {not dynamic} and set(static_seen) == {True}
+    np.testing.assert_allclose(losses, static_losses, rtol=1e-5)
+    for a, b in zip(weights, static_weights):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 @needs_dynamic_shapes
 def test_static_shapes_config_and_jit_fallback():
     head = HierarchicalSoftmax(V, counts=COUNTS, static_shapes=False)

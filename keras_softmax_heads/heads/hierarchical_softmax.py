@@ -5,6 +5,7 @@ planning are in `hierarchical_kernels` (re-exported here). Design notes and
 measurements: `docs/hierarchical.md`.
 """
 
+import contextlib
 import functools
 
 import keras
@@ -85,10 +86,14 @@ class HierarchicalSoftmax(SoftmaxHead):
             width `M` (e.g. a multiple of 128 for TPU tiles).
         tile_size: int `>= 1`, tokens per tile in `log_likelihood`
             (default 16).
-        static_shapes: bool (default `True`, XLA-compatible). `False`
-            computes only the tiles a batch uses (data-dependent shapes:
-            TensorFlow graphs and PyTorch; `supports_jit = False`; raises on
-            JAX).
+        static_shapes: None (default), True or False. True: the static
+            tiles (XLA-compatible). False: only the tiles a batch uses
+            (data-dependent shapes: TensorFlow graphs and PyTorch;
+            `supports_jit = False`; raises on JAX). None: the static tiles,
+            except in a TensorFlow step compiled without XLA by a model that
+            says so (`HeadModel`, through `compiled_with`: Keras'
+            `jit_compile="auto"` on a CPU), where the dynamic ones are
+            faster at every clustering (`docs/hierarchical.md`).
         seed: int `>= 0`, seed of the `"random"` clustering.
         **kwargs: `token_embedding`, `use_bias`, `kernel_initializer` (of
             `W` and `U`), `bias_initializer` (of `b` and `a`),
@@ -147,7 +152,7 @@ class HierarchicalSoftmax(SoftmaxHead):
         cluster_size_cap="auto",
         max_cluster_size=None,
         tile_size=16,
-        static_shapes=True,
+        static_shapes=None,
         seed=0,
         **kwargs,
     ):
@@ -155,11 +160,14 @@ class HierarchicalSoftmax(SoftmaxHead):
         vocab = self.vocab_size
         self.clustering = check_choice("clustering", clustering, CLUSTERING_STRATEGIES)
         self.tile_size = check_int("tile_size", tile_size, 1)
-        self.static_shapes = check_static_shapes(
-            static_shapes, "builds tiles of data-dependent shapes")
+        if static_shapes is not None:
+            static_shapes = check_static_shapes(
+                static_shapes, "builds tiles of data-dependent shapes")
+        self.static_shapes = static_shapes
         # Keras turns `jit_compile="auto"` (and `True`, with a warning) off
         # for a model with this layer when the shapes are data-dependent.
-        self.supports_jit = self.static_shapes
+        self.supports_jit = static_shapes is not False
+        self._graph_without_xla = False
         self.seed = check_int("seed", seed, 0)
         if num_clusters is not None:
             num_clusters = check_int("num_clusters", num_clusters, 1)
@@ -340,7 +348,7 @@ class HierarchicalSoftmax(SoftmaxHead):
             ops.take_along_axis(class_lp, ops.expand_dims(cluster, -1), axis=-1), -1
         )
         position = ops.take(ops.convert_to_tensor(self.position_in_cluster), t)
-        if self.static_shapes:
+        if self.uses_static_shapes:
             # On JAX with the word matrix sharded on V by a
             # `keras.distribution`: each device scores its own rows.
             layout = vocab_parallel_layout(self.output_embeddings(), True)
@@ -369,6 +377,37 @@ class HierarchicalSoftmax(SoftmaxHead):
             )
         ll = ops.reshape(ll_class + ll_word, out_shape)
         return nan_if_invalid(ll, targets, self.vocab_size)
+
+    @property
+    def uses_static_shapes(self):
+        """Whether `log_likelihood` traced now builds the static tiles:
+        `static_shapes`, or with None, unless inside `compiled_with(False)`
+        on TensorFlow."""
+        if self.static_shapes is not None:
+            return self.static_shapes
+        return not self._graph_without_xla
+
+    @contextlib.contextmanager
+    def compiled_with(self, jit_compile):
+        """A context in which the step being traced is compiled with XLA
+        (`jit_compile` true) or not.
+
+        With `static_shapes=None`, a TensorFlow step compiled without XLA
+        builds only the tiles a batch uses (`static_shapes=False`'s path,
+        the same values). `HeadModel` enters it around each step it traces,
+        with its `jit_compile`. The config is not changed: a saved model
+        loads as it was built, on any backend.
+        """
+        previous = self._graph_without_xla
+        self._graph_without_xla = (
+            self.static_shapes is None
+            and keras.backend.backend() == "tensorflow"
+            and not jit_compile
+        )
+        try:
+            yield
+        finally:
+            self._graph_without_xla = previous
 
     def _dynamic_plan(self, cluster, position):
         """`hierarchical_kernels.dynamic_plan` on this layer's layout, for
