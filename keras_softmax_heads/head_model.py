@@ -9,6 +9,7 @@ from keras import ops
 from keras_softmax_heads.heads.head_utils import token_weights
 from keras_softmax_heads.validation import keras_mask_weights
 from keras_softmax_heads.validation import per_replica
+from keras_softmax_heads.validation import with_keras_mask_of
 
 # The `save_own_variables` keys of the random-number generators' states
 # (`SEED_STATE_KEY.format(i)`), next to Keras' own "0", "1", ... keys.
@@ -177,7 +178,12 @@ class HeadModel(keras.Model):
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         logs = {}
         if self._wants_metrics():
-            log_probs = y_pred["log_probs"] if isinstance(y_pred, dict) else y_pred
+            if isinstance(y_pred, dict):
+                # The backbone's Keras mask (padding) on the log-probabilities,
+                # where the compiled metrics read it (as `compute_loss` does).
+                log_probs = with_keras_mask_of(y_pred["contexts"], y_pred["log_probs"])
+            else:
+                log_probs = y_pred
             logs = super().compute_metrics(x, y, log_probs, sample_weight)
         logs["loss"] = self._nll_tracker.result()
         if self._step_mode == "test":

@@ -93,6 +93,36 @@ def test_compiled_metrics_with_a_head_of_its_own_objective(make):
     assert logs["perplexity"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("make", [
+    lambda v: ksh.FullSoftmax(v),
+    lambda v: ksh.HierarchicalSoftmax(v, num_clusters=3, counts=np.arange(v, 0, -1)),
+    lambda v: ksh.SampledSoftmax(v, num_sampled=4, seed=0)])
+def test_compiled_metrics_leave_the_padding_out(make):
+    """A masked backbone (`Embedding(mask_zero=True)`): the compiled metrics
+    see the mask, as the loss does (a `Perplexity` under `metrics=` counted
+    the padding and replaced the model's own `perplexity`; accuracy too)."""
+    keras.utils.set_random_seed(0)
+    backbone = keras.Sequential([keras.Input((6,), dtype="int32"),
+                                 keras.layers.Embedding(11, 5, mask_zero=True)])
+    model = ksh.HeadModel(backbone, make(11))
+    model.compile("adam", metrics=[ksh.Perplexity(name="ppl"),
+                                   ksh.HeadMetric("sparse_categorical_accuracy")])
+    x, y = _data()
+    x[:, 4:] = 0
+    x[0, 1:] = 0
+    model.fit(x, y, epochs=1, verbose=0, validation_data=(x, y))
+    logs = model.evaluate(x, y, verbose=0, return_dict=True)
+    log_p = model.predict(x, verbose=0)
+    ll = np.take_along_axis(log_p, y[..., None], -1)[..., 0]
+    real = x != 0
+    expected = np.exp(-ll[real].mean())
+    assert logs["loss"] == pytest.approx(-ll[real].mean(), rel=1e-5)
+    assert logs["ppl"] == pytest.approx(expected, rel=1e-5)
+    assert logs["perplexity"] == pytest.approx(expected, rel=1e-5)
+    accuracy = (log_p.argmax(-1) == y)[real].mean()
+    assert logs["sparse_categorical_accuracy"] == pytest.approx(accuracy, abs=1e-6)
+
+
 @pytest.mark.parametrize("head", ["full", "sampled"])
 def test_save_after_fit_keeps_optimizer_state(tmp_path, head):
     """A model trained with `fit` (never built explicitly) saves its build

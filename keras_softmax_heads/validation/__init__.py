@@ -29,6 +29,7 @@ from keras_softmax_heads.validation.tensors import keras_mask_weights
 from keras_softmax_heads.validation.tensors import nan_if_invalid
 from keras_softmax_heads.validation.tensors import per_replica
 from keras_softmax_heads.validation.tensors import target_error_message
+from keras_softmax_heads.validation.tensors import with_keras_mask_of
 from keras_softmax_heads.validation.arrays import check_counts
 from keras_softmax_heads.validation.arrays import check_ids
 from keras_softmax_heads.validation.arrays import check_int_array

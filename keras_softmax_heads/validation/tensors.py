@@ -161,6 +161,39 @@ def keras_mask_weights(x):
     return _MASK_READER(ops.zeros((), "float32"), x)
 
 
+class _KerasMaskCopier(keras.layers.Layer):
+    """`(source, x) -> x` carrying `source`'s Keras mask: Keras'
+    `Layer.__call__` sets a masking layer's output mask from its first
+    argument's."""
+
+    def __init__(self):
+        super().__init__(name="keras_mask_copier")
+        self.supports_masking = True
+
+    def call(self, source, x):
+        return ops.multiply(x, ops.ones((), x.dtype))
+
+    def compute_mask(self, source, mask=None):
+        return mask
+
+
+_MASK_COPIER = _KerasMaskCopier()
+
+
+def with_keras_mask_of(source, x):
+    """`x` `[..., V]` with the Keras mask of `source` `[..., d]` (none if
+    `source` has none): what Keras' losses and metrics read from `y_pred`,
+    for an output computed outside a layer's `__call__`.
+
+    >>> import numpy as np, keras
+    >>> h = keras.layers.Embedding(5, 2, mask_zero=True)(np.array([[3, 1, 0]]))
+    >>> x = with_keras_mask_of(h, keras.ops.zeros((1, 3, 4)))
+    >>> keras.ops.convert_to_numpy(keras_mask_weights(x)).tolist()
+    [[1.0, 1.0, 0.0]]
+    """
+    return _MASK_COPIER(source, x)
+
+
 def per_replica(loss):
     """`loss` divided by the replicas of the current `tf.distribute`
     strategy; unchanged on the other backends, whose distribution computes
