@@ -1,21 +1,17 @@
 """`HeadModel`: train any head with `model.fit` through its training loss."""
 
 import contextlib
-import warnings
 
 import keras
 from keras import ops
 
+from keras_softmax_heads.heads.head_utils import load_random_states
+from keras_softmax_heads.heads.head_utils import random_states
+from keras_softmax_heads.heads.head_utils import save_random_states
 from keras_softmax_heads.heads.head_utils import token_weights
 from keras_softmax_heads.validation import keras_mask_weights
 from keras_softmax_heads.validation import per_replica
 from keras_softmax_heads.validation import with_keras_mask_of
-
-# The `save_own_variables` keys of the random-number generators' states
-# (`SEED_STATE_KEY.format(i)`), next to Keras' own "0", "1", ... keys.
-SEED_STATE_PREFIX = "seed_state_"
-SEED_STATE_KEY = SEED_STATE_PREFIX + "{}"
-
 
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class HeadModel(keras.Model):
@@ -215,34 +211,16 @@ class HeadModel(keras.Model):
         and head (dropout, samplers): Keras' `variables` (all layer state,
         random seeds included) less `weights`, in tracking order (the same
         for a model rebuilt from its config)."""
-        weights = {id(w) for w in self.weights}
-        return [v for v in self.variables if id(v) not in weights]
+        return random_states(self)
 
     def save_own_variables(self, store):
         super().save_own_variables(store)
         # Keras saves no `SeedGenerator` state: a loaded model would draw
         # its dropout masks and samples afresh from the initial seeds.
-        for i, state in enumerate(self.random_states()):
-            store[SEED_STATE_KEY.format(i)] = state
+        save_random_states(self, store)
 
     def load_own_variables(self, store):
-        seed_keys = [k for k in store.keys() if k.startswith(SEED_STATE_PREFIX)]
-        super().load_own_variables(
-            {k: store[k] for k in store.keys() if k not in seed_keys}
-        )
-        if not seed_keys:
-            return  # a file without them (keras-softmax-heads <= 0.1.0)
-        states = self.random_states()
-        if len(seed_keys) != len(states):
-            warnings.warn(
-                f"{self.__class__.__name__} '{self.name}': not restoring the "
-                f"random-number generators' states: the file has "
-                f"{len(seed_keys)}, the model {len(states)}.",
-                stacklevel=2,
-            )
-            return
-        for i, state in enumerate(states):
-            state.assign(store[SEED_STATE_KEY.format(i)])
+        load_random_states(self, store, super().load_own_variables)
 
     def get_config(self):
         config = super().get_config()

@@ -248,3 +248,39 @@ def test_keras_fit_machinery_steps_per_execution_and_callbacks():
     model.compile("adam")
     model.fit(x, y, batch_size=4, epochs=1, callbacks=[callback], verbose=0)
     assert len(ends) == 4 and all(np.isfinite(ends))
+
+
+@pytest.mark.parametrize("kind", ["sequential", "head_model"])
+def test_load_model_and_fit_resumes_the_samplers_draws(tmp_path, kind):
+    """`fit` 2 epochs, save, `load_model`, `fit` 2 more equals `fit` 4: the
+    head's sampler state travels in the `.keras` file in a `Sequential` +
+    `HeadLoss` model too (the head saves it; only `HeadModel` did, and a
+    loaded `Sequential` drew from the initial seed again)."""
+    vocab, length = 30, 6
+    x = np.random.default_rng(0).integers(0, vocab, (8, length)).astype("int32")
+    y = np.roll(x, -1, 1)
+
+    def make():
+        keras.utils.set_random_seed(0)
+        head = ksh.SampledSoftmax(vocab, num_sampled=4, seed=7)
+        layers = [keras.Input((length,), dtype="int32"), keras.layers.Embedding(vocab, 8)]
+        if kind == "sequential":
+            model = keras.Sequential(layers + [head])
+            model.compile(keras.optimizers.SGD(0.5), loss=ksh.HeadLoss(head))
+        else:
+            model = ksh.HeadModel(keras.Sequential(layers), head)
+            model.compile(keras.optimizers.SGD(0.5))
+        return model
+
+    fit = dict(batch_size=8, verbose=0, shuffle=False)
+    straight = make()
+    losses = straight.fit(x, y, epochs=4, **fit).history["loss"]
+    first = make()
+    resumed = first.fit(x, y, epochs=2, **fit).history["loss"]
+    path = os.path.join(tmp_path, "m.keras")
+    first.save(path)
+    loaded = keras.models.load_model(path)
+    resumed += loaded.fit(x, y, epochs=2, **fit).history["loss"]
+    np.testing.assert_allclose(resumed, losses, rtol=1e-6)
+    for a, b in zip(loaded.get_weights(), straight.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -117,6 +117,28 @@ def test_script_on_jax_data_parallel_resumes_after_sigkill(tmp_path):
     assert proc.returncode != 0 and "data_parallel" in proc.stderr
 
 
+@pytest.mark.slow
+def test_script_on_torch_with_dropout_resumes_exactly(tmp_path):
+    """PyTorch, dropout on: a run killed mid-epoch and resumed ends with the
+    results of an uninterrupted one (the backbones seed their `Dropout`
+    layers; unseeded, torch drew the masks from its global generator, which
+    no checkpoint restores, and the resumed run differed)."""
+    pytest.importorskip("torch")
+    flags = TINY_FLAGS + ["--checkpoint_every=3", "--dropout=0.3"]
+    proc = _run_script(flags + ["--kill_after_steps=4"], tmp_path / "killed",
+                       check=False, backend="torch")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    _run_script(flags, tmp_path / "killed", backend="torch")
+    _run_script(flags, tmp_path / "fresh", backend="torch")
+    resumed, fresh = (json.loads((tmp_path / d / "results.json").read_text())
+                      for d in ("killed", "fresh"))
+    assert fresh["model"]["backend"] == "torch"
+    for split in ("valid", "test"):
+        assert resumed[split]["nll"] == pytest.approx(fresh[split]["nll"], rel=1e-6)
+    for a, b in zip(resumed["history"], fresh["history"]):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6)
+
+
 def test_evaluation_is_exact_stream_nll(tmp_path):
     """Test NLL with eval_batch_size=1 = one pass over the whole test stream
     (warmed up on the end of the valid split)."""

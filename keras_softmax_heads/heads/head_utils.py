@@ -6,6 +6,7 @@ module imports them from here, never from another head's module.
 """
 
 import numbers
+import warnings
 
 import keras
 import numpy as np
@@ -277,3 +278,47 @@ def summed_linear_cross_entropy(layer, kernel_variable, targets, weights, vocab_
         return vocab_parallel_summed(layer, ids, weights, layout)
 
     return summed_over_valid_targets(targets, weights, vocab_size, total)
+
+
+# The `save_own_variables` keys of the random-number generators' states
+# (`SEED_STATE_KEY.format(i)`), next to Keras' own "0", "1", ... keys.
+SEED_STATE_PREFIX = "seed_state_"
+SEED_STATE_KEY = SEED_STATE_PREFIX + "{}"
+
+
+def random_states(layer):
+    """The state variables of the random-number generators of `layer` and
+    its sublayers (dropout, samplers): Keras' `variables` (all layer state,
+    random seeds included) less `weights`, in tracking order (the same for
+    a layer rebuilt from its config)."""
+    weights = {id(w) for w in layer.weights}
+    return [v for v in layer.variables if id(v) not in weights]
+
+
+def save_random_states(layer, store):
+    """Adds `random_states(layer)` to `layer.save_own_variables`' `store`:
+    Keras saves no `SeedGenerator` state, so a loaded model would draw its
+    dropout masks and samples afresh from the initial seeds."""
+    for i, state in enumerate(random_states(layer)):
+        store[SEED_STATE_KEY.format(i)] = state
+
+
+def load_random_states(layer, store, load_weights):
+    """`layer.load_own_variables(store)`: `load_weights` (the superclass'
+    method) on Keras' own keys, then the random states `save_random_states`
+    wrote, if the file has them (files from before have none)."""
+    seed_keys = [k for k in store.keys() if k.startswith(SEED_STATE_PREFIX)]
+    load_weights({k: store[k] for k in store.keys() if k not in seed_keys})
+    if not seed_keys:
+        return
+    states = random_states(layer)
+    if len(seed_keys) != len(states):
+        warnings.warn(
+            f"{layer.__class__.__name__} '{layer.name}': not restoring the "
+            f"random-number generators' states: the file has "
+            f"{len(seed_keys)}, the layer {len(states)}.",
+            stacklevel=3,
+        )
+        return
+    for i, state in enumerate(states):
+        state.assign(store[SEED_STATE_KEY.format(i)])

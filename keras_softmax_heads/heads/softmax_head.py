@@ -21,6 +21,8 @@ from keras_softmax_heads.functional.dispatch import exportable_graph
 from keras_softmax_heads.heads.head_utils import build_context_checks
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.heads.head_utils import gather_targets
+from keras_softmax_heads.heads.head_utils import load_random_states
+from keras_softmax_heads.heads.head_utils import save_random_states
 from keras_softmax_heads.validation import nan_if_invalid
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
@@ -454,8 +456,14 @@ class SoftmaxHead(keras.layers.Layer):
             f"it with `{argument}=`."
         )
 
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        # The samplers' and dropouts' generator states (Keras saves none):
+        # `load_model` + `fit` then resumes the same draws.
+        save_random_states(self, store)
+
     def load_own_variables(self, store):
-        super().load_own_variables(store)
+        load_random_states(self, store, super().load_own_variables)
         self._pending_structure = None  # the structure came with the weights
 
     def set_weights(self, weights):

@@ -5,7 +5,20 @@ It holds what every backbone shares: the input embedding a head may tie to
 the training loop calls (`reset_states`, `carried_state_variables`).
 """
 
+import random
+
 import keras
+
+
+def dropout_seed():
+    """A seed for a backbone's `keras.layers.Dropout`, drawn as Keras draws
+    an unseeded layer's (`random.randint(1, 10**9)`, Python's generator,
+    which `keras.utils.set_random_seed` seeds): the same masks on TensorFlow
+    and JAX as without it. On PyTorch an unseeded `Dropout` takes torch's
+    global generator, which no checkpoint restores; a seeded one draws from
+    its `SeedGenerator`, whose state `HeadModel` saves, so a resumed run
+    (`examples/train_lm.py`) repeats the same masks."""
+    return random.randint(1, int(1e9))
 
 
 class Backbone(keras.layers.Layer):

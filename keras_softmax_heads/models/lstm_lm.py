@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_softmax_heads.models.backbone import Backbone
+from keras_softmax_heads.models.backbone import dropout_seed
 from keras_softmax_heads.validation import check_input_embedding
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_positive
@@ -169,12 +170,12 @@ class LSTMLanguageModel(Backbone):
             )
             for i in range(self.num_layers)
         ]
-        self.embedding_dropout_layer = keras.layers.Dropout(self.embedding_dropout)
+        self.embedding_dropout_layer = keras.layers.Dropout(self.embedding_dropout, seed=dropout_seed())
         self.hidden_dropout_layers = [
-            keras.layers.Dropout(self.hidden_dropout)
+            keras.layers.Dropout(self.hidden_dropout, seed=dropout_seed())
             for _ in range(self.num_layers - 1)
         ]
-        self.output_dropout_layer = keras.layers.Dropout(self.output_dropout)
+        self.output_dropout_layer = keras.layers.Dropout(self.output_dropout, seed=dropout_seed())
         self.projection = None
         if self._projection_dim is not None:
             self.projection = keras.layers.Dense(

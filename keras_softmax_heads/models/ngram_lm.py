@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_softmax_heads.models.backbone import Backbone
+from keras_softmax_heads.models.backbone import dropout_seed
 from keras_softmax_heads.validation import check_input_embedding
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import check_rate
@@ -94,7 +95,7 @@ class NgramLanguageModel(Backbone):
             for i, size in enumerate(self.hidden_sizes)
         ]
         self.dropout_layers = [
-            keras.layers.Dropout(self.dropout) for _ in self.hidden_sizes
+            keras.layers.Dropout(self.dropout, seed=dropout_seed()) for _ in self.hidden_sizes
         ]
 
     @property
