@@ -13,6 +13,7 @@ from keras_softmax_heads.validation import keras_mask_weights
 from keras_softmax_heads.validation import per_replica
 from keras_softmax_heads.validation import with_keras_mask_of
 
+
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class HeadModel(keras.Model):
     """A backbone (tokens -> context vectors `h`) followed by a head.
