@@ -1,7 +1,5 @@
 """`HeadModel`: train any head with `model.fit` through its training loss."""
 
-import contextlib
-
 import keras
 from keras import ops
 
@@ -112,14 +110,11 @@ class HeadModel(keras.Model):
         """Runs Keras' own `train_step` / `test_step` (whatever the backend's
         signature) with `call` returning the contexts."""
         self._check_compiled_loss()
-        # A head whose path depends on XLA (HierarchicalSoftmax's tiles)
-        # learns whether this step is compiled with it.
-        compiled_with = getattr(self.head, "compiled_with", None)
-        context = (compiled_with(bool(getattr(self, "jit_compile", False)))
-                   if compiled_with is not None else contextlib.nullcontext())
         previous, self._step_mode = self._step_mode, mode
         try:
-            with context:
+            # The head learns whether this step is compiled with XLA
+            # (HierarchicalSoftmax picks its tiles by it).
+            with self.head.compiled_with(bool(getattr(self, "jit_compile", False))):
                 return step(*args, **kwargs)
         finally:
             self._step_mode = previous

@@ -237,7 +237,6 @@ class FusedLossCausalLM:
 _FUSED_CLASSES = {}
 
 
-
 def with_additional_losses(model, loss, reduction):
     """The value a fused `compute_loss` returns: its reduced `loss` plus the
     model's additional losses (`model.losses`, e.g. weight regularisers),

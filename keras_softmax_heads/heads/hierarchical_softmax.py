@@ -399,11 +399,7 @@ class HierarchicalSoftmax(SoftmaxHead):
         loads as it was built, on any backend.
         """
         previous = self._graph_without_xla
-        self._graph_without_xla = (
-            self.static_shapes is None
-            and keras.backend.backend() == "tensorflow"
-            and not jit_compile
-        )
+        self._graph_without_xla = keras.backend.backend() == "tensorflow" and not jit_compile
         try:
             yield
         finally:

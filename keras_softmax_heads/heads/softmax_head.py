@@ -8,6 +8,7 @@ this shape, weight layouts, training with `fit` and saving:
 `docs/head_contract.md`.
 """
 
+import contextlib
 import math
 import weakref
 
@@ -340,6 +341,15 @@ class SoftmaxHead(keras.layers.Layer):
         whose log-probabilities depend on `training` (dropout) override it."""
         del training
         return self.log_probs(inputs)
+
+    @contextlib.contextmanager
+    def compiled_with(self, jit_compile):
+        """A context in which the step being traced is compiled with XLA
+        (`jit_compile` true) or not; `HeadModel` enters it around each step
+        it traces. Most heads take the same path either way (this one does
+        nothing); `HierarchicalSoftmax` picks its tiles by it."""
+        del jit_compile
+        yield
 
     def training_contexts(self, inputs):
         """`call`'s training-mode output when it is not log-probabilities.
