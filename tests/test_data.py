@@ -368,6 +368,22 @@ def test_bptt_too_large_is_reported():
         data.make_stream_dataset(ids, batch_size=2000, bptt=2)
 
 
+def test_batchings_turn_autotuning_off():
+    """Keras' fit replaces a dataset's iterator at every epoch's end, and
+    TensorFlow frees an autotuned iterator only after its autotuning thread
+    wakes up: seconds per epoch on one core (docs/data.md, "Autotuning").
+    The library's batchings carry `autotune.enabled = False`, and so do the
+    datasets made from them (the training loop's `take` / `skip` /
+    `prefetch`)."""
+    ids = np.arange(2000, dtype=np.int32) % 97
+    for ds in (data.make_stream_dataset(ids, batch_size=4, bptt=10),
+               data.make_ngram_dataset(ids, order=4, batch_size=8, seed=0),
+               data.make_ngram_dataset(ids, order=4, batch_size=8, shuffle=False)):
+        assert ds.options().autotune.enabled is False
+        assert ds.take(3).skip(1).prefetch(2).options().autotune.enabled is False
+        assert len(list(ds.take(3))) == 3
+
+
 def test_ngram_dataset_examples():
     rng = np.random.default_rng(1)
     ids = rng.integers(0, 1000, size=57).astype(np.int32)

@@ -20,6 +20,26 @@ if TYPE_CHECKING:  # annotations only: TensorFlow is imported where it is used
 _MAX_CONSTANT_BYTES = 1 << 30
 
 
+def without_autotune(dataset):
+    """`dataset` with `tf.data`'s autotuning off (`Options().autotune.enabled
+    = False`; the options carry over to the datasets made from it).
+
+    The batchings here are a slice or a gather per batch, with nothing to
+    tune, and autotuning costs Keras' `fit` seconds per epoch: at an epoch's
+    end Keras replaces the iterator, and TensorFlow 2.21 frees the old one
+    only after its autotuning thread wakes up. Measured on one core of this
+    project's CPU (`docs/data.md`, "Autotuning"): the first batch of every
+    epoch after the first took 4-5 s with it, 0.06-0.55 s without.
+    A `map` with `num_parallel_calls=AUTOTUNE` then runs as many calls in
+    parallel as there are cores.
+    """
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 def _as_id_array(ids, name: str = "ids", vocab_size: int | None = None) -> np.ndarray:
     arr = np.asarray(ids)
     if arr.ndim != 1:
@@ -178,7 +198,7 @@ def make_stream_dataset(ids, batch_size: int, bptt: int) -> "tf.data.Dataset":
                 yield streams[:, start:start + bptt], streams[:, start + 1:start + bptt + 1]
 
         ds = tf.data.Dataset.from_generator(windows, output_signature=(spec, spec))
-        return ds.apply(tf.data.experimental.assert_cardinality(num_windows))
+        return without_autotune(ds.apply(tf.data.experimental.assert_cardinality(num_windows)))
 
     data = tf.constant(streams)
 
@@ -188,7 +208,7 @@ def make_stream_dataset(ids, batch_size: int, bptt: int) -> "tf.data.Dataset":
         targets = tf.slice(data, [0, start + 1], [batch_size, bptt])
         return inputs, targets
 
-    return tf.data.Dataset.range(num_windows).map(window)
+    return without_autotune(tf.data.Dataset.range(num_windows).map(window))
 
 
 def make_ngram_dataset(
@@ -267,7 +287,8 @@ def make_ngram_dataset(
         window = tf.gather(stream, start[:, None] + offsets[None, :])  # [b, order]
         return window[:, :context], window[:, context]
 
-    return ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return without_autotune(ds)
 
 
 def word_counts(ids, vocab_size: int) -> np.ndarray:

@@ -156,10 +156,13 @@ class Evaluator:
             return scorer.predict(flat, batch_size=self.batch_size, verbose=0)
         import tensorflow as tf
 
+        from keras_softmax_heads.data.batching import without_autotune
         from keras_softmax_heads.training.distribute import distribute_dataset
 
+        # Without autotuning: with it, predict's iterator waits seconds for
+        # the autotuning thread at the end of every evaluation on one core.
         dataset = distribute_dataset(
-            self.strategy, lambda: tf.data.Dataset.from_tensor_slices(sub))
+            self.strategy, lambda: without_autotune(tf.data.Dataset.from_tensor_slices(sub)))
         return scorer.predict(dataset, steps=count, verbose=0)
 
     @staticmethod
