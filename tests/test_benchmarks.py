@@ -520,3 +520,19 @@ def test_adaptive_memory_benchmark_smoke(tmp_path):
         assert r["temp_mib"] > 0 and len(r["capacities"]) == len(r["cutoffs"]), r
         assert all(1 <= k <= r["tokens"] for k in r["capacities"]), r
         assert r["chunk_size"] == 256, r
+
+
+@pytest.mark.slow  # two fresh TensorFlow processes: 15-35 s
+def test_epoch_boundary_benchmark_smoke(tmp_path):
+    """`bench_epoch_boundary.py` at tiny sizes: a row with the library's
+    batching (autotuning off) and one with autotuning forced on."""
+    out = tmp_path / "epoch_boundary.json"
+    _run("bench_epoch_boundary.py", "--kinds=stream", "--epochs=2", "--steps=3",
+         "--vocab=50", f"--out={out}")
+    result = json.loads(out.read_text())
+    settings = {row["setting"]: row for row in result["rows"]}
+    assert settings["library"]["autotune_enabled"] is False
+    assert settings["autotuned"]["autotune_enabled"] is True
+    for row in settings.values():
+        assert len(row["epochs"]) == 2 and len(row["first_batch_s_after_first_epoch"]) == 1
+    assert result["command"].startswith("python benchmarks/bench_epoch_boundary.py")

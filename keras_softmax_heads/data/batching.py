@@ -29,7 +29,7 @@ def without_autotune(dataset):
     end Keras replaces the iterator, and TensorFlow 2.21 frees the old one
     only after its autotuning thread wakes up. Measured on one core of this
     project's CPU (`docs/data.md`, "Autotuning"): the first batch of every
-    epoch after the first took 4-5 s with it, 0.06-0.55 s without.
+    epoch after the first took 5.3-5.8 s with it, 0.05-0.39 s without.
     A `map` with `num_parallel_calls=AUTOTUNE` then runs as many calls in
     parallel as there are cores.
     """
