@@ -19,9 +19,10 @@ from keras_softmax_heads.validation import nan_if_invalid
 from keras_softmax_heads.validation import per_replica
 
 #: The reductions under which `HeadLoss` trains a `gradient_in_forward`
-#: head through its summed objective (Keras' weighted sum, or that sum over
-#: the token count); with another reduction, or a Keras mask, per token.
-SUMMED_REDUCTIONS = ("sum", "sum_over_batch_size", "mean")
+#: head through its summed objective (Keras' weighted sum, that sum over the
+#: token count, or over the sum of the sample weights); with `"none"`, or a
+#: Keras mask, per token.
+SUMMED_REDUCTIONS = ("sum", "sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
 # Heads already bound to a HeadLoss (weakly held): a restored HeadLoss takes
@@ -56,8 +57,13 @@ class HeadLoss(keras.losses.Loss):
             among the loaded heads the first time it is called.
         head_name: used by `from_config`; pass `head` instead.
         name: the loss's name.
-        reduction, dtype: as for every `keras.losses.Loss`; the default
-            averages over tokens (and `sample_weight`).
+        reduction, dtype: as for every `keras.losses.Loss`, with Keras'
+            meanings: the default (`"sum_over_batch_size"`) divides the
+            weighted sum by the number of tokens, `"mean_with_sample_weight"`
+            by the sum of `sample_weight` (the mean over the non-padding
+            tokens when padding has weight 0). A `gradient_in_forward`
+            head trains through its summed objective under every
+            reduction but `"none"` and a Keras mask.
 
     Call arguments:
         y_true: integer word ids `[...]`.
@@ -134,7 +140,9 @@ class HeadLoss(keras.losses.Loss):
         # pass) with the weights Keras' reduction gives each token.
         h, targets = contexts_and_targets(y_true, y_pred)
         weight = token_weights(targets, sample_weight)
-        if self.reduction != "sum":
+        if self.reduction == "mean_with_sample_weight" and sample_weight is not None:
+            weight = ops.divide_no_nan(weight, ops.sum(weight))
+        elif self.reduction != "sum":
             weight = weight / ops.cast(ops.size(targets), "float32")
         loss = head.summed_training_loss(h, targets, weight, training=True)
         if self.reduction != "sum":

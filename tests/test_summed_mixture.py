@@ -229,20 +229,25 @@ def test_head_summed_loss_matches_per_token_loss():
     assert_same_values_and_gradients(*results)
 
 
-@pytest.mark.parametrize("kind", ["head_loss", "head_model", "masked", "sum"])
+@pytest.mark.parametrize("kind", ["head_loss", "head_model", "masked", "sum",
+                                  "weight_mean"])
 def test_training_step_matches_per_token_path(kind):
     """One compiled SGD step through `HeadLoss` (sum-over-batch-size
     reduction, per-token sample weights) or `HeadModel` (per-sequence
     weights) moves every weight as the per-token path's step does, and
     reports the same loss; with a Keras mask (`mask_zero`) `HeadLoss`
     reduces per token as Keras weighs a masked loss; `"sum"` (the
-    reduction's weights without the token count) too."""
+    reduction's weights without the token count) and
+    `"mean_with_sample_weight"` (over the weights' sum) too. Each step
+    takes the summed path exactly when it should."""
     rng = np.random.default_rng(2)
     x = rng.integers(0, V, size=(4, 6)).astype("int32")
     y = np.roll(x, -1, axis=1)
     x[:, -2:] = 0  # padding, masked with mask_zero
     sample_weight = (rng.uniform(0.0, 2.0, size=(4,)) if kind == "head_model"
                      else rng.uniform(0.0, 2.0, size=(4, 6))).astype("float32")
+    reduction = {"sum": "sum", "weight_mean": "mean_with_sample_weight"}.get(
+        kind, "sum_over_batch_size")
     outcomes = []
     for flag in (False, True):
         keras.utils.set_random_seed(0)
@@ -250,14 +255,18 @@ def test_training_step_matches_per_token_path(kind):
         head = MixtureOfSoftmaxes(V, num_components=3, gradient_in_forward=flag)
         if kind != "head_model":
             model = keras.Sequential([keras.Input((6,), dtype="int32"), embed, head])
-            reduction = "sum" if kind == "sum" else "sum_over_batch_size"
             model.compile(keras.optimizers.SGD(0.5 / (24 if kind == "sum" else 1)),
                           loss=HeadLoss(head, reduction=reduction))
         else:
             backbone = keras.Sequential([keras.Input((6,), dtype="int32"), embed])
             model = HeadModel(backbone, head)
             model.compile(keras.optimizers.SGD(0.5))
+        calls = []
+        summed = head.summed_training_loss
+        head.summed_training_loss = lambda *a, **k: calls.append(1) or summed(*a, **k)
         outcomes.append(sgd_step(model, x, y, sample_weight))
+        # The summed path is the one taken, except under a Keras mask.
+        assert bool(calls) == (flag and kind != "masked")
     assert_same_steps(*outcomes)
 
 

@@ -28,5 +28,5 @@ for name in order:
     r.pop("idle_share")
     rows.append(r)
 if len(sys.argv) > 1 and len(rows) == len(order):
-    json.dump({**header, "rows": rows}, open(sys.argv[1], "w"), indent=1)
+    json.dump({**header, "rows": rows}, open(sys.argv[1], "w"), indent=2)
     print("wrote", sys.argv[1])
