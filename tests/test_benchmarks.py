@@ -66,6 +66,43 @@ def test_parallel_study_smoke(tmp_path):
 
 
 @pytest.mark.slow
+def test_parallel_study_pins_rows_to_cores(tmp_path):
+    """With `--cores`, each row's process runs on one core with one intra-op
+    thread (the row's summary records what its process had), one row per core."""
+    core = min(os.sched_getaffinity(0))
+    out = tmp_path / "study.json"
+    overrides = ("steps_per_epoch=2,epochs=1,embedding_dim=8,hidden_size=8,num_layers=1,"
+                 "batch_size=4,bptt=6,eval_steps=2,num_diagnostic_contexts=20,jit_compile=False")
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "parallel_study.py"), "--study=bottleneck_ptb",
+         "--rows=softmax,sigsoftmax", "--dataset=synthetic", f"--cores={core}",
+         f"--runs_dir={tmp_path / 'runs'}", f"--out={out}", f"--overrides={overrides}"],
+        capture_output=True, text=True, timeout=600,
+        env=dict(env, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    assert [r["row"] for r in data["rows"]] == ["softmax", "sigsoftmax"]
+    assert "1 core(s) available to the process; TF_NUM_INTRAOP_THREADS=1" in data["machine"]
+    # One core: the second row starts when the first is done.
+    lines = proc.stdout.splitlines()
+    assert lines.index(next(l for l in lines if "row softmax done" in l)) < lines.index(
+        next(l for l in lines if "row sigsoftmax started" in l))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cores, message", [("0,0", "lists a CPU twice"), ("a", "takes CPU ids"),
+                                            ("100000", "may not use")])
+def test_parallel_study_rejects_bad_cores(cores, message):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "parallel_study.py"), "--study=bottleneck_ptb",
+         f"--cores={cores}", "--runs_dir=/nonexistent/never", "--out=/nonexistent/never.json"],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0 and message in proc.stderr
+
+
+@pytest.mark.slow
 def test_hsm_floor(tmp_path):
     out = tmp_path / "floor.json"
     _run("hsm_floor.py", "--v", "3000", "--d", "16", "--n", "64", "--repeats", "1",
