@@ -393,6 +393,7 @@ def test_linear_cross_entropy_benchmark_smoke(tmp_path):
     assert result["command"].startswith("python ") and result["machine"]["cores"] >= 1
 
 
+@pytest.mark.slow  # 41 s: three heads' compilations on 4 simulated devices
 def test_vocab_parallel_memory_benchmark_smoke(tmp_path):
     """Three heads at a tiny shape on 4 simulated devices (a dense one, built
     without `chunk_size`): each row's memory on one device and sharded, its
@@ -412,7 +413,8 @@ def test_vocab_parallel_memory_benchmark_smoke(tmp_path):
     assert result["shape"]["devices"] == 4 and result["machine"]["cores"] >= 1
 
 
-@pytest.mark.parametrize("backend", ["tensorflow"] + BACKENDS)
+# TensorFlow's two modes: 25 s.
+@pytest.mark.parametrize("backend", [pytest.param("tensorflow", marks=pytest.mark.slow)] + BACKENDS)
 def test_forward_only_benchmark_smoke(backend, tmp_path):
     """Both losses, both forms, every mode of the backend at tiny sizes:
     each row timed (forward alone and with gradients), its ratios set; on
