@@ -44,7 +44,8 @@ SOURCES = {
         machine="2-core CPU (this project's development machine), TensorFlow 2.21"),
     "bench_large_vocab.json": dict(
         command="python benchmarks/bench_large_vocab.py   (V = 10k, 100k, 793k; d = 512, N = 2048)",
-        machine="2-core CPU (this project's development machine), TensorFlow 2.21"),
+        machine="2-vCPU Intel Xeon (this project's development machine), both cores, "
+                "TensorFlow 2.21; 0339c4a, 2026-12-01"),
     "bench_large_vocab_gpu_jax.json": dict(
         command="KERAS_BACKEND=jax python benchmarks/bench_large_vocab.py --backend jax "
                 "--v 10000,33000,100000,793471 --in-process --memory-budget-gb 60 --repeats 5 "
