@@ -109,6 +109,42 @@ def test_dropout_only_in_training():
 
 
 # --------------------------------------------------------------------- n-gram
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+@pytest.mark.parametrize("backbone", ["lstm", "ngram"])
+def test_dropout_seeds_draw_as_unseeded_layers(backbone, rate, monkeypatch):
+    """The backbones seed their `Dropout` layers (exact resumes on PyTorch)
+    with the draws Keras makes for unseeded ones, and only those: the same
+    masks and the same initialisation of every later layer as unseeded
+    layers give (a zero-rate layer drew a seed Keras does not draw, which
+    moved the initialisation of every LSTM preset without dropout)."""
+    import random
+
+    from keras_softmax_heads.models import lstm_lm
+    from keras_softmax_heads.models import ngram_lm
+
+    def build():
+        keras.utils.set_random_seed(0)
+        if backbone == "lstm":
+            model = _lstm(embedding_dropout=rate, hidden_dropout=rate, output_dropout=rate)
+            layers = [model.embedding_dropout_layer, *model.hidden_dropout_layers,
+                      model.output_dropout_layer]
+        else:
+            model = NgramLanguageModel(vocab_size=V, order=3, embedding_dim=5,
+                                       hidden_sizes=[7, 6], dropout=rate)
+            layers = model.dropout_layers
+        states = [keras.ops.convert_to_numpy(layer.seed_generator.state) for layer in layers
+                  if hasattr(layer, "seed_generator")]
+        return states, random.random()
+
+    seeded = build()
+    for module in (lstm_lm, ngram_lm):  # unseeded layers, as Keras builds them
+        monkeypatch.setattr(module, "dropout_seed", lambda rate: None)
+    unseeded = build()
+    assert len(seeded[0]) == (0 if rate == 0 else 3 if backbone == "lstm" else 2)
+    assert all(np.array_equal(a, b) for a, b in zip(seeded[0], unseeded[0]))
+    assert seeded[1] == unseeded[1]
+
+
 def test_ngram_matches_numpy_reference():
     keras.utils.set_random_seed(5)
     lm = NgramLanguageModel(vocab_size=V, order=4, embedding_dim=5, hidden_sizes=[7, 6])

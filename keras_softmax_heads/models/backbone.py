@@ -10,15 +10,17 @@ import random
 import keras
 
 
-def dropout_seed():
-    """A seed for a backbone's `keras.layers.Dropout`, drawn as Keras draws
-    an unseeded layer's (`random.randint(1, 10**9)`, Python's generator,
-    which `keras.utils.set_random_seed` seeds): the same masks on TensorFlow
-    and JAX as without it. On PyTorch an unseeded `Dropout` takes torch's
-    global generator, which no checkpoint restores; a seeded one draws from
-    its `SeedGenerator`, whose state `HeadModel` saves, so a resumed run
+def dropout_seed(rate):
+    """A seed for a backbone's `keras.layers.Dropout(rate)`, drawn as Keras
+    draws an unseeded layer's (`random.randint(1, 10**9)`, Python's
+    generator, which `keras.utils.set_random_seed` seeds), and only where
+    Keras draws one (`rate > 0`; `None` otherwise): the same masks, and the
+    same draws of every layer built after it, on TensorFlow and JAX as
+    without it. On PyTorch an unseeded `Dropout` takes torch's global
+    generator, which no checkpoint restores; a seeded one draws from its
+    `SeedGenerator`, whose state `HeadModel` saves, so a resumed run
     (`examples/train_lm.py`) repeats the same masks."""
-    return random.randint(1, int(1e9))
+    return random.randint(1, int(1e9)) if rate > 0 else None
 
 
 class Backbone(keras.layers.Layer):

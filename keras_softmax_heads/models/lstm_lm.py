@@ -170,12 +170,14 @@ class LSTMLanguageModel(Backbone):
             )
             for i in range(self.num_layers)
         ]
-        self.embedding_dropout_layer = keras.layers.Dropout(self.embedding_dropout, seed=dropout_seed())
+        self.embedding_dropout_layer = keras.layers.Dropout(
+            self.embedding_dropout, seed=dropout_seed(self.embedding_dropout))
         self.hidden_dropout_layers = [
-            keras.layers.Dropout(self.hidden_dropout, seed=dropout_seed())
+            keras.layers.Dropout(self.hidden_dropout, seed=dropout_seed(self.hidden_dropout))
             for _ in range(self.num_layers - 1)
         ]
-        self.output_dropout_layer = keras.layers.Dropout(self.output_dropout, seed=dropout_seed())
+        self.output_dropout_layer = keras.layers.Dropout(
+            self.output_dropout, seed=dropout_seed(self.output_dropout))
         self.projection = None
         if self._projection_dim is not None:
             self.projection = keras.layers.Dense(

@@ -95,7 +95,8 @@ class NgramLanguageModel(Backbone):
             for i, size in enumerate(self.hidden_sizes)
         ]
         self.dropout_layers = [
-            keras.layers.Dropout(self.dropout, seed=dropout_seed()) for _ in self.hidden_sizes
+            keras.layers.Dropout(self.dropout, seed=dropout_seed(self.dropout))
+            for _ in self.hidden_sizes
         ]
 
     @property
