@@ -18,14 +18,20 @@ import pytest
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
-def _run(script, *args, timeout=600):
+def _process(script, *args, timeout=600):
+    """The finished process of a benchmark script (`subprocess.CompletedProcess`)."""
     # One intra-op thread: PyTorch's OpenMP pool stalls on a busy machine.
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3",
                OMP_NUM_THREADS="1")
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, os.path.join(BENCH, script), *args],
         capture_output=True, text=True, env=env, timeout=timeout,
     )
+
+
+def _run(script, *args, timeout=600):
+    """A benchmark script's standard output; it must succeed."""
+    proc = _process(script, *args, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
 
@@ -50,15 +56,18 @@ def test_head_robustness_smoke(tmp_path):
         assert provenance == {}
 
 
+#: A study row's settings at a smoke test's size (`--overrides`).
+_TINY_STUDY = ("steps_per_epoch=2,epochs=1,embedding_dim=8,hidden_size=8,num_layers=1,"
+               "batch_size=4,bptt=6,eval_steps=2,num_diagnostic_contexts=20,jit_compile=False")
+
+
 @pytest.mark.slow
 def test_parallel_study_smoke(tmp_path):
     """Two rows of a study in two processes (the arrays loop), merged into one summary."""
     out = tmp_path / "study.json"
-    overrides = ("steps_per_epoch=2,epochs=1,embedding_dim=8,hidden_size=8,num_layers=1,"
-                 "batch_size=4,bptt=6,eval_steps=2,num_diagnostic_contexts=20,jit_compile=False")
     stdout = _run("parallel_study.py", "--study=bottleneck_ptb", "--rows=softmax,sigsoftmax",
                   "--dataset=synthetic", f"--runs_dir={tmp_path / 'runs'}", f"--out={out}",
-                  f"--overrides={overrides}")
+                  f"--overrides={_TINY_STUDY}")
     data = json.loads(out.read_text())
     assert [r["row"] for r in data["rows"]] == ["softmax", "sigsoftmax"]
     assert all(r["loop"] == "arrays" and r["epochs"] == 1 for r in data["rows"])
@@ -66,26 +75,21 @@ def test_parallel_study_smoke(tmp_path):
 
 
 @pytest.mark.slow
-def test_parallel_study_pins_rows_to_cores(tmp_path):
+def test_parallel_study_pins_rows_to_cores(tmp_path, monkeypatch):
     """With `--cores`, each row's process runs on one core with one intra-op
     thread (the row's summary records what its process had), one row per core."""
+    for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        monkeypatch.delenv(name, raising=False)  # the pinned rows' defaults apply
     core = min(os.sched_getaffinity(0))
     out = tmp_path / "study.json"
-    overrides = ("steps_per_epoch=2,epochs=1,embedding_dim=8,hidden_size=8,num_layers=1,"
-                 "batch_size=4,bptt=6,eval_steps=2,num_diagnostic_contexts=20,jit_compile=False")
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(BENCH, "parallel_study.py"), "--study=bottleneck_ptb",
-         "--rows=softmax,sigsoftmax", "--dataset=synthetic", f"--cores={core}",
-         f"--runs_dir={tmp_path / 'runs'}", f"--out={out}", f"--overrides={overrides}"],
-        capture_output=True, text=True, timeout=600,
-        env=dict(env, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3"))
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    stdout = _run("parallel_study.py", "--study=bottleneck_ptb", "--rows=softmax,sigsoftmax",
+                  "--dataset=synthetic", f"--cores={core}", f"--runs_dir={tmp_path / 'runs'}",
+                  f"--out={out}", f"--overrides={_TINY_STUDY}")
     data = json.loads(out.read_text())
     assert [r["row"] for r in data["rows"]] == ["softmax", "sigsoftmax"]
     assert "1 core(s) available to the process; TF_NUM_INTRAOP_THREADS=1" in data["machine"]
     # One core: the second row starts when the first is done.
-    lines = proc.stdout.splitlines()
+    lines = stdout.splitlines()
     assert lines.index(next(l for l in lines if "row softmax done" in l)) < lines.index(
         next(l for l in lines if "row sigsoftmax started" in l))
 
@@ -94,11 +98,8 @@ def test_parallel_study_pins_rows_to_cores(tmp_path):
 @pytest.mark.parametrize("cores, message", [("0,0", "lists a CPU twice"), ("a", "takes CPU ids"),
                                             ("100000", "may not use")])
 def test_parallel_study_rejects_bad_cores(cores, message):
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(BENCH, "parallel_study.py"), "--study=bottleneck_ptb",
-         f"--cores={cores}", "--runs_dir=/nonexistent/never", "--out=/nonexistent/never.json"],
-        capture_output=True, text=True, env=env, timeout=300)
+    proc = _process("parallel_study.py", "--study=bottleneck_ptb", f"--cores={cores}",
+                    "--runs_dir=/nonexistent/never", "--out=/nonexistent/never.json", timeout=300)
     assert proc.returncode != 0 and message in proc.stderr
 
 
