@@ -1,6 +1,7 @@
 #!/bin/bash
 # The adaptive WikiText-2 row's first 1,000 steps with the first study's code (1056e2f) and today's
-# (2446d80 + nothing in the head since), side by side, one core each; epochs of 200 steps.
+# (a clone at 2446d80), side by side, one core each; epochs of 200 steps. (taskset and the thread
+# variables by hand, not parallel_study.py --cores: the first study's tree predates that flag.)
 . /work/venv/bin/activate
 export TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=2 OMP_NUM_THREADS=1
 run() { local tree=$1 core=$2 tag=$3

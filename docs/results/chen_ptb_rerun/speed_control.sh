@@ -1,5 +1,6 @@
 #!/bin/bash
-# Old (534a062) vs new (HEAD clone /work/study) code, one row each on its own core, simultaneously.
+# Old (534a062) vs new (a clone at 2446d80) code, one row each on its own core, simultaneously
+# (taskset and the thread variables by hand: 534a062 predates parallel_study.py --cores).
 . /work/venv/bin/activate
 export TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=2 OMP_NUM_THREADS=1
 run() { # tree core row head opts tag
