@@ -670,18 +670,7 @@ def section_adaptive_threads(folder="adaptive_threads"):
                        + [fmt(ms[k] / ms["torch"]) if k in ms and "torch" in ms else "–"
                           for k in ("before", "after", "dynamic")]
                        + [f"{fmt(mem[0], 0)} → {fmt(mem[1], 0)}"])
-    blocks = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, folder, "blocks_t*_*.json"))):
-        threads, rnd = re.match(r"blocks_t(\d+)_(\w+)\.json$", os.path.basename(path)).groups()
-        rows = {(r["key"], r["v"]): r for r in load(os.path.join(folder, os.path.basename(path)))["rows"]}
-        for v in sorted({v for _, v in rows}):
-            ms = {k: 1000 * rows[(k, v)]["step_s"] for k in ("static", "dynamic", "torch")
-                  if (k, v) in rows and "step_s" in rows[(k, v)]}
-            blocks.append([threads, f"{v:,}", rnd]
-                          + [f"{ms[k]:.1f}" if k in ms else "–" for k in ("static", "dynamic", "torch")]
-                          + [fmt(ms[k] / ms["torch"]) if k in ms and "torch" in ms else "–"
-                             for k in ("static", "dynamic")]
-                          + [fmt(rows.get(("static", v), {}).get("peak_mib"), 0)])
+    blocks = adaptive_blocks_rows(folder)
     parts = [
         table(["threads", "V", "round", "static before (ms)", "static after (ms)",
                "dynamic (ms)", "torch (ms)", "before / torch", "after / torch",
@@ -695,6 +684,69 @@ def section_adaptive_threads(folder="adaptive_threads"):
             table(["threads", "V", "round", "static (ms)", "dynamic (ms)", "torch (ms)",
                    "static / torch", "dynamic / torch", "static peak MiB"], blocks),
             f"*Command:* `SRC=<checkout> bash docs/results/{folder}/run_blocks.sh`."]
+    return "\n\n".join(parts)
+
+
+def adaptive_blocks_rows(folder):
+    """Table rows of `folder/blocks_t{threads}_{round}.json` (`run_blocks.sh`):
+    threads, V, round, the static / dynamic / torch times, the two ratios
+    to torch and the static path's peak."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, folder, "blocks_t*_*.json"))):
+        threads, rnd = re.match(r"blocks_t(\d+)_(\w+)\.json$", os.path.basename(path)).groups()
+        rows = {(r["key"], r["v"]): r for r in load(os.path.join(folder, os.path.basename(path)))["rows"]}
+        for v in sorted({v for _, v in rows}):
+            ms = {k: 1000 * rows[(k, v)]["step_s"] for k in ("static", "dynamic", "torch")
+                  if (k, v) in rows and "step_s" in rows[(k, v)]}
+            out.append([threads, f"{v:,}", rnd]
+                       + [f"{ms[k]:.1f}" if k in ms else "–" for k in ("static", "dynamic", "torch")]
+                       + [fmt(ms[k] / ms["torch"]) if k in ms and "torch" in ms else "–"
+                          for k in ("static", "dynamic")]
+                       + [fmt(rows.get(("static", v), {}).get("peak_mib"), 0)])
+    return out
+
+
+def section_adaptive_intel(folder="adaptive_threads/intel_xeon"):
+    """The thread-count check rerun on an Intel Xeon (`run_blocks.sh`), and
+    the probe that explains it (`probe.py`: the step's products by XLA,
+    TensorFlow's graph and torch; the step with exact capacities and with
+    `capacity_factor=1.0`)."""
+    blocks = adaptive_blocks_rows(folder)
+    if not blocks:
+        return missing(f"{folder}/blocks_t*_*.json")
+    parts = [table(["threads", "V", "round", "static (ms)", "dynamic (ms)", "torch (ms)",
+                    "static / torch", "dynamic / torch", "static peak MiB"], blocks),
+             f"*Raw:* [`docs/results/{folder}/`](results/{folder}/README.md); *command:* "
+             f"`SRC=<checkout> OUT=<dir> bash docs/results/adaptive_threads/run_blocks.sh`."]
+    gemm, step = [], []
+    for threads in (1, 2):
+        data = load(f"{folder}/probe_t{threads}.json")
+        if data is None:
+            continue
+        for shape, row in data["gemm"].items():
+            gemm.append([str(threads), shape.replace("x", " × ")]
+                        + [fmt(row[k]["median_ms"], 2) for k in ("xla", "graph", "torch")]
+                        + [fmt(row[k]["over_torch"]) for k in ("xla", "graph")])
+        st = data["step"]
+        step.append([str(threads)] + [fmt(st[k]["median_ms"], 1)
+                                      for k in ("default", "factor_1.0", "exact", "torch")]
+                    + [fmt(st[k]["over_torch"]) for k in ("default", "factor_1.0", "exact")]
+                    + [fmt(st["default"]["over_exact"])])
+    if gemm:
+        parts += [
+            "The probe (`probe.py`, one process, rows alternated over 8 rounds, the median of the "
+            "per-round ratios), first the step's products (`sum(a @ b)`; the head cluster, then "
+            "the two tails' blocks at their capacities):",
+            table(["threads", "product", "XLA (ms)", "TF graph, oneDNN (ms)", "torch (ms)",
+                   "XLA / torch", "graph / torch"], gemm),
+            "then the step as the library builds it, with `capacity_factor=1.0`, with each "
+            "tail's capacity set to the batch's member count (`exact`), and torch's module:",
+            table(["threads", "default (ms)", "capacity_factor=1.0 (ms)", "exact (ms)",
+                   "torch (ms)", "default / torch", "1.0 / torch", "exact / torch",
+                   "default / exact"], step),
+            f"*Command:* `OMP_NUM_THREADS=1 taskset -c 1 python docs/results/{folder}/probe.py "
+            f"--threads=1 --out=probe_t1.json` (two threads: `OMP_NUM_THREADS=2`, `--threads=2`, "
+            f"no `taskset`)."]
     return "\n\n".join(parts)
 
 
@@ -1772,6 +1824,7 @@ def build(make_figures=True):
         "adaptive_torch": section_adaptive_torch(),
         "adaptive_study": section_adaptive_study(),
         "adaptive_threads": section_adaptive_threads(),
+        "adaptive_intel": section_adaptive_intel(),
         "adaptive_memory": section_adaptive_memory(),
         "fused_lce": section_fused_lce(),
         "fused_lce_xla": section_fused_lce("bench_linear_cross_entropy_xla.json"),

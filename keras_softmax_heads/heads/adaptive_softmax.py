@@ -377,7 +377,9 @@ class AdaptiveSoftmax(SoftmaxHead):
             gathers exactly each tail's tokens (data-dependent shapes:
             TensorFlow graphs and PyTorch; raises on JAX).
         capacity_factor: number `> 0`, the capacity's margin over the
-            expected tail load (default 1.25).
+            expected tail load (default 1.25). Speed only, never the
+            result: a smaller factor scores fewer padded rows and overflows
+            into an extra block more often (`docs/adaptive.md`).
         chunk_size: optional int >= 1: `log_likelihood` / `training_loss`
             compute the head cluster's and every tail's log-normaliser over
             tiles of at most `chunk_size` words (`chunked`), recomputing
