@@ -10,6 +10,9 @@ prints `RESULT <json>`):
 * `dynamic`: the same head with `static_shapes=False` (each tail gathers
   exactly its tokens: data-dependent shapes, so `tf.function` without XLA,
   mode `graph`);
+* `in_forward`: the `static` head with `gradient_in_forward=True`, its
+  train step the summed objective `HeadLoss` trains
+  (`summed_training_loss`, weights 1: the same sum), mode `xla`;
 * `chunked`: the `static` head with `chunk_size=--chunk_size` (default
   4096: the head cluster's and the tails' log-normalisers over tiles of
   that many words, recomputed in the backward pass), mode `xla`;
@@ -101,6 +104,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROWS = {
     "static": ("AdaptiveSoftmax (static_shapes=True)", "xla"),
     "dynamic": ("AdaptiveSoftmax (static_shapes=False)", "graph"),
+    "in_forward": ("AdaptiveSoftmax (static_shapes=True, gradient_in_forward=True)", "xla"),
     "chunked": ("AdaptiveSoftmax (static_shapes=True, chunk_size)", "xla"),
     "full": ("FullSoftmax", "xla"),
     "hsm": ("HierarchicalSoftmax (frequency)", "xla"),
@@ -203,10 +207,11 @@ def build_head(key, vocab_size, dim, cutoffs, chunk_size=4096):
     from keras_softmax_heads import AdaptiveSoftmax, FullSoftmax, HierarchicalSoftmax
 
     random.seed(0)  # Keras' unseeded initialisers draw their seeds from it
-    if key in ("static", "dynamic", "chunked"):
+    if key in ("static", "dynamic", "chunked", "in_forward"):
         head = AdaptiveSoftmax(vocab_size, cutoffs=cutoffs, factor=FACTOR,
                                static_shapes=key != "dynamic",
-                               chunk_size=chunk_size if key == "chunked" else None)
+                               chunk_size=chunk_size if key == "chunked" else None,
+                               gradient_in_forward=key == "in_forward")
     elif key == "full":
         head = FullSoftmax(vocab_size)
     elif key == "hsm":
@@ -236,13 +241,13 @@ def run_keras_row(key, phase, vocab_size, dim, tokens, cutoffs, warmup, repeats,
     h, y = steps.tensor(h_np), steps.tensor(y_np)
     head = build_head(key, vocab_size, dim, cutoffs, chunk_size)
     if phase == "train":
-        fn = steps.train_step(head, mode, reduction="sum")
+        fn = steps.train_step(head, mode, reduction="sum", summed=key == "in_forward")
     else:
         fn = steps.eval_step(head, mode)
     result = measure.step_row(lambda: fn(h, y), warmup, repeats, steps.peak_memory())
     result.update(threads=tf.config.threading.get_intra_op_parallelism_threads(),
                   versions={"tensorflow": tf.__version__, "keras": keras.__version__})
-    if key in ("static", "dynamic", "chunked"):
+    if key in ("static", "dynamic", "chunked", "in_forward"):
         result["capacities"] = head.tail_capacities(tokens)
     if key == "chunked":
         result["chunk_size"] = head.chunk_size
@@ -285,9 +290,11 @@ def ratios_of(rows):
             return t[a] / t[b] if t.get(a) and t.get(b) else None
 
         entry = {"v": v}
-        for key in ("static", "dynamic", "chunked"):
+        for key in ("static", "dynamic", "chunked", "in_forward"):
             entry[f"{key}_over_torch_train"] = ratio((key, "train", v), ("torch", "train", v))
             entry[f"{key}_over_full_train"] = ratio((key, "train", v), ("full", "train", v))
+        entry["in_forward_over_static_train"] = ratio(("in_forward", "train", v),
+                                                      ("static", "train", v))
         for phase in PHASES:
             entry[f"chunked_over_static_{phase}"] = ratio(("chunked", phase, v),
                                                           ("static", phase, v))
@@ -323,9 +330,11 @@ def run_all():
             if key not in ROWS:
                 raise ValueError(f"Unknown row {key!r}; expected one of {list(ROWS)}")
             for phase in FLAGS.phases:
+                if key == "in_forward" and phase == "eval":
+                    continue  # the `static` row's evaluation (`log_likelihood`)
                 row = {"key": key, "row": ROWS[key][0], "mode": ROWS[key][1], "phase": phase,
                        "v": v, "d": FLAGS.dim, "n": FLAGS.tokens}
-                if key in ("static", "dynamic", "chunked", "torch"):
+                if key in ("static", "dynamic", "chunked", "in_forward", "torch"):
                     row["cutoffs"] = cutoffs
                 est = estimated_bytes(key, phase, v, FLAGS.tokens)
                 t0 = time.perf_counter()

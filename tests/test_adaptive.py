@@ -59,6 +59,11 @@ class TestAdaptiveBattery(HeadBattery):
         "chunked": lambda v, d: AdaptiveSoftmax(
             v, CUTOFFS, factor=2, chunk_size=3, capacity_factor=0.3
         ),
+        # `HeadLoss` / `HeadModel` train the summed loss with the tails'
+        # gradients in the forward pass; capacities that overflow.
+        "gradient_in_forward": lambda v, d: AdaptiveSoftmax(
+            v, CUTOFFS, factor=2, counts=COUNTS, capacity_factor=0.3, gradient_in_forward=True
+        ),
     }
 
 
@@ -171,6 +176,69 @@ def test_gradients_match_dense_autodiff_float64(float64):
                                     ["h"] + variables):
                 np.testing.assert_allclose(got, want, rtol=RTOL64, atol=RTOL64,
                                            err_msg=str(w))
+
+
+@slow_off_tensorflow
+def test_gradient_in_forward_matches_dense_autodiff_float64(float64):
+    """`gradient_in_forward=True`: the summed objective and its gradients
+    (context, every weight) equal the dense path's, eagerly and compiled,
+    with zero weights among the tokens, for ample capacities (the blocks
+    under one switch), tight ones (the overflow loop) and a tied head."""
+    rng = np.random.default_rng(5)
+    n = 37
+    h = rng.normal(size=(n, D))
+    t = np.where(rng.random(n) < 0.6, 30 + rng.integers(0, 10, size=n),
+                 rng.integers(0, V, size=n))
+    weights = rng.normal(size=n) * (rng.random(n) < 0.8)
+    for head in (AdaptiveSoftmax(V, CUTOFFS, factor=2, gradient_in_forward=True),
+                 AdaptiveSoftmax(V, CUTOFFS, factor=2, capacity_factor=0.1,
+                                 gradient_in_forward=True),
+                 _tied(V, D, use_bias=False, gradient_in_forward=True)):
+        head = randomised(head, h)
+        dense = _dense_objective(head, t, ops.convert_to_tensor(-weights))
+        variables = head.trainable_weights
+        want_value, want_h, want_vars = value_and_grad(dense, [h], variables)
+
+        def summed(x):
+            return head.summed_training_loss(x, t, weights)
+
+        for fn in (summed, jit(summed)):
+            value, got_h, got_vars = value_and_grad(fn, [h], variables)
+            np.testing.assert_allclose(value, want_value, rtol=RTOL64)
+            for got, want, w in zip(got_h + got_vars, want_h + want_vars,
+                                    ["h"] + variables):
+                np.testing.assert_allclose(got, want, rtol=RTOL64, atol=RTOL64,
+                                           err_msg=str(w))
+
+
+def test_gradient_in_forward_summed_loss():
+    """float32, every backend: the same value and gradients as the default
+    summed loss, compiled; NaN for an out-of-range target with a weight."""
+    rng = np.random.default_rng(6)
+    n = 64
+    h = rng.normal(size=(n, D)).astype("float32")
+    t = rng.integers(0, V, size=n)
+    weights = rng.random(n).astype("float32")
+    fast = randomised(AdaptiveSoftmax(V, CUTOFFS, counts=COUNTS, gradient_in_forward=True), h)
+    default = AdaptiveSoftmax.from_config({**fast.get_config(), "gradient_in_forward": False})
+    default(h)
+    default.set_weights(fast.get_weights())
+    assert AdaptiveSoftmax.from_config(fast.get_config()).gradient_in_forward
+    results = [value_and_grad(jit(lambda x, head=head: head.summed_training_loss(x, t, weights)),
+                              [h], head.trainable_weights)
+               for head in (fast, default)]
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5)
+    for got, want in zip(results[0][1] + results[0][2], results[1][1] + results[1][2]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    bad = t.copy()
+    bad[3] = V
+    if BACKEND == "torch":  # eager: the target check raises
+        with pytest.raises(ValueError, match=r"Received: targets\[3\]=40"):
+            fast.summed_training_loss(h, bad, weights)
+        return
+    assert np.isnan(to_numpy(jit(lambda x: fast.summed_training_loss(x, bad, weights))(h)))
+    weights[3] = 0.0
+    assert np.isfinite(to_numpy(jit(lambda x: fast.summed_training_loss(x, bad, weights))(h)))
 
 
 def test_capacity_overflow_is_exact():
@@ -409,6 +477,11 @@ def test_bad_arguments():
         AdaptiveSoftmax(V, CUTOFFS, static_shapes="no")
     with pytest.raises(ValueError, match=r"Received: chunk_size=0"):
         AdaptiveSoftmax(V, CUTOFFS, chunk_size=0)
+    with pytest.raises(ValueError, match=r"gradient_in_forward=True, static_shapes=True, "
+                                         r"chunk_size=8"):
+        AdaptiveSoftmax(V, CUTOFFS, gradient_in_forward=True, chunk_size=8)
+    with pytest.raises(ValueError, match="gradient_in_forward"):
+        AdaptiveSoftmax(V, CUTOFFS, gradient_in_forward="yes")
     with pytest.raises(ValueError, match="adaptive_embedding"):
         AdaptiveSoftmax(V, CUTOFFS, token_embedding=keras.layers.Embedding(V, D))
     with pytest.raises(ValueError, match="counts"):

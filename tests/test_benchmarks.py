@@ -341,6 +341,8 @@ def test_adaptive_benchmark_rows_in_process(monkeypatch):
     assert value["chunked", "train"] == pytest.approx(value["static", "train"], rel=1e-4)
     assert value["dynamic", "eval"] == pytest.approx(value["static", "eval"], rel=1e-4)
     assert value["dynamic", "train"] == pytest.approx(value["static", "train"], rel=1e-4)
+    r = bench.run_row("in_forward", "train", 300, 16, 64, [20, 100], 1, 1, 1)
+    assert r["value"] == pytest.approx(value["static", "train"], rel=1e-4)
     if _installed("torch"):
         assert bench.torch_eval_is_exact()
     ratios = bench.ratios_of([

@@ -30,6 +30,7 @@ from keras_softmax_heads.heads.head_utils import gather_targets
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.samplers import counts_to_config
+from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_positive
 from keras_softmax_heads.validation import check_targets
 from keras_softmax_heads.validation import is_concrete
@@ -335,6 +336,149 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
     return tail_fn(*args + ([bias] if has_bias else []))
 
 
+#: Blocks a tail's capacity is split into by `static_tail_summed_nll`: a
+#: step scores its members' rows rounded up to one of them.
+GRADIENT_BLOCKS = 8
+
+
+def static_tail_summed_nll(h, member, local, weights, projection, kernel, bias, capacity,
+                           accumulation_dtype, blocks=GRADIENT_BLOCKS):
+    """One tail's `sum_i weights_i (-log_softmax((h P) W + b)[local_i])`
+    over its members, with the gradient computed in the forward pass.
+
+    The weights are known in the forward pass (the summed objective
+    `HeadLoss` and `HeadModel` train), so each block of rows computes its
+    loss and its gradients at once (`d z = w (softmax(z) - onehot)`, three
+    products) and keeps nothing of its scores for the backward pass, which
+    only scales the sums by the upstream value. The capacity `K` is split
+    into `blocks` blocks of `ceil(K / blocks)` rows; one `ops.switch` runs
+    the fewest of them that hold every member as one product (a branch per
+    count, static shapes), and an `ops.while_loop` adds the blocks past the
+    capacity when a batch overflows it. So a step scores the members' rows
+    rounded up to a block rather than the whole capacity: the padding a
+    capacity costs `static_tail_log_likelihood` on every step (whose kept
+    scores would have to be padded to the largest branch: a copy per step).
+
+    Args:
+        h: `[N, d]` context vectors, compute dtype, static `N`.
+        member: bool `[N]`, whether a token's target is in this tail.
+        local: int32 `[N]`, the target's position in the tail (clipped).
+        weights: `[N]` float token weights (no gradient).
+        projection: `[d, d_i]`; kernel: `[d_i, size]` (compute dtype).
+        bias: `[size]` (accumulation dtype) or None.
+        capacity: Python int `K` in `[1, N]`.
+        accumulation_dtype: dtype of the scores and of the sums.
+        blocks: int `>= 1`, the blocks the capacity is split into.
+
+    Returns:
+        A scalar, `accumulation_dtype`.
+    """
+    acc = accumulation_dtype
+    n = int(h.shape[0])
+    member_int = ops.cast(member, "int32")
+    positions = ops.arange(n, dtype="int32")
+    order = ops.cast(ops.argsort(ops.where(member, positions, positions + n)), "int32")
+    slot = ops.cumsum(member_int) - 1  # a member's row in `order`
+    block = int(min(max(1, capacity), n))
+    kept = 1  # blocks the switch covers
+    if is_concrete(member_int):
+        # Eager: one block of the members' rows (the ladder's on JAX), as
+        # `static_tail_log_likelihood` does.
+        count = int(ops.convert_to_numpy(ops.sum(member_int)))
+        if keras.backend.backend() == "jax":
+            block = next(k for k in capacity_ladder(n, block) if count <= k)
+        else:
+            block = max(1, count)
+    else:
+        sub = -(-block // max(1, int(blocks)))
+        kept = -(-block // sub)
+        block = sub
+    num_blocks = -(-n // block)
+    kept = min(kept, num_blocks)
+    padded = num_blocks * block
+    if padded > n:  # rows past N read token 0 and are never members
+        order = ops.concatenate([order, ops.zeros((padded - n,), "int32")])
+
+    @ops.custom_gradient
+    def tail_fn(member_int, local, order, slot, weights, h, projection, kernel, *maybe_bias):
+        b = maybe_bias[0] if maybe_bias else None
+        is_member = member_int > 0
+        count = ops.sum(member_int)
+        w = ops.cast(weights, acc)
+
+        def at(*indices):
+            return tuple(ops.convert_to_tensor(i, "int32") for i in indices)
+
+        def rows_loss_and_grads(start, length):
+            """Rows `order[start:start + length]`: `(loss, dh_rows,
+            d_projection, d_kernel, d_bias)`, the sums float32."""
+            rows = ops.slice(order, at(start), (length,))
+            h_rows = ops.take(h, rows, axis=0)
+            x = ops.matmul(h_rows, projection)
+            z = ops.cast(ops.matmul(x, kernel), acc)
+            if b is not None:
+                z = z + b
+            targets = ops.take(local, rows)
+            is_row = start + ops.arange(length, dtype="int32") < count
+            g = ops.where(is_row, ops.take(w, rows), 0.0)
+            lse = ops.logsumexp(z, axis=-1)
+            loss = ops.sum(g * (lse - gather_targets(z, targets)))
+            dz = scaled_minus_target(ops.exp(z - ops.expand_dims(lse, -1)), g, targets, g)
+            dz_c = ops.cast(dz, h.dtype)
+            dx = ops.matmul(dz_c, ops.transpose(kernel))
+            return (loss, ops.matmul(dx, ops.transpose(projection)),
+                    ops.cast(ops.matmul(ops.transpose(h_rows), dx), acc),
+                    ops.cast(ops.matmul(ops.transpose(x), dz_c), acc),
+                    ops.sum(dz, axis=0))
+
+        def fewest_blocks(k):
+            def branch():
+                loss, dh, *sums = rows_loss_and_grads(0, (k + 1) * block)
+                rest = ops.zeros((padded - int(dh.shape[0]), int(dh.shape[1])), dh.dtype)
+                return (loss, ops.concatenate([dh, rest], axis=0), *sums)
+            return branch
+
+        if kept == 1:
+            out = fewest_blocks(0)()
+        else:
+            index = ops.clip((count + block - 1) // block - 1, 0, kept - 1)
+            out = ops.switch(index, [fewest_blocks(k) for k in range(kept)])
+        if num_blocks > kept:  # an overflowing batch: the blocks past the capacity
+            def body(j, loss, dh_rows, *sums):
+                start = j * block
+                block_loss, dh, *grads = rows_loss_and_grads(start, block)
+                return (j + 1, loss + block_loss, ops.slice_update(dh_rows, at(start, 0), dh),
+                        *(s + g for s, g in zip(sums, grads)))
+
+            _, *out = ops.while_loop(lambda j, *_: j * block < count, body,
+                                     (ops.convert_to_tensor(kept, "int32"), *out),
+                                     maximum_iterations=num_blocks - kept)
+        loss, dh_rows, d_projection, d_kernel, d_bias = out
+        pad = ops.zeros((1, int(dh_rows.shape[1])), dh_rows.dtype)
+        dh = ops.take(ops.concatenate([dh_rows, pad], axis=0),
+                      ops.where(is_member, slot, padded), axis=0)
+
+        def grad_fn(*args, upstream=None, variables=None):
+            # TensorFlow and JAX call grad_fn(upstream); PyTorch
+            # grad_fn(*inputs, upstream=upstream).
+            del variables
+            if upstream is None:
+                (upstream,) = args
+            u = ops.cast(upstream, acc)
+            grads = [ops.cast(ops.cast(dh, acc) * u, h.dtype),
+                     ops.cast(d_projection * u, projection.dtype),
+                     ops.cast(d_kernel * u, kernel.dtype)]
+            if b is not None:
+                grads.append(ops.cast(d_bias * u, b.dtype))
+            # None: integer inputs; the weights get no gradient.
+            return (None, None, None, None, ops.zeros_like(weights), *grads)
+
+        return loss, grad_fn
+
+    args = [member_int, local, order, slot, weights, h, projection, kernel]
+    return tail_fn(*args + ([bias] if bias is not None else []))
+
+
 @keras.saving.register_keras_serializable(package="keras_softmax_heads")
 class AdaptiveSoftmax(SoftmaxHead):
     """Adaptive softmax: a frequent-word head and cheaper tail clusters.
@@ -387,6 +531,15 @@ class AdaptiveSoftmax(SoftmaxHead):
             `[K_i, size_i]` block of a tail's scores are held, at the cost
             of one more product of the scores a step. Same values. Default
             None (whole clusters at once; `call` is dense either way).
+        gradient_in_forward: bool (default False). `True`: the summed
+            objective `HeadLoss` and `HeadModel` train
+            (`summed_training_loss`) computes each tail's gradient in the
+            forward pass, in blocks of an eighth of its capacity
+            (`static_tail_summed_nll`), so a step scores the members' rows
+            rounded up to a block rather than the whole capacity, and keeps
+            no tail scores between the passes. Same values and gradients
+            (to float32 rounding). Needs `static_shapes=True` and
+            `chunk_size=None`.
         token_embedding: must be None (a plain embedding cannot be tied).
         **kwargs: `use_bias` (head bias `a`, tail biases `b_i`),
             `kernel_initializer` (of `U`, `P_i`, `W_i`), `bias_initializer`,
@@ -438,6 +591,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         static_shapes=True,
         capacity_factor=1.25,
         chunk_size=None,
+        gradient_in_forward=False,
         token_embedding=None,
         **kwargs,
     ):
@@ -499,6 +653,14 @@ class AdaptiveSoftmax(SoftmaxHead):
         self.supports_jit = self.static_shapes and keras.backend.backend() != "torch"
         self.capacity_factor = check_positive("capacity_factor", capacity_factor)
         self.chunk_size = check_chunk_size(chunk_size, default=None)
+        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
+        if self.gradient_in_forward and (self.chunk_size is not None or not self.static_shapes):
+            raise ValueError(
+                "`gradient_in_forward=True` computes the static tails' blocks "
+                "whole (static_shapes=True, chunk_size=None): it has no tiled "
+                "or dynamic form. Received: gradient_in_forward=True, "
+                f"static_shapes={self.static_shapes}, chunk_size={self.chunk_size}"
+            )
         bounds = self.cutoffs + [vocab]
         self.num_clusters = len(self.cutoffs)
         self.tail_sizes = [b - a for a, b in zip(bounds, bounds[1:])]
@@ -676,18 +838,8 @@ class AdaptiveSoftmax(SoftmaxHead):
             a `ValueError` eagerly (`InvalidArgumentError` from a TensorFlow
             graph) and give NaN under XLA (`validation.check_targets`).
         """
-        inputs = self._check_inputs(inputs)
         targets = check_targets(targets, self.vocab_size)
-        h = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, self.input_dim))
-        t = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
-        rank = ops.take(self._rank_table(), t)
-        cutoffs = ops.convert_to_tensor(np.asarray(self.cutoffs, np.int32))
-        band = ops.sum(
-            ops.cast(ops.expand_dims(rank, -1) >= ops.expand_dims(cutoffs, 0), "int32"),
-            axis=-1,
-        )  # 0: head, i + 1: tail i
-        c0 = self.cutoffs[0]
-        head_index = ops.where(band == 0, rank, c0 + band - 1)
+        h, rank, band, head_index = self._clusters_of(inputs, targets)
         if self.chunk_size is None:
             ll = gather_targets(ops.log_softmax(self._head_scores(h), axis=-1), head_index)
         else:
@@ -698,11 +850,62 @@ class AdaptiveSoftmax(SoftmaxHead):
                 h, self.head_matrix(), head_bias, head_index, chunk_size=self.chunk_size,
             ), self.accumulation_dtype)
         for i in range(self.num_clusters):
-            member = band == i + 1
-            local = ops.clip(rank - self.cutoffs[i], 0, self.tail_sizes[i] - 1)
+            member, local = self._tail_members(rank, band, i)
             ll = ll + self.tail_log_likelihood(h, member, local, i)
         ll = ops.reshape(ll, ops.shape(targets))
         return nan_if_invalid(ll, targets, self.vocab_size)
+
+    def _clusters_of(self, inputs, targets):
+        """`(h, rank, band, head_index)` of checked `targets`: the inputs as
+        `[N, d]` rows (compute dtype), each target's frequency rank, its
+        cluster (`band`: 0 the head, `i + 1` tail `i`) and its column of the
+        head cluster (its rank, or `c_0 + i` for tail `i`), all `[N]`."""
+        inputs = self._check_inputs(inputs)
+        h = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, self.input_dim))
+        t = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
+        rank = ops.take(self._rank_table(), t)
+        cutoffs = ops.convert_to_tensor(np.asarray(self.cutoffs, np.int32))
+        band = ops.sum(
+            ops.cast(ops.expand_dims(rank, -1) >= ops.expand_dims(cutoffs, 0), "int32"),
+            axis=-1,
+        )
+        head_index = ops.where(band == 0, rank, self.cutoffs[0] + band - 1)
+        return h, rank, band, head_index
+
+    def _tail_members(self, rank, band, i):
+        """`(member, local)` of tail `i`: bool `[N]` and the targets'
+        positions in the tail (clipped)."""
+        return band == i + 1, ops.clip(rank - self.cutoffs[i], 0, self.tail_sizes[i] - 1)
+
+    def summed_training_loss(self, inputs, targets, weights, training=True):
+        """`sum_i weights_i (-log p(targets_i | inputs_i))`, a float32 scalar.
+
+        With `gradient_in_forward=True`, the head cluster's NLL by autodiff
+        and each tail's by `static_tail_summed_nll` (its gradient computed
+        in the forward pass, blocks of an eighth of its capacity); otherwise
+        `training_loss` weighted and summed. A word id outside `[0, V)` with
+        a non-zero weight makes the sum NaN.
+        """
+        if not self.gradient_in_forward:
+            return super().summed_training_loss(inputs, targets, weights, training)
+        targets = check_targets(targets, self.vocab_size)
+        h, rank, band, head_index = self._clusters_of(inputs, targets)
+        n = ops.shape(h)[0]
+        if not isinstance(n, int):  # no static batch size: no capacity
+            return super().summed_training_loss(inputs, targets, weights, training)
+        acc = self.accumulation_dtype
+        w = ops.reshape(ops.cast(weights, acc), (-1,))
+        head_ll = gather_targets(ops.log_softmax(self._head_scores(h), axis=-1), head_index)
+        loss = -ops.sum(w * head_ll)
+        for i in range(self.num_clusters):
+            member, local = self._tail_members(rank, band, i)
+            projection, kernel, bias = self.tail_weights(i)
+            loss = loss + static_tail_summed_nll(
+                h, member, local, w, projection, kernel, bias,
+                capacity(n, self.tail_fractions[i], self.capacity_factor), acc)
+        flat = ops.reshape(targets, (-1,))
+        invalid = ops.logical_and(ops.logical_or(flat < 0, flat >= self.vocab_size), w != 0)
+        return loss + ops.sum(ops.where(invalid, ops.full_like(w, float("nan")), ops.zeros_like(w)))
 
     def tail_log_likelihood(self, h, member, local, i):
         """`log p(w | tail i, h)` for the members of tail `i`, 0 elsewhere.
@@ -798,6 +1001,7 @@ class AdaptiveSoftmax(SoftmaxHead):
                 "static_shapes": self.static_shapes,
                 "capacity_factor": self.capacity_factor,
                 "chunk_size": self.chunk_size,
+                "gradient_in_forward": self.gradient_in_forward,
             }
         )
         return config
