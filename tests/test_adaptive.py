@@ -241,6 +241,24 @@ def test_gradient_in_forward_summed_loss():
     assert np.isfinite(to_numpy(jit(lambda x: fast.summed_training_loss(x, bad, weights))(h)))
 
 
+def test_gradient_in_forward_default_follows_the_platform():
+    """`gradient_in_forward=None` (the default): on for the static
+    whole-block path on a CPU, off on a GPU / TPU and for the tiled or
+    dynamic path; an explicit value wins; the config keeps the option."""
+    from keras_softmax_heads.platforms import forced_platform
+
+    head = AdaptiveSoftmax(V, CUTOFFS)
+    assert head.get_config()["gradient_in_forward"] is None
+    with forced_platform("cpu"):
+        assert head.gradient_in_forward
+        assert not AdaptiveSoftmax(V, CUTOFFS, chunk_size=8).gradient_in_forward
+        assert not AdaptiveSoftmax(V, CUTOFFS, gradient_in_forward=False).gradient_in_forward
+    for platform in ("gpu", "tpu"):
+        with forced_platform(platform):
+            assert not head.gradient_in_forward
+            assert AdaptiveSoftmax(V, CUTOFFS, gradient_in_forward=True).gradient_in_forward
+
+
 def test_capacity_overflow_is_exact():
     """A batch whose tail tokens exceed the first capacity gives the same
     log-likelihood as ample capacity (and, off JAX, the dynamic path)."""

@@ -28,6 +28,7 @@ from keras_softmax_heads.heads.head_utils import check_static_shapes
 from keras_softmax_heads.heads.head_utils import frequency_order
 from keras_softmax_heads.heads.head_utils import gather_targets
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
+from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.samplers import check_counts
 from keras_softmax_heads.samplers import counts_to_config
 from keras_softmax_heads.validation import check_bool
@@ -531,15 +532,19 @@ class AdaptiveSoftmax(SoftmaxHead):
             `[K_i, size_i]` block of a tail's scores are held, at the cost
             of one more product of the scores a step. Same values. Default
             None (whole clusters at once; `call` is dense either way).
-        gradient_in_forward: bool (default False). `True`: the summed
-            objective `HeadLoss` and `HeadModel` train
+        gradient_in_forward: None (default), True or False. `True`: the
+            summed objective `HeadLoss` and `HeadModel` train
             (`summed_training_loss`) computes each tail's gradient in the
             forward pass, in blocks of an eighth of its capacity
             (`static_tail_summed_nll`), so a step scores the members' rows
             rounded up to a block rather than the whole capacity, and keeps
             no tail scores between the passes. Same values and gradients
             (to float32 rounding). Needs `static_shapes=True` and
-            `chunk_size=None`.
+            `chunk_size=None`. `None`: on where that holds and the step runs
+            on a CPU (`platforms.current_platform()`, at trace time), off on
+            a GPU / TPU (not measured there; XLA's GPU conditionals read
+            their branch index on the host). The resolved value is the
+            `gradient_in_forward` property.
         token_embedding: must be None (a plain embedding cannot be tied).
         **kwargs: `use_bias` (head bias `a`, tail biases `b_i`),
             `kernel_initializer` (of `U`, `P_i`, `W_i`), `bias_initializer`,
@@ -591,7 +596,7 @@ class AdaptiveSoftmax(SoftmaxHead):
         static_shapes=True,
         capacity_factor=1.25,
         chunk_size=None,
-        gradient_in_forward=False,
+        gradient_in_forward=None,
         token_embedding=None,
         **kwargs,
     ):
@@ -653,8 +658,9 @@ class AdaptiveSoftmax(SoftmaxHead):
         self.supports_jit = self.static_shapes and keras.backend.backend() != "torch"
         self.capacity_factor = check_positive("capacity_factor", capacity_factor)
         self.chunk_size = check_chunk_size(chunk_size, default=None)
-        self.gradient_in_forward = check_bool("gradient_in_forward", gradient_in_forward)
-        if self.gradient_in_forward and (self.chunk_size is not None or not self.static_shapes):
+        self.gradient_in_forward_option = check_bool(
+            "gradient_in_forward", gradient_in_forward, allow_none=True)
+        if gradient_in_forward and (self.chunk_size is not None or not self.static_shapes):
             raise ValueError(
                 "`gradient_in_forward=True` computes the static tails' blocks "
                 "whole (static_shapes=True, chunk_size=None): it has no tiled "
@@ -668,6 +674,17 @@ class AdaptiveSoftmax(SoftmaxHead):
         if adaptive_embedding is not None:
             fraction_counts = adaptive_embedding.counts
         self.tail_fractions = tail_fractions(self.cutoffs, vocab, fraction_counts)
+
+    @property
+    def gradient_in_forward(self):
+        """Whether `summed_training_loss` computes the tails' gradients in
+        the forward pass: the `gradient_in_forward` option, or with `None`
+        whether the static whole-block path runs on a CPU."""
+        option = self.gradient_in_forward_option
+        if option is not None:
+            return option
+        return (self.static_shapes and self.chunk_size is None
+                and current_platform() == "cpu")
 
     # ------------------------------------------------------------------ build
     def build(self, input_shape):
@@ -1001,7 +1018,7 @@ class AdaptiveSoftmax(SoftmaxHead):
                 "static_shapes": self.static_shapes,
                 "capacity_factor": self.capacity_factor,
                 "chunk_size": self.chunk_size,
-                "gradient_in_forward": self.gradient_in_forward,
+                "gradient_in_forward": self.gradient_in_forward_option,
             }
         )
         return config
