@@ -718,6 +718,32 @@ def section_adaptive_intel(folder="adaptive_threads/intel_xeon"):
                     "static / torch", "dynamic / torch", "static peak MiB"], blocks),
              f"*Raw:* [`docs/results/{folder}/`](results/{folder}/README.md); *command:* "
              f"`SRC=<checkout> OUT=<dir> bash docs/results/adaptive_threads/run_blocks.sh`."]
+    in_forward = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, folder, "in_forward_t*_*.json"))):
+        threads, rnd = re.match(r"in_forward_t(\d+)_(\w+)\.json$", os.path.basename(path)).groups()
+        rows = {(r["key"], r["v"]): r for r in load(os.path.join(folder, os.path.basename(path)))["rows"]}
+        for v in sorted({v for _, v in rows}):
+            got = {k: rows[(k, v)] for k in ("static", "in_forward", "torch")
+                   if "step_s" in rows.get((k, v), {})}
+            if len(got) < 3:
+                continue
+            ms = {k: 1000 * r["step_s"] for k, r in got.items()}
+            in_forward.append(
+                [threads, f"{v:,}", rnd] + [f"{ms[k]:.1f}" for k in ("static", "in_forward", "torch")]
+                + [fmt(ms["static"] / ms["torch"]), fmt(ms["in_forward"] / ms["torch"]),
+                   fmt(ms["in_forward"] / ms["static"]),
+                   f"{fmt(got['static']['peak_mib'], 0)} → {fmt(got['in_forward']['peak_mib'], 0)}",
+                   f"{got['static']['first_call_s']:.1f} / {got['in_forward']['first_call_s']:.1f}"])
+    if in_forward:
+        parts += [
+            "With `gradient_in_forward=True` (the `in_forward` row of `bench_adaptive.py`: the "
+            "summed objective `HeadLoss` trains, each tail's gradient computed in the forward pass "
+            "in blocks of an eighth of its capacity; `in_forward_t{threads}_{round}.json`):",
+            table(["threads", "V", "round", "static (ms)", "in_forward (ms)", "torch (ms)",
+                   "static / torch", "in_forward / torch", "in_forward / static",
+                   "peak MiB (static → in_forward)", "first call s (static / in_forward)"],
+                  in_forward),
+            f"*Command:* `SRC=<checkout> OUT=<dir> bash docs/results/{folder}/run_in_forward.sh`."]
     gemm, step = [], []
     for threads in (1, 2):
         data = load(f"{folder}/probe_t{threads}.json")
@@ -748,6 +774,29 @@ def section_adaptive_intel(folder="adaptive_threads/intel_xeon"):
             f"--threads=1 --out=probe_t1.json` (two threads: `OMP_NUM_THREADS=2`, `--threads=2`, "
             f"no `taskset`)."]
     return "\n\n".join(parts)
+
+
+def section_adaptive_in_forward_probe(folder="adaptive_threads/intel_xeon"):
+    """`probe.py` rerun with the `in_forward` row (`in_forward_probe_t*.json`):
+    each row's median and its per-round ratios to the default and to torch."""
+    out = []
+    keys = ("default", "factor_1.0", "exact", "in_forward", "torch")
+    for threads in (1, 2):
+        data = load(f"{folder}/in_forward_probe_t{threads}.json")
+        if data is None:
+            continue
+        st = data["step"]
+        out.append([str(threads)] + [fmt(st[k]["median_ms"], 1) for k in keys]
+                   + [fmt(st["in_forward"]["over_default"]), fmt(st["in_forward"]["over_exact"]),
+                      fmt(st["in_forward"]["over_torch"]), fmt(st["default"]["over_torch"])])
+    if not out:
+        return missing(f"{folder}/in_forward_probe_t*.json")
+    return "\n\n".join([
+        table(["threads", "default (ms)", "capacity_factor=1.0 (ms)", "exact (ms)",
+               "in_forward (ms)", "torch (ms)", "in_forward / default", "in_forward / exact",
+               "in_forward / torch", "default / torch"], out),
+        f"*Raw:* `docs/results/{folder}/in_forward_probe_t{{1,2}}.json`; *command:* as the "
+        f"probe's above, `--out=in_forward_probe_t1.json`."])
 
 
 def section_adaptive_memory(folder="adaptive_memory"):
@@ -1825,6 +1874,7 @@ def build(make_figures=True):
         "adaptive_study": section_adaptive_study(),
         "adaptive_threads": section_adaptive_threads(),
         "adaptive_intel": section_adaptive_intel(),
+        "adaptive_in_forward_probe": section_adaptive_in_forward_probe(),
         "adaptive_memory": section_adaptive_memory(),
         "fused_lce": section_fused_lce(),
         "fused_lce_xla": section_fused_lce("bench_linear_cross_entropy_xla.json"),
