@@ -743,7 +743,8 @@ def section_adaptive_intel(folder="adaptive_threads/intel_xeon"):
                    "static / torch", "in_forward / torch", "in_forward / static",
                    "peak MiB (static → in_forward)", "first call s (static / in_forward)"],
                   in_forward),
-            f"*Command:* `SRC=<checkout> OUT=<dir> bash docs/results/{folder}/run_in_forward.sh`."]
+            "*Command:* `SRC=<checkout> OUT=<dir> ROWS=static,in_forward,torch NAME=in_forward "
+            "bash docs/results/adaptive_threads/run_blocks.sh`."]
     gemm, step = [], []
     for threads in (1, 2):
         data = load(f"{folder}/probe_t{threads}.json")

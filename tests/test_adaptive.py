@@ -166,16 +166,20 @@ def test_gradients_match_dense_autodiff_float64(float64):
         def cheap(x):
             return ops.sum(head.log_likelihood(x, t) * weights)
 
-        variables = head.trainable_weights
-        want_value, want_h, want_vars = value_and_grad(
-            _dense_objective(head, t, weights), [h], variables)
-        for fn in (cheap, jit(cheap)) if compiled else (cheap,):
-            value, got_h, got_vars = value_and_grad(fn, [h], variables)
-            np.testing.assert_allclose(value, want_value, rtol=RTOL64)
-            for got, want, w in zip(got_h + got_vars, want_h + want_vars,
-                                    ["h"] + variables):
-                np.testing.assert_allclose(got, want, rtol=RTOL64, atol=RTOL64,
-                                           err_msg=str(w))
+        assert_matches_dense(head, h, _dense_objective(head, t, weights),
+                             (cheap, jit(cheap)) if compiled else (cheap,))
+
+
+def assert_matches_dense(head, h, dense, fns):
+    """Each of `fns(x)` has the value and the gradients (w.r.t. `h` and
+    every trainable weight of `head`) of `dense(x)`, to float64 tolerance."""
+    variables = head.trainable_weights
+    want_value, want_h, want_vars = value_and_grad(dense, [h], variables)
+    for fn in fns:
+        value, got_h, got_vars = value_and_grad(fn, [h], variables)
+        np.testing.assert_allclose(value, want_value, rtol=RTOL64)
+        for got, want, w in zip(got_h + got_vars, want_h + want_vars, ["h"] + variables):
+            np.testing.assert_allclose(got, want, rtol=RTOL64, atol=RTOL64, err_msg=str(w))
 
 
 @slow_off_tensorflow
@@ -195,20 +199,12 @@ def test_gradient_in_forward_matches_dense_autodiff_float64(float64):
                                  gradient_in_forward=True),
                  _tied(V, D, use_bias=False, gradient_in_forward=True)):
         head = randomised(head, h)
-        dense = _dense_objective(head, t, ops.convert_to_tensor(-weights))
-        variables = head.trainable_weights
-        want_value, want_h, want_vars = value_and_grad(dense, [h], variables)
 
         def summed(x):
             return head.summed_training_loss(x, t, weights)
 
-        for fn in (summed, jit(summed)):
-            value, got_h, got_vars = value_and_grad(fn, [h], variables)
-            np.testing.assert_allclose(value, want_value, rtol=RTOL64)
-            for got, want, w in zip(got_h + got_vars, want_h + want_vars,
-                                    ["h"] + variables):
-                np.testing.assert_allclose(got, want, rtol=RTOL64, atol=RTOL64,
-                                           err_msg=str(w))
+        assert_matches_dense(head, h, _dense_objective(head, t, ops.convert_to_tensor(-weights)),
+                             (summed, jit(summed)))
 
 
 def test_gradient_in_forward_summed_loss():

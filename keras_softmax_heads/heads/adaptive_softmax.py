@@ -105,6 +105,55 @@ def capacity_ladder(num_tokens, first):
     return ladder
 
 
+def tail_blocks(member, capacity, splits=1):
+    """How a static tail's kernel lays out its members' rows.
+
+    The tail's tokens are sorted first (token order) in `order`, padded to
+    whole blocks; a member's row in it is `slot`. Traced, the blocks have
+    `ceil(capacity / splits)` rows and the first `kept` of them (`splits`,
+    or fewer for a short batch) cover the capacity. Eagerly, one block holds
+    every member (a loop would make JAX compile its body at every eager
+    call): on JAX, whose eager operations compile per shape, a size from the
+    ladder K, 2K, ..., N, so that few shapes occur; elsewhere (PyTorch,
+    whose layers Keras runs eagerly, TensorFlow's eager mode) exactly the
+    members' rows, as the dynamic path and torch's module score.
+
+    Args:
+        member: bool `[N]` (static `N`), whether a token is the tail's.
+        capacity: Python int `K`, the rows the tail is planned for.
+        splits: int `>= 1`, the blocks the capacity is cut into.
+
+    Returns:
+        `(member_int, order, slot, block, kept, num_blocks, padded)`: the
+        int32 membership, the `[padded]` row order and the `[N]` slots
+        (tensors); the block's rows, the kept blocks, all blocks and
+        `num_blocks * block` (Python ints).
+    """
+    n = int(member.shape[0])
+    member_int = ops.cast(member, "int32")
+    positions = ops.arange(n, dtype="int32")
+    order = ops.cast(ops.argsort(ops.where(member, positions, positions + n)), "int32")
+    slot = ops.cumsum(member_int) - 1  # a member's row in `order`
+    block = int(min(max(1, capacity), n))
+    kept = 1
+    if is_concrete(member_int):
+        count = int(ops.convert_to_numpy(ops.sum(member_int)))
+        if keras.backend.backend() == "jax":
+            block = next(k for k in capacity_ladder(n, block) if count <= k)
+        else:
+            block = max(1, count)
+    else:
+        sub = -(-block // max(1, int(splits)))
+        kept = -(-block // sub)
+        block = sub
+    num_blocks = -(-n // block)
+    kept = min(kept, num_blocks)
+    padded = num_blocks * block
+    if padded > n:  # rows past N read token 0 and are never members
+        order = ops.concatenate([order, ops.zeros((padded - n,), "int32")])
+    return member_int, order, slot, block, kept, num_blocks, padded
+
+
 def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capacity,
                                 accumulation_dtype, chunk_size=None):
     """One tail's `log_softmax((h P) W + b)` at the targets of its members,
@@ -147,30 +196,8 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
         `[N]` log-probabilities (0 for non-members), `accumulation_dtype`.
     """
     acc = accumulation_dtype
-    n = int(h.shape[0])
-    size = int(kernel.shape[-1])
-    member_int = ops.cast(member, "int32")
-    positions = ops.arange(n, dtype="int32")
-    order = ops.cast(ops.argsort(ops.where(member, positions, positions + n)), "int32")
-    slot = ops.cumsum(member_int) - 1  # a member's row in `order`
     has_bias = bias is not None
-    block = int(min(max(1, capacity), n))
-    if is_concrete(member_int):
-        # Eager: the count is known now; one block holds every member (a
-        # loop would make JAX compile its body at every eager call). On JAX,
-        # whose eager operations compile per shape, sizes from the ladder K,
-        # 2K, ..., N, so that few shapes occur; elsewhere (PyTorch, whose
-        # layers Keras runs eagerly, TensorFlow's eager mode) exactly the
-        # members' rows, as the dynamic path and torch's module score.
-        count = int(ops.convert_to_numpy(ops.sum(member_int)))
-        if keras.backend.backend() == "jax":
-            block = next(k for k in capacity_ladder(n, block) if count <= k)
-        else:
-            block = max(1, count)
-    num_blocks = -(-n // block)
-    padded = num_blocks * block
-    if padded > n:  # rows past N read token 0 and are never members
-        order = ops.concatenate([order, ops.zeros((padded - n,), "int32")])
+    member_int, order, slot, block, _, num_blocks, padded = tail_blocks(member, capacity)
 
     # Every tensor the forward and backward passes read is an argument (JAX's
     # custom gradients cannot close over traced values).
@@ -375,30 +402,8 @@ def static_tail_summed_nll(h, member, local, weights, projection, kernel, bias, 
         A scalar, `accumulation_dtype`.
     """
     acc = accumulation_dtype
-    n = int(h.shape[0])
-    member_int = ops.cast(member, "int32")
-    positions = ops.arange(n, dtype="int32")
-    order = ops.cast(ops.argsort(ops.where(member, positions, positions + n)), "int32")
-    slot = ops.cumsum(member_int) - 1  # a member's row in `order`
-    block = int(min(max(1, capacity), n))
-    kept = 1  # blocks the switch covers
-    if is_concrete(member_int):
-        # Eager: one block of the members' rows (the ladder's on JAX), as
-        # `static_tail_log_likelihood` does.
-        count = int(ops.convert_to_numpy(ops.sum(member_int)))
-        if keras.backend.backend() == "jax":
-            block = next(k for k in capacity_ladder(n, block) if count <= k)
-        else:
-            block = max(1, count)
-    else:
-        sub = -(-block // max(1, int(blocks)))
-        kept = -(-block // sub)
-        block = sub
-    num_blocks = -(-n // block)
-    kept = min(kept, num_blocks)
-    padded = num_blocks * block
-    if padded > n:  # rows past N read token 0 and are never members
-        order = ops.concatenate([order, ops.zeros((padded - n,), "int32")])
+    member_int, order, slot, block, kept, num_blocks, padded = tail_blocks(
+        member, capacity, blocks)
 
     @ops.custom_gradient
     def tail_fn(member_int, local, order, slot, weights, h, projection, kernel, *maybe_bias):
