@@ -27,6 +27,7 @@ from keras_softmax_heads.heads.head_utils import check_factor
 from keras_softmax_heads.heads.head_utils import check_static_shapes
 from keras_softmax_heads.heads.head_utils import frequency_order
 from keras_softmax_heads.heads.head_utils import gather_targets
+from keras_softmax_heads.heads.head_utils import summed_over_valid_targets
 from keras_softmax_heads.heads.softmax_head import SoftmaxHead
 from keras_softmax_heads.platforms import current_platform
 from keras_softmax_heads.samplers import check_counts
@@ -860,8 +861,9 @@ class AdaptiveSoftmax(SoftmaxHead):
             a `ValueError` eagerly (`InvalidArgumentError` from a TensorFlow
             graph) and give NaN under XLA (`validation.check_targets`).
         """
+        h = self._rows(inputs)
         targets = check_targets(targets, self.vocab_size)
-        h, rank, band, head_index = self._clusters_of(inputs, targets)
+        rank, band, head_index = self._clusters_of(targets)
         if self.chunk_size is None:
             ll = gather_targets(ops.log_softmax(self._head_scores(h), axis=-1), head_index)
         else:
@@ -877,13 +879,16 @@ class AdaptiveSoftmax(SoftmaxHead):
         ll = ops.reshape(ll, ops.shape(targets))
         return nan_if_invalid(ll, targets, self.vocab_size)
 
-    def _clusters_of(self, inputs, targets):
-        """`(h, rank, band, head_index)` of checked `targets`: the inputs as
-        `[N, d]` rows (compute dtype), each target's frequency rank, its
-        cluster (`band`: 0 the head, `i + 1` tail `i`) and its column of the
-        head cluster (its rank, or `c_0 + i` for tail `i`), all `[N]`."""
+    def _rows(self, inputs):
+        """The checked inputs as `[N, d]` rows in the compute dtype."""
         inputs = self._check_inputs(inputs)
-        h = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, self.input_dim))
+        return ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, self.input_dim))
+
+    def _clusters_of(self, targets):
+        """`(rank, band, head_index)` of checked `targets`, all `[N]`
+        (flattened, clipped into `[0, V)`): each target's frequency rank,
+        its cluster (`band`: 0 the head, `i + 1` tail `i`) and its column of
+        the head cluster (its rank, or `c_0 + i` for tail `i`)."""
         t = ops.clip(ops.reshape(targets, (-1,)), 0, self.vocab_size - 1)
         rank = ops.take(self._rank_table(), t)
         cutoffs = ops.convert_to_tensor(np.asarray(self.cutoffs, np.int32))
@@ -892,7 +897,7 @@ class AdaptiveSoftmax(SoftmaxHead):
             axis=-1,
         )
         head_index = ops.where(band == 0, rank, self.cutoffs[0] + band - 1)
-        return h, rank, band, head_index
+        return rank, band, head_index
 
     def _tail_members(self, rank, band, i):
         """`(member, local)` of tail `i`: bool `[N]` and the targets'
@@ -904,30 +909,34 @@ class AdaptiveSoftmax(SoftmaxHead):
 
         With `gradient_in_forward=True`, the head cluster's NLL by autodiff
         and each tail's by `static_tail_summed_nll` (its gradient computed
-        in the forward pass, blocks of an eighth of its capacity); otherwise
+        in the forward pass, blocks of an eighth of its capacity), in
+        `head_utils.summed_over_valid_targets`' frame; otherwise
         `training_loss` weighted and summed. A word id outside `[0, V)` with
         a non-zero weight makes the sum NaN.
         """
         if not self.gradient_in_forward:
             return super().summed_training_loss(inputs, targets, weights, training)
-        targets = check_targets(targets, self.vocab_size)
-        h, rank, band, head_index = self._clusters_of(inputs, targets)
+        h = self._rows(inputs)
         n = ops.shape(h)[0]
         if not isinstance(n, int):  # no static batch size: no capacity
             return super().summed_training_loss(inputs, targets, weights, training)
-        acc = self.accumulation_dtype
-        w = ops.reshape(ops.cast(weights, acc), (-1,))
-        head_ll = gather_targets(ops.log_softmax(self._head_scores(h), axis=-1), head_index)
-        loss = -ops.sum(w * head_ll)
-        for i in range(self.num_clusters):
-            member, local = self._tail_members(rank, band, i)
-            projection, kernel, bias = self.tail_weights(i)
-            loss = loss + static_tail_summed_nll(
-                h, member, local, w, projection, kernel, bias,
-                capacity(n, self.tail_fractions[i], self.capacity_factor), acc)
-        flat = ops.reshape(targets, (-1,))
-        invalid = ops.logical_and(ops.logical_or(flat < 0, flat >= self.vocab_size), w != 0)
-        return loss + ops.sum(ops.where(invalid, ops.full_like(w, float("nan")), ops.zeros_like(w)))
+        targets = check_targets(targets, self.vocab_size)
+        capacities = self.tail_capacities(n)
+
+        def summed(ids, w):
+            rank, band, head_index = self._clusters_of(ids)
+            head_ll = gather_targets(ops.log_softmax(self._head_scores(h), axis=-1), head_index)
+            loss = -ops.sum(w * head_ll)
+            for i in range(self.num_clusters):
+                member, local = self._tail_members(rank, band, i)
+                projection, kernel, bias = self.tail_weights(i)
+                loss = loss + static_tail_summed_nll(
+                    h, member, local, w, projection, kernel, bias, capacities[i],
+                    self.accumulation_dtype)
+            return loss
+
+        return summed_over_valid_targets(targets, weights, self.vocab_size, summed,
+                                         dtype=self.accumulation_dtype)
 
     def tail_log_likelihood(self, h, member, local, i):
         """`log p(w | tail i, h)` for the members of tail `i`, 0 elsewhere.

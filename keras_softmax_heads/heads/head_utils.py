@@ -216,16 +216,17 @@ def token_weights(tokens, sample_weight):
     return ops.broadcast_to(weight, shape)
 
 
-def summed_over_valid_targets(targets, weights, vocab_size, summed_fn):
+def summed_over_valid_targets(targets, weights, vocab_size, summed_fn, dtype="float32"):
     """`summed_fn(ids, weights)` on the flattened `[N]` ids (clipped into
-    `[0, vocab_size)`) and float32 weights, cast to float32; NaN when an id
-    outside `[0, vocab_size)` has a non-zero weight (as the per-token
-    losses' NaN, `validation.nan_if_invalid`). The frame of the heads'
+    `[0, vocab_size)`) and weights of `dtype` (float32 unless a head
+    accumulates in float64), cast to `dtype`; NaN when an id outside
+    `[0, vocab_size)` has a non-zero weight (as the per-token losses' NaN,
+    `validation.nan_if_invalid`). The frame of the heads'
     `summed_training_loss` with `gradient_in_forward`."""
     ids = ops.reshape(ops.cast(targets, "int32"), (-1,))
-    weights = ops.cast(ops.reshape(weights, (-1,)), "float32")
+    weights = ops.cast(ops.reshape(weights, (-1,)), dtype)
     bad = ops.logical_and(ops.logical_or(ids < 0, ids >= vocab_size), weights != 0)
-    total = ops.cast(summed_fn(ops.clip(ids, 0, vocab_size - 1), weights), "float32")
+    total = ops.cast(summed_fn(ops.clip(ids, 0, vocab_size - 1), weights), dtype)
     return ops.where(ops.any(bad), ops.full_like(total, float("nan")), total)
 
 
