@@ -187,7 +187,8 @@ def test_gradient_in_forward_matches_dense_autodiff_float64(float64):
     """`gradient_in_forward=True`: the summed objective and its gradients
     (context, every weight) equal the dense path's, eagerly and compiled,
     with zero weights among the tokens, for ample capacities (the blocks
-    under one switch), tight ones (the overflow loop) and a tied head."""
+    under one switch), capacities whose members fit in fewer blocks than
+    the switch's fewest, tight ones (the overflow loop) and a tied head."""
     rng = np.random.default_rng(5)
     n = 37
     h = rng.normal(size=(n, D))
@@ -195,6 +196,8 @@ def test_gradient_in_forward_matches_dense_autodiff_float64(float64):
                  rng.integers(0, V, size=n))
     weights = rng.normal(size=n) * (rng.random(n) < 0.8)
     for head in (AdaptiveSoftmax(V, CUTOFFS, factor=2, gradient_in_forward=True),
+                 AdaptiveSoftmax(V, CUTOFFS, factor=2, capacity_factor=4.0,
+                                 gradient_in_forward=True),
                  AdaptiveSoftmax(V, CUTOFFS, factor=2, capacity_factor=0.1,
                                  gradient_in_forward=True),
                  _tied(V, D, use_bias=False, gradient_in_forward=True)):

@@ -368,10 +368,17 @@ def static_tail_log_likelihood(h, member, local, projection, kernel, bias, capac
 #: Blocks a tail's capacity is split into by `static_tail_summed_nll`: a
 #: step scores its members' rows rounded up to one of them.
 GRADIENT_BLOCKS = 8
+#: The fewest of them a step scores: its `ops.switch` has a branch for each
+#: count from this one up (five, not eight). A capacity holds 1.25x the
+#: expected members plus slack, so a batch rarely fits in half of it
+#: (`docs/adaptive.md`); each branch is compiled, and the first call's time
+#: grows with their number.
+MIN_GRADIENT_BLOCKS = 4
 
 
 def static_tail_summed_nll(h, member, local, weights, projection, kernel, bias, capacity,
-                           accumulation_dtype, blocks=GRADIENT_BLOCKS):
+                           accumulation_dtype, blocks=GRADIENT_BLOCKS,
+                           min_blocks=MIN_GRADIENT_BLOCKS):
     """One tail's `sum_i weights_i (-log_softmax((h P) W + b)[local_i])`
     over its members, with the gradient computed in the forward pass.
 
@@ -381,12 +388,13 @@ def static_tail_summed_nll(h, member, local, weights, projection, kernel, bias, 
     products) and keeps nothing of its scores for the backward pass, which
     only scales the sums by the upstream value. The capacity `K` is split
     into `blocks` blocks of `ceil(K / blocks)` rows; one `ops.switch` runs
-    the fewest of them that hold every member as one product (a branch per
-    count, static shapes), and an `ops.while_loop` adds the blocks past the
-    capacity when a batch overflows it. So a step scores the members' rows
-    rounded up to a block rather than the whole capacity: the padding a
-    capacity costs `static_tail_log_likelihood` on every step (whose kept
-    scores would have to be padded to the largest branch: a copy per step).
+    the fewest of them that hold every member, and at least `min_blocks` of
+    them, as one product (a branch per count, static shapes), and an
+    `ops.while_loop` adds the blocks past the capacity when a batch
+    overflows it. So a step scores the members' rows rounded up to a block
+    rather than the whole capacity: the padding a capacity costs
+    `static_tail_log_likelihood` on every step (whose kept scores would have
+    to be padded to the largest branch: a copy per step).
 
     Args:
         h: `[N, d]` context vectors, compute dtype, static `N`.
@@ -398,6 +406,8 @@ def static_tail_summed_nll(h, member, local, weights, projection, kernel, bias, 
         capacity: Python int `K` in `[1, N]`.
         accumulation_dtype: dtype of the scores and of the sums.
         blocks: int `>= 1`, the blocks the capacity is split into.
+        min_blocks: int `>= 1`, the fewest of them a step scores (scaled
+            down where the capacity has fewer than `blocks` rows).
 
     Returns:
         A scalar, `accumulation_dtype`.
@@ -445,11 +455,12 @@ def static_tail_summed_nll(h, member, local, weights, projection, kernel, bias, 
                 return (loss, ops.concatenate([dh, rest], axis=0), *sums)
             return branch
 
-        if kept == 1:
-            out = fewest_blocks(0)()
+        lowest = min(kept, max(1, min_blocks * kept // max(1, blocks))) - 1
+        if lowest == kept - 1:
+            out = fewest_blocks(lowest)()
         else:
-            index = ops.clip((count + block - 1) // block - 1, 0, kept - 1)
-            out = ops.switch(index, [fewest_blocks(k) for k in range(kept)])
+            index = ops.clip((count + block - 1) // block - 1, lowest, kept - 1) - lowest
+            out = ops.switch(index, [fewest_blocks(k) for k in range(lowest, kept)])
         if num_blocks > kept:  # an overflowing batch: the blocks past the capacity
             def body(j, loss, dh_rows, *sums):
                 start = j * block
@@ -541,9 +552,10 @@ class AdaptiveSoftmax(SoftmaxHead):
         gradient_in_forward: None (default), True or False. `True`: the
             summed objective `HeadLoss` and `HeadModel` train
             (`summed_training_loss`) computes each tail's gradient in the
-            forward pass, in blocks of an eighth of its capacity
-            (`static_tail_summed_nll`), so a step scores the members' rows
-            rounded up to a block rather than the whole capacity, and keeps
+            forward pass, in blocks of an eighth of its capacity, at least
+            four of them (`static_tail_summed_nll`), so a step scores the
+            members' rows rounded up to a block rather than the whole
+            capacity, and keeps
             no tail scores between the passes. Same values and gradients
             (to float32 rounding). Needs `static_shapes=True` and
             `chunk_size=None`. `None`: on where that holds and the step runs

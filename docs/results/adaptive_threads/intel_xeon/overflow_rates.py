@@ -25,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 flags.DEFINE_string("data_dir", None, "WikiText-2 directory (train.txt, ...).")
 flags.DEFINE_list("factors", ["1.0", "1.1", "1.25"], "capacity_factor values.")
 flags.DEFINE_list("batches", ["20x35", "20x20", "64x32"], "batch_size x bptt.")
+flags.DEFINE_integer("blocks", 8, "The summed kernel's blocks per capacity.")
 flags.DEFINE_string("out", None, "JSON output.")
 FLAGS = flags.FLAGS
 
@@ -58,16 +59,28 @@ def main(argv):
             for i, k in enumerate(capacities):
                 members = ((ranks >= edges[i]) & (ranks < edges[i + 1])).sum(axis=1)
                 fits = members <= k
+                block = -(-k // FLAGS.blocks)
+                kept = -(-k // block)
+                needed = np.maximum(1, -(-members // block))  # past `kept`: the overflow loop
+                lowest = min(kept, max(1, int(kept * 0.5)))
                 row["tails"].append({
                     "fraction": float(head.tail_fractions[i]),
                     "members_mean": float(members.mean()), "members_max": int(members.max()),
                     "overflow_rate": float(1.0 - fits.mean()),
                     "rows_per_member_no_overflow": float(k / max(members[fits].mean(), 1e-9)),
+                    "members_min": int(members.min()),
+                    "summed_rows_per_member": float((needed * block).sum() / members.sum()),
+                    "summed_rows_per_member_half": float(
+                        (np.maximum(needed, lowest) * block).sum() / members.sum()),
+                    "below_half_rate": float((needed < lowest).mean()),
                 })
             rows.append(row)
             print(shape, factor, capacities,
                   [(round(t["members_mean"], 1), t["members_max"], round(t["overflow_rate"], 4),
-                    round(t["rows_per_member_no_overflow"], 3)) for t in row["tails"]], flush=True)
+                    round(t["rows_per_member_no_overflow"], 3), t["members_min"],
+                    round(t["summed_rows_per_member"], 3),
+                    round(t["summed_rows_per_member_half"], 3), round(t["below_half_rate"], 4))
+                   for t in row["tails"]], flush=True)
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump({"vocab_size": v, "cutoffs": cutoffs, "rows": rows}, f, indent=1)
