@@ -706,6 +706,65 @@ def adaptive_blocks_rows(folder):
     return out
 
 
+def adaptive_in_forward_rows(folder, name):
+    """The table of `run_blocks.sh`'s `static,in_forward,torch` rows in
+    `{name}_t{threads}_{round}.json` (None if there are none)."""
+    out = []
+    pattern = os.path.join(RESULTS, folder, f"{name}_t*_*.json")
+    for path in sorted(glob.glob(pattern)):
+        threads, rnd = re.match(rf"{name}_t(\d+)_(\w+)\.json$", os.path.basename(path)).groups()
+        rows = {(r["key"], r["v"]): r for r in load(os.path.join(folder, os.path.basename(path)))["rows"]}
+        for v in sorted({v for _, v in rows}):
+            got = {k: rows[(k, v)] for k in ("static", "in_forward", "torch")
+                   if "step_s" in rows.get((k, v), {})}
+            if len(got) < 3:
+                continue
+            ms = {k: 1000 * r["step_s"] for k, r in got.items()}
+            out.append(
+                [threads, f"{v:,}", rnd] + [f"{ms[k]:.1f}" for k in ("static", "in_forward", "torch")]
+                + [fmt(ms["static"] / ms["torch"]), fmt(ms["in_forward"] / ms["torch"]),
+                   fmt(ms["in_forward"] / ms["static"]),
+                   f"{fmt(got['static']['peak_mib'], 0)} → {fmt(got['in_forward']['peak_mib'], 0)}",
+                   f"{got['static']['first_call_s']:.1f} / {got['in_forward']['first_call_s']:.1f}"])
+    if not out:
+        return None
+    return table(["threads", "V", "round", "static (ms)", "in_forward (ms)", "torch (ms)",
+                  "static / torch", "in_forward / torch", "in_forward / static",
+                  "peak MiB (static → in_forward)", "first call s (static / in_forward)"], out)
+
+
+def section_adaptive_gradient_blocks(folder="adaptive_threads/intel_xeon/gradient_blocks"):
+    """How many switch branches the summed tails compile (`probe_blocks.py`:
+    each row's step over the static path's, per-round, and its two first
+    calls), then `run_blocks.sh`'s in_forward rows with the kept default."""
+    out = []
+    for name in ("blocks_t1", "loops_t1", "halves_t1", "loops_t2", "halves_t2", "ab_t2"):
+        data = load(f"{folder}/{name}.json")
+        if data is None:
+            continue
+        for v, r in data["vocab"].items():
+            for key, st in r["step"].items():
+                out.append([name + ".json", str(data["machine"]["threads"]), f"{int(v):,}", key,
+                            fmt(st["median_ms"], 1), fmt(st["over_static"]),
+                            f"{st['first_call_s']:.1f} / {st['first_call_s_again']:.1f}"])
+    if not out:
+        return missing(f"{folder}/blocks_t1.json")
+    parts = [table(["file", "threads", "V", "row", "step (ms)", "step / static",
+                    "first call s (in order / again)"], out),
+             f"*Raw and reading:* [`docs/results/{folder}/`](results/{folder}/README.md); "
+             f"*command:* `OMP_NUM_THREADS=1 taskset -c 1 python docs/results/{folder}/"
+             f"probe_blocks.py --threads=1 --blocks=4,8 --halves=8 --out=halves_t1.json`."]
+    bench = adaptive_in_forward_rows("adaptive_threads/intel_xeon", "in_forward_min4")
+    if bench:
+        parts += [
+            "`bench_adaptive.py`'s fresh processes again with five branches a tail (the "
+            "package at fc0ee02; `in_forward_min4_t{threads}_{round}.json` in the folder above):",
+            bench,
+            "*Command:* `SRC=<checkout> OUT=<dir> ROWS=static,in_forward,torch "
+            "NAME=in_forward_min4 bash docs/results/adaptive_threads/run_blocks.sh`."]
+    return "\n\n".join(parts)
+
+
 def section_adaptive_intel(folder="adaptive_threads/intel_xeon"):
     """The thread-count check rerun on an Intel Xeon (`run_blocks.sh`), and
     the probe that explains it (`probe.py`: the step's products by XLA,
@@ -718,31 +777,13 @@ def section_adaptive_intel(folder="adaptive_threads/intel_xeon"):
                     "static / torch", "dynamic / torch", "static peak MiB"], blocks),
              f"*Raw:* [`docs/results/{folder}/`](results/{folder}/README.md); *command:* "
              f"`SRC=<checkout> OUT=<dir> bash docs/results/adaptive_threads/run_blocks.sh`."]
-    in_forward = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, folder, "in_forward_t*_*.json"))):
-        threads, rnd = re.match(r"in_forward_t(\d+)_(\w+)\.json$", os.path.basename(path)).groups()
-        rows = {(r["key"], r["v"]): r for r in load(os.path.join(folder, os.path.basename(path)))["rows"]}
-        for v in sorted({v for _, v in rows}):
-            got = {k: rows[(k, v)] for k in ("static", "in_forward", "torch")
-                   if "step_s" in rows.get((k, v), {})}
-            if len(got) < 3:
-                continue
-            ms = {k: 1000 * r["step_s"] for k, r in got.items()}
-            in_forward.append(
-                [threads, f"{v:,}", rnd] + [f"{ms[k]:.1f}" for k in ("static", "in_forward", "torch")]
-                + [fmt(ms["static"] / ms["torch"]), fmt(ms["in_forward"] / ms["torch"]),
-                   fmt(ms["in_forward"] / ms["static"]),
-                   f"{fmt(got['static']['peak_mib'], 0)} → {fmt(got['in_forward']['peak_mib'], 0)}",
-                   f"{got['static']['first_call_s']:.1f} / {got['in_forward']['first_call_s']:.1f}"])
+    in_forward = adaptive_in_forward_rows(folder, "in_forward")
     if in_forward:
         parts += [
             "With `gradient_in_forward=True` (the `in_forward` row of `bench_adaptive.py`: the "
             "summed objective `HeadLoss` trains, each tail's gradient computed in the forward pass "
             "in blocks of an eighth of its capacity; `in_forward_t{threads}_{round}.json`):",
-            table(["threads", "V", "round", "static (ms)", "in_forward (ms)", "torch (ms)",
-                   "static / torch", "in_forward / torch", "in_forward / static",
-                   "peak MiB (static → in_forward)", "first call s (static / in_forward)"],
-                  in_forward),
+            in_forward,
             "*Command:* `SRC=<checkout> OUT=<dir> ROWS=static,in_forward,torch NAME=in_forward "
             "bash docs/results/adaptive_threads/run_blocks.sh`."]
     gemm, step = [], []
@@ -1876,6 +1917,7 @@ def build(make_figures=True):
         "adaptive_threads": section_adaptive_threads(),
         "adaptive_intel": section_adaptive_intel(),
         "adaptive_in_forward_probe": section_adaptive_in_forward_probe(),
+        "adaptive_gradient_blocks": section_adaptive_gradient_blocks(),
         "adaptive_memory": section_adaptive_memory(),
         "fused_lce": section_fused_lce(),
         "fused_lce_xla": section_fused_lce("bench_linear_cross_entropy_xla.json"),
