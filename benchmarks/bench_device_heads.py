@@ -42,7 +42,17 @@ an option: the first GPU run found it slower than `"pallas"`);
 `_spread` (`plif_spread`, `plif_k1000_spread`, `plif_summed_spread`,
 `plif_k1000_summed_spread`, `monotonic_spread`, `mos4_plif_summed_spread`):
 the histogram as a scatter into interleaved copies
-(`HISTOGRAM_METHOD="spread"`, `functional.dispatch.spread_knot_histogram`).
+(`HISTOGRAM_METHOD="spread"`, `functional.dispatch.spread_knot_histogram`);
+`adaptive` (`AdaptiveSoftmax`, cutoffs `reference_inputs.adaptive_benchmark_cutoffs`:
+2k/10k at V = 33,278, 2k/10k/50k at 100,000; factor 4; the platform's
+default path) and `adaptive_summed` (its summed objective with
+`gradient_in_forward=True`, the tails' gradients in the forward pass under
+an `ops.switch`: on by default on a CPU, off on a GPU, where it has not been
+measured). The adaptive rows' targets are Zipfian
+(`reference_inputs.numpy_inputs`' draw, the adaptive benchmarks' and the
+distribution the layer's capacities expect without counts); the other
+rows' are uniform. FullSoftmax's step does not depend on the targets, so
+the ratio stays to the same baseline.
 
 Usage:
     python benchmarks/bench_device_heads.py --tokens=64 --dim=16 \
@@ -66,7 +76,7 @@ HEADS = ("full", "plif", "plif_k1000", "sigsoftmax", "monotonic", "mos15", "mos4
          "moss15_summed", "full_summed", "sigsoftmax_summed", "plif_summed",
          "plif_k1000_summed", "mos4_plif_summed", "plif_spread", "plif_k1000_spread",
          "plif_summed_spread", "plif_k1000_summed_spread", "monotonic_spread",
-         "mos4_plif_summed_spread")
+         "mos4_plif_summed_spread", "adaptive", "adaptive_summed")
 PLIF_BOUND = 20.0
 
 
@@ -94,6 +104,7 @@ def make_head(name, vocab):
     import keras_softmax_heads as ksh
     from keras_softmax_heads.heads.mixture_of_contexts import MixtureOfContexts
     from keras_softmax_heads.heads.mixture_of_softmaxes import MixtureOfSoftmaxes
+    from reference_inputs import adaptive_benchmark_cutoffs
 
     heads = {
         "full": lambda: ksh.FullSoftmax(vocab),
@@ -106,6 +117,8 @@ def make_head(name, vocab):
         "moss15": lambda: MixtureOfSoftmaxes(vocab, num_components=15, component="sigsoftmax"),
         "mos4_plif": lambda: MixtureOfSoftmaxes(vocab, num_components=4, num_knots=1000),
         "moc15": lambda: MixtureOfContexts(vocab, num_components=15),
+        "adaptive": lambda: ksh.AdaptiveSoftmax(
+            vocab, cutoffs=adaptive_benchmark_cutoffs(vocab), factor=4),
     }
     if name not in HEADS:
         raise ValueError(f"Unknown head {name!r}. Known: {HEADS}")
@@ -147,14 +160,20 @@ def train_step(head, dense=False, histogram_method=None, summed=False):
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
 
-def step_inputs(n, d, vocab, seed=0):
-    """`h` `[n, d]` ~ N(0, 1) float32 and uniform int32 targets `[n]` (JAX)."""
+def step_inputs(n, d, vocab, seed=0, zipf=False):
+    """`h` `[n, d]` ~ N(0, 1) float32 and uniform int32 targets `[n]` (JAX);
+    with `zipf`, the targets of `reference_inputs.numpy_inputs` (Zipfian,
+    `p(r) ~ 1 / (r + 1)`)."""
     import jax.numpy as jnp
     import numpy as np
 
     rng = np.random.default_rng(seed)
     h = rng.standard_normal((n, d), dtype=np.float32)
     y = rng.integers(0, vocab, size=n).astype(np.int32)
+    if zipf:
+        from reference_inputs import numpy_inputs
+
+        y = numpy_inputs(n, vocab, 1)[1]
     return jnp.asarray(h), jnp.asarray(y)
 
 
@@ -198,9 +217,12 @@ def head_rows(names, n, d, vocab, warmup, rounds, deadline, built=None):
     head is compiled, before any is timed)."""
     import jax
 
-    h, y = step_inputs(n, d, vocab)
+    uniform = step_inputs(n, d, vocab)
+    zipf = step_inputs(n, d, vocab, zipf=True) if any(
+        split_name(name)[0] == "adaptive" for name in names) else None
     rows, calls = {}, {}
     for name in names:
+        h, y = zipf if split_name(name)[0] == "adaptive" else uniform
         if time.perf_counter() > deadline:
             rows[name] = {"head": name, "skipped": "time budget (--max_seconds) spent"}
             continue
@@ -214,7 +236,7 @@ def head_rows(names, n, d, vocab, warmup, rounds, deadline, built=None):
             for _ in range(warmup):
                 jax.block_until_ready(step(weights, h, y))
 
-            def call(step=step, weights=weights):
+            def call(step=step, weights=weights, h=h, y=y):
                 return jax.block_until_ready(step(weights, h, y))
 
             calls[name] = call

@@ -31,7 +31,7 @@ def test_device_heads_and_mixture_memory_in_process(monkeypatch):
 
     args = bench_device_heads.parse_args(
         ["--tokens=16", "--dim=8", "--vocab_sizes=40", "--rounds=1", "--warmup=0",
-         "--heads=full,mos4,mos4_summed,sigsoftmax_summed"])
+         "--heads=full,mos4,mos4_summed,sigsoftmax_summed,adaptive,adaptive_summed"])
     saved = []
     result = bench_device_heads.run(
         args, save=lambda partial: saved.append(
@@ -39,15 +39,21 @@ def test_device_heads_and_mixture_memory_in_process(monkeypatch):
     rows = {r["head"]: r for r in result["rows"]}
     # Saved after each head is compiled, then after the timed rounds (a
     # device call's limit keeps what was done).
-    assert saved == [(1, False), (2, False), (3, False), (4, False), (4, True)]
+    assert saved == [(k, False) for k in range(1, 7)] + [(6, True)]
     assert result["complete"]
-    assert list(rows) == ["full", "mos4", "mos4_summed", "sigsoftmax_summed"]
+    assert list(rows) == ["full", "mos4", "mos4_summed", "sigsoftmax_summed", "adaptive",
+                          "adaptive_summed"]
     assert rows["full"]["ratio_to_full"] == 1.0
     for row in rows.values():
         assert row["step_s"] > 0 and row["compiled_memory"]["temp"] >= 0, row
     assert bench_device_heads.split_name("plif_k1000_summed_spread") == (
         "plif_k1000", ("summed", "spread"))
     assert bench_device_heads.split_name("mos15") == ("mos15", ())
+    # The adaptive rows: their own (Zipfian) targets, the summed row with the
+    # tails' gradients in the forward pass.
+    assert bench_device_heads.make_head("adaptive_summed", 40).gradient_in_forward
+    zipf = bench_device_heads.step_inputs(4096, 2, 40, zipf=True)[1]
+    assert float((zipf < 4).mean()) > 0.4  # the 4 most frequent words of 40
     memory = bench_mixture_memory.memory_rows(["full", "mos15", "mos15_dense"], 32, 8, 40)
     assert memory["platform"] == "cpu"
     temp = {r["head"]: r["memory"]["temp"] for r in memory["rows"]}
