@@ -106,6 +106,29 @@ def capacity_ladder(num_tokens, first):
     return ladder
 
 
+def split_capacity(capacity, num_tokens, splits):
+    """`(block, kept)`: a traced tail's blocks of `ceil(K / splits)` rows
+    (`K = capacity` clipped into `[1, num_tokens]`) and how many of them
+    cover the capacity (Python ints; `tail_blocks`).
+
+    >>> split_capacity(410, 2048, 8)
+    (52, 8)
+    """
+    block = int(min(max(1, capacity), num_tokens))
+    sub = -(-block // max(1, int(splits)))
+    return sub, -(-block // sub)
+
+
+def fewest_scored_blocks(kept, blocks, min_blocks):
+    """The fewest of a tail's `kept` blocks that `static_tail_summed_nll`
+    scores: `min_blocks` of `blocks`, scaled to `kept` (at least one).
+
+    >>> fewest_scored_blocks(8, 8, 4), fewest_scored_blocks(3, 8, 4)
+    (4, 1)
+    """
+    return min(kept, max(1, min_blocks * kept // max(1, blocks)))
+
+
 def tail_blocks(member, capacity, splits=1):
     """How a static tail's kernel lays out its members' rows.
 
@@ -144,9 +167,7 @@ def tail_blocks(member, capacity, splits=1):
         else:
             block = max(1, count)
     else:
-        sub = -(-block // max(1, int(splits)))
-        kept = -(-block // sub)
-        block = sub
+        block, kept = split_capacity(capacity, n, splits)
     num_blocks = -(-n // block)
     kept = min(kept, num_blocks)
     padded = num_blocks * block
@@ -455,7 +476,7 @@ def static_tail_summed_nll(h, member, local, weights, projection, kernel, bias, 
                 return (loss, ops.concatenate([dh, rest], axis=0), *sums)
             return branch
 
-        lowest = min(kept, max(1, min_blocks * kept // max(1, blocks))) - 1
+        lowest = fewest_scored_blocks(kept, blocks, min_blocks) - 1
         if lowest == kept - 1:
             out = fewest_blocks(lowest)()
         else:

@@ -36,6 +36,8 @@ def main(argv):
     from keras_softmax_heads.data import load_dataset
     from keras_softmax_heads.data.batching import stream_windows
     from keras_softmax_heads.data.batching import word_counts
+    from keras_softmax_heads.heads.adaptive_softmax import fewest_scored_blocks
+    from keras_softmax_heads.heads.adaptive_softmax import split_capacity
 
     corpus = load_dataset("wikitext2", data_dir=FLAGS.data_dir)
     v = len(corpus.vocab)
@@ -59,10 +61,9 @@ def main(argv):
             for i, k in enumerate(capacities):
                 members = ((ranks >= edges[i]) & (ranks < edges[i + 1])).sum(axis=1)
                 fits = members <= k
-                block = -(-k // FLAGS.blocks)
-                kept = -(-k // block)
+                block, kept = split_capacity(k, n, FLAGS.blocks)
                 needed = np.maximum(1, -(-members // block))  # past `kept`: the overflow loop
-                lowest = min(kept, max(1, int(kept * 0.5)))
+                lowest = fewest_scored_blocks(kept, FLAGS.blocks, FLAGS.blocks // 2)
                 row["tails"].append({
                     "fraction": float(head.tail_fractions[i]),
                     "members_mean": float(members.mean()), "members_max": int(members.max()),
