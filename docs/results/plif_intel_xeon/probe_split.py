@@ -35,18 +35,25 @@ def plif_g(z):
     with tf.GradientTape() as t:
         t.watch(z); l = plif_loss(z)
     return (l,) + tuple(t.gradient(l, [z, raw]))
-rows = {"full_fwd": full_f, "plif_fwd": plif_f, "full_fwd_bwd": full_g, "plif_fwd_bwd": plif_g}
-for f in rows.values(): f(z); f(z)
-times = {k: [] for k in rows}
-for r in range(8):
-    for k, f in rows.items():
-        ts = []
-        for _ in range(3):
-            t0 = time.perf_counter(); out = f(z); _ = [o.numpy() for o in tf.nest.flatten(out)][:1]; ts.append(time.perf_counter() - t0)
-        times[k].append(float(np.median(ts) * 1e3))
-med = {k: float(np.median(v)) for k, v in times.items()}
-print({k: round(v, 1) for k, v in med.items()})
-print("per-score ns: fwd extra", round((med["plif_fwd"] - med["full_fwd"]) / (N * V) * 1e6, 2),
-      "bwd extra", round(((med["plif_fwd_bwd"] - med["plif_fwd"]) - (med["full_fwd_bwd"] - med["full_fwd"])) / (N * V) * 1e6, 2))
-json.dump({"n": N, "v": V, "knots": K, "threads": 1, "times_ms": times, "median_ms": med,
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, open(sys.argv[1], "w"), indent=1)
+
+
+def main(path):
+    rows = {"full_fwd": full_f, "plif_fwd": plif_f, "full_fwd_bwd": full_g, "plif_fwd_bwd": plif_g}
+    for f in rows.values(): f(z); f(z)
+    times = {k: [] for k in rows}
+    for r in range(8):
+        for k, f in rows.items():
+            ts = []
+            for _ in range(3):
+                t0 = time.perf_counter(); out = f(z); _ = [o.numpy() for o in tf.nest.flatten(out)][:1]; ts.append(time.perf_counter() - t0)
+            times[k].append(float(np.median(ts) * 1e3))
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    print({k: round(v, 1) for k, v in med.items()})
+    print("per-score ns: fwd extra", round((med["plif_fwd"] - med["full_fwd"]) / (N * V) * 1e6, 2),
+          "bwd extra", round(((med["plif_fwd_bwd"] - med["plif_fwd"]) - (med["full_fwd_bwd"] - med["full_fwd"])) / (N * V) * 1e6, 2))
+    json.dump({"n": N, "v": V, "knots": K, "threads": 1, "times_ms": times, "median_ms": med,
+               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, open(path, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
