@@ -165,36 +165,40 @@ def _scores(tables, z, idx):
 
 
 def _plif_tile(tables, z):
-    """`plif` forward: `(interval index, f(z))`."""
+    """`plif` forward: `(f(z),)`."""
     idx = _interval(z, tables.num_knots, tables.knot_bound)
     offset = _offset(z, idx, tables.num_knots, tables.knot_bound, tables.dtype)
-    return idx, lookup(tables.left_values, idx) + lookup(tables.slopes, idx) * offset
+    return (lookup(tables.left_values, idx) + lookup(tables.slopes, idx) * offset,)
 
 
-def _plif_tile_grad(tables, z, idx, upstream):
-    """`plif` backward: `(dL/dz, (A, B))`, the slopes' two histograms."""
+def _plif_tile_grad(tables, z, upstream):
+    """`plif` backward: `(dL/dz, (A, B))`, the slopes' two histograms (the
+    interval index recomputed from `z`)."""
+    idx = _interval(z, tables.num_knots, tables.knot_bound)
     offset = _offset(z, idx, tables.num_knots, tables.knot_bound, tables.dtype)
     sums = knot_histogram(idx, (upstream, upstream * offset), tables.num_knots)
     return upstream * lookup(tables.slopes, idx), sums
 
 
 def _ll_tile(tables, z, targets):
-    """`plif_log_likelihood` forward on rows `z` `[n, V]`: the interval index,
-    the log-normaliser `[n]` and the log-likelihood `[n]`."""
+    """`plif_log_likelihood` forward on rows `z` `[n, V]`: the
+    log-normaliser `[n]` and the log-likelihood `[n]`."""
     idx = _interval(z, tables.num_knots, tables.knot_bound)
     f, _, _ = _scores(tables, z, idx)
     lse = ops.logsumexp(f, axis=-1)
     picked = ops.take_along_axis(f, targets[:, None], axis=-1)[:, 0]
-    return idx, lse, picked - lse
+    return lse, picked - lse
 
 
-def _ll_tile_grad(tables, z, idx, targets, upstream, lse):
-    """`plif_log_likelihood` backward on rows `z` `[n, V]`: the PLIF scores
-    and `softmax` recomputed, `(dL/dz, (A, B))` (one Pallas kernel with the
-    `"pallas_fused"` histogram method, `dispatch.fused_ll_gradient`)."""
+def _ll_tile_grad(tables, z, targets, upstream, lse):
+    """`plif_log_likelihood` backward on rows `z` `[n, V]`: the interval
+    index, PLIF scores and `softmax` recomputed, `(dL/dz, (A, B))` (one
+    Pallas kernel with the `"pallas_fused"` histogram method,
+    `dispatch.fused_ll_gradient`)."""
     if uses_fused_ll_gradient(tables.dtype):
         return fused_ll_gradient(z, targets, upstream, lse, tables.slopes,
                                  tables.left_values, tables.knot_bound)
+    idx = _interval(z, tables.num_knots, tables.knot_bound)
     f, slope, offset = _scores(tables, z, idx)
     # d ll / d f = upstream * (onehot(target) - softmax(f)).
     d_f = (
@@ -408,7 +412,8 @@ def plif(z, raw_slopes, knot_bound):
     free offset `b_0` is left out: a softmax does not see it.
 
     The gradient is custom (`ops.custom_gradient`, see `docs/plif.md`): it
-    saves `z` and the int32 interval index, gives `df/dz = s[idx]` and the
+    saves `z` only (the interval index is recomputed from it), gives
+    `df/dz = s[idx]` and the
     slopes' gradient by two weighted histograms (`knot_histogram`) and a
     reverse cumulative sum. Extra memory does not grow with `K` beyond the
     `[K]` tables. Inputs of static size larger than the platform's tile
@@ -464,13 +469,13 @@ def _plif_untiled(z, raw, knot_bound):
     @ops.custom_gradient
     def untiled(z, raw):
         tables = _tables(raw, knot_bound)
-        idx, out = xla_in_graph(_plif_tile, tables, z)
+        (out,) = xla_in_graph(_plif_tile, tables, z)
 
         def grad(*args, upstream=None):
             upstream = ops.cast(upstream_gradient(args, upstream), z.dtype)
 
             def backward():
-                d_z, sums = _plif_tile_grad(tables, z, idx, upstream)
+                d_z, sums = _plif_tile_grad(tables, z, upstream)
                 return d_z, _slope_gradient(*sums, raw, knot_bound)
 
             return xla_in_graph(backward)
@@ -486,7 +491,7 @@ def _plif_tiled(z, raw, knot_bound):
     each tile in cache and the `[K]` tables materialised, see
     `docs/plif.md`)."""
     tiled = _tiled_custom_gradient(
-        _plif_tile, _plif_tile_grad, z.dtype, ("int32", z.dtype),
+        _plif_tile, _plif_tile_grad, z.dtype, (z.dtype,),
         _RowTiles(z.shape[0], 1), knot_bound,
     )
     return tiled(z, raw)
@@ -497,10 +502,10 @@ def _tiled_custom_gradient(tile_fn, tile_grad_fn, dtype, ys_dtypes, tiles, knot_
     """A PLIF kernel over `tiles` with its custom gradient.
 
     Returns `f(z, raw, *extra)`. The forward pass runs
-    `tile_fn(tables, z, *extra) -> (idx, *saved, out)` on every tile
+    `tile_fn(tables, z, *extra) -> (*saved, out)` on every tile
     (`ys_dtypes` the dtypes of those outputs) and returns the tiles' `out`;
     the backward pass runs
-    `tile_grad_fn(tables, z, idx, *extra, upstream, *saved) -> (dL/dz, (A, B))`
+    `tile_grad_fn(tables, z, *extra, upstream, *saved) -> (dL/dz, (A, B))`
     on every tile, adds the slopes' histograms `A`, `B` tile by tile and
     returns `dL/dz` (`[rows, *row_shape]`, `dtype`, the dtype of `z`),
     `dL/draw` and None for `extra` (integer inputs such as the targets).
@@ -513,12 +518,12 @@ def _tiled_custom_gradient(tile_fn, tile_grad_fn, dtype, ys_dtypes, tiles, knot_
         tables = _tables(ops.stop_gradient(raw), knot_bound)
 
         def forward():
-            idx, *saved, out = tiles.map(
+            *saved, out = tiles.map(
                 partial(tile_fn, tables), _split_inputs(tiles, z, extra), ys_dtypes
             )
-            return idx, saved, tiles.join(*out)
+            return saved, tiles.join(*out)
 
-        idx, saved, out = xla_in_graph(forward)
+        saved, out = xla_in_graph(forward)
 
         def grad(*args, upstream=None):
             upstream = ops.cast(upstream_gradient(args, upstream), dtype)
@@ -529,7 +534,7 @@ def _tiled_custom_gradient(tile_fn, tile_grad_fn, dtype, ys_dtypes, tiles, knot_
                 sums, d_z = tiles.accumulate(
                     partial(tile_grad_fn, tables),
                     (zeros, zeros),
-                    (z_tiles, idx, *extra_tiles, tiles.split(upstream), *saved),
+                    (z_tiles, *extra_tiles, tiles.split(upstream), *saved),
                     dtype,
                 )
                 d_z = tiles.join(*d_z, row_shape=row_shape)
@@ -574,9 +579,9 @@ def plif_log_likelihood(z, raw_slopes, knot_bound, targets):
 
     Exact log-likelihood of the PLIF head (Ganea et al. 2019) from the linear
     scores `z`, without ever holding the `[..., V]` PLIF scores or
-    log-probabilities: the forward pass keeps the int32 interval index and
-    the per-row log-normaliser; the backward pass recomputes the PLIF scores
-    and `softmax` tile by tile and returns `dL/dz` and the slopes' gradient
+    log-probabilities: the forward pass keeps the per-row log-normaliser
+    (and `z`); the backward pass recomputes the interval index, the PLIF
+    scores and `softmax` tile by tile and returns `dL/dz` and the slopes' gradient
     (two weighted histograms, see `docs/plif.md`). Rows are processed in
     tiles of about `dispatch.tile_elements` scores (`TILE_ELEMENTS` on the
     CPU, far more on a GPU / TPU) in `scan_tiles` when their number is
@@ -636,7 +641,7 @@ def _fused_plif_ll(z, raw, targets, knot_bound):
     """
     rows, vocab_size = z.shape
     fused = _tiled_custom_gradient(
-        _ll_tile, _ll_tile_grad, z.dtype, ("int32", z.dtype, z.dtype),
+        _ll_tile, _ll_tile_grad, z.dtype, (z.dtype, z.dtype),
         _RowTiles(rows, vocab_size), knot_bound, row_shape=(vocab_size,),
     )
     return fused(z, raw, targets)
