@@ -92,6 +92,28 @@ def test_segment_sum_keeps_float64(float64):
     assert keras.backend.standardize_dtype(counts.dtype) == "int32"
 
 
+def test_clip_matches_numpy():
+    """`dispatch.clip` (PLIF's interval index; `torch.clamp` on PyTorch):
+    float32 with NaN and infinities, int32, float bounds on a float tensor
+    and int bounds on either, as NumPy's `clip` (NaN stays NaN), in the
+    input's dtype; bool and tensor bounds go through `ops.clip`."""
+    x = np.array([-np.inf, -2.5, 0.0, 0.75, 3.0, np.inf, np.nan], "float32")
+    for low, high in ((0.0, 1.0), (0, 2), (-1, 0.5)):
+        out = dispatch.clip(ops.convert_to_tensor(x), low, high)
+        assert keras.backend.standardize_dtype(out.dtype) == "float32"
+        np.testing.assert_array_equal(ops.convert_to_numpy(out), np.clip(x, low, high))
+    ints = np.array([-7, 0, 3, 9, 2**31 - 1], "int32")
+    out = dispatch.clip(ops.convert_to_tensor(ints), 0, 4)
+    assert keras.backend.standardize_dtype(out.dtype) == "int32"
+    assert ops.convert_to_numpy(out).tolist() == [0, 0, 3, 4, 4]
+    flags = np.array([True, False])
+    np.testing.assert_array_equal(ops.convert_to_numpy(dispatch.clip(flags, 0, 1)),
+                                  ops.convert_to_numpy(ops.clip(flags, 0, 1)))
+    bound = ops.convert_to_tensor(np.float32(0.5))
+    np.testing.assert_array_equal(ops.convert_to_numpy(dispatch.clip(x[1:5], 0.0, bound)),
+                                  np.clip(x[1:5], 0.0, 0.5))
+
+
 def test_lookup_matches_numpy():
     """`dispatch.lookup`: a `[K]` and a `[K, 3]` table at int32 and int64
     indices of any shape, and its gradient into the table (repeated

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import keras
 from keras import ops
 
+from keras_softmax_heads.functional.dispatch import clip
 from keras_softmax_heads.functional.dispatch import cumsum
 from keras_softmax_heads.functional.dispatch import fused_ll_gradient
 from keras_softmax_heads.functional.dispatch import knot_histogram
@@ -134,9 +135,9 @@ def _tables(raw, knot_bound):
 def _interval(z, num_knots, knot_bound):
     """`clip(floor((z + T) K / 2T), 0, K - 1)` as int32 (0 for NaN)."""
     width = 2.0 * knot_bound / num_knots
-    position = ops.clip(ops.floor((z + knot_bound) / width), 0.0, num_knots - 1.0)
+    position = clip(ops.floor((z + knot_bound) / width), 0.0, num_knots - 1.0)
     # The integer clip sends NaN (cast to an arbitrary integer) into range.
-    return ops.clip(ops.cast(position, "int32"), 0, num_knots - 1)
+    return clip(ops.cast(position, "int32"), 0, num_knots - 1)
 
 
 def _offset(z, idx, num_knots, knot_bound, dtype):

@@ -7,6 +7,7 @@ lookup, and differentiates it to the table with a weighted histogram;
 
 from keras import ops
 
+from keras_softmax_heads.functional.dispatch import clip
 from keras_softmax_heads.functional.dispatch import knot_histogram
 from keras_softmax_heads.functional.dispatch import lookup
 from keras_softmax_heads.functional.dispatch import upstream_gradient
@@ -57,7 +58,7 @@ def interpolate_table(z, table, lo, width):
 
     def forward(z, table, lo, step):
         pos = (z - lo) / step
-        idx = ops.cast(ops.clip(ops.floor(pos), 0, num - 2), "int32")
+        idx = ops.cast(clip(ops.floor(pos), 0, num - 2), "int32")
         frac = pos - ops.cast(idx, z.dtype)
         left = lookup(table, idx)
         rise = lookup(table, idx + 1) - left

@@ -2,7 +2,7 @@
 (the backward tiles recompute the interval index) against b38904d's (the forward pass
 saved it), in one process, rows alternated, per-round ratios; `full` is FullSoftmax's step.
 The old module is read from git (`git show b38904d:...`), with its histogram as it was
-(`DenseBincount` on TensorFlow). N = 2,048, Zipf targets (`reference_inputs`), K = 1e5.
+(`DenseBincount` on TensorFlow); `OLD_COMMIT=...` takes another commit's module. N = 2,048, Zipf targets (`reference_inputs`), K = 1e5.
 
     OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 KERAS_BACKEND=tensorflow taskset -c 0 \
         python ab.py V d ROUNDS OUT.json
@@ -20,7 +20,8 @@ import keras_softmax_heads as ksh, steps
 from keras_softmax_heads import functional
 from keras_softmax_heads.functional import dispatch
 import importlib.util, subprocess, tempfile
-_src = subprocess.run(["git", "show", "b38904d:keras_softmax_heads/functional/plif_kernels.py"],
+OLD = os.environ.get("OLD_COMMIT", "b38904d")
+_src = subprocess.run(["git", "show", f"{OLD}:keras_softmax_heads/functional/plif_kernels.py"],
                       cwd=HERE, check=True, capture_output=True, text=True).stdout
 _path = os.path.join(tempfile.mkdtemp(), "old_plif_kernels.py")
 open(_path, "w").write(_src)
@@ -54,7 +55,14 @@ for name in ["full", "old", "new"]:
         losses[name] = float(step(h, y)); losses[name] = float(step(h, y))
     finally:
         functional.plif_log_likelihood = new_ll
-    rows[name] = step
+    def patched(h, y, step=step, ll=(old_ll if name == "old" else new_ll)):
+        # PyTorch runs eagerly: the function is looked up at every call, not once while tracing.
+        functional.plif_log_likelihood = ll
+        try:
+            return step(h, y)
+        finally:
+            functional.plif_log_likelihood = new_ll
+    rows[name] = patched
     print(name, "loss after 2 steps", losses[name], flush=True)
 times = {k: [] for k in rows}; order = list(rows)
 for r in range(ROUNDS):
@@ -65,7 +73,7 @@ for r in range(ROUNDS):
             t = time.perf_counter(); float(rows[k](h, y)); ts.append(time.perf_counter() - t)
         times[k].append(float(np.median(ts) * 1e3))
 full, oldt = np.array(times["full"]), np.array(times["old"])
-res = {"backend": keras.backend.backend(), "mode": mode, "v": V, "d": D, "n": N, "knots": 100000, "rounds": ROUNDS,
+res = {"old_commit": OLD, "backend": keras.backend.backend(), "mode": mode, "v": V, "d": D, "n": N, "knots": 100000, "rounds": ROUNDS,
        "losses_after_2_steps": losses, "times_ms": times,
        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 for k, v in times.items():
