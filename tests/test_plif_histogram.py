@@ -114,6 +114,23 @@ def test_clip_matches_numpy():
                                   np.clip(x[1:5], 0.0, 0.5))
 
 
+def test_softmax_score_gradient_matches_numpy():
+    """`dispatch.softmax_score_gradient` (PLIF's backward tile; in place on
+    PyTorch): `u (onehot - exp(f - lse))`, repeated targets, a zero
+    cotangent, float32 and float64 (on TensorFlow), as NumPy's."""
+    rng = np.random.default_rng(3)
+    for dtype in ("float32",) + (("float64",) if BACKEND == "tensorflow" else ()):
+        f = rng.normal(size=(5, 7)).astype(dtype)
+        lse = np.log(np.exp(f).sum(-1))
+        t = np.array([0, 6, 6, 2, 3], "int32")
+        u = np.array([1.0, -2.0, 0.5, 0.0, 3.0], dtype)
+        expected = u[:, None] * (np.eye(7)[t] - np.exp(f - lse[:, None]))
+        out = dispatch.softmax_score_gradient(ops.convert_to_tensor(f), ops.convert_to_tensor(lse),
+                                              ops.convert_to_tensor(t), ops.convert_to_tensor(u))
+        assert keras.backend.standardize_dtype(out.dtype) == dtype
+        np.testing.assert_allclose(ops.convert_to_numpy(out), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_lookup_matches_numpy():
     """`dispatch.lookup`: a `[K]` and a `[K, 3]` table at int32 and int64
     indices of any shape, and its gradient into the table (repeated

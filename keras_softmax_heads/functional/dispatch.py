@@ -21,6 +21,8 @@ dispatch function tested against its `keras.ops` path.
   TensorFlow, `torch.index_select` on PyTorch, `ops.take` on JAX);
 * `clip`: `ops.clip` with number bounds (`torch.clamp` on PyTorch, whose
   Keras `clip` with tensor bounds is 5x slower on a CPU);
+* `softmax_score_gradient`: `u (onehot - softmax)` of a tile's scores
+  (in place on PyTorch, without Keras' int64 `one_hot`);
 * `cumsum`: a cumulative sum in the input's dtype (`torch.cumsum` on
   PyTorch, whose Keras `cumsum` sums float64 in float32);
 * `segment_sum`: per-segment sums in the input's dtype (`index_add_` on
@@ -576,6 +578,39 @@ def clip(x, low, high):
         if x.dtype != torch.bool:
             return torch.clamp(x, low, high)
     return ops.clip(x, low, high)
+
+
+def softmax_score_gradient(f, lse, targets, upstream):
+    """`upstream[:, None] * (onehot(targets) - exp(f - lse[:, None]))`, the
+    gradient of `upstream * log_softmax(f)[targets]` with respect to the
+    scores `f` `[rows, V]` (`lse` `[rows]` their log-normaliser, `targets`
+    `[rows]` int ids in `[0, V)`, not checked).
+
+    On PyTorch, outside a recorded graph: the exponentials scaled in place
+    and the targets' terms added by one `scatter_add_` (Keras' PyTorch
+    `one_hot` writes an int64 `[rows, V]` tensor, masks it with `where` and
+    converts it: three passes of 8-byte elements a tile). Elsewhere the
+    `keras.ops` formula, which XLA fuses into the pass that uses it.
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> f = np.log(np.array([[1.0, 3.0], [2.0, 2.0]], "float32"))
+    >>> lse = np.log(np.array([4.0, 4.0], "float32"))
+    >>> out = softmax_score_gradient(f, lse, np.array([1, 0], "int32"), np.array([1.0, 2.0], "float32"))
+    >>> np.round(ops.convert_to_numpy(out), 6).tolist()
+    [[-0.25, 0.25], [1.0, -1.0]]
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        f, lse, upstream = (ops.convert_to_tensor(x) for x in (f, lse, upstream))
+        if not (torch.is_grad_enabled() and any(x.requires_grad for x in (f, lse, upstream))):
+            e = torch.exp(f - lse[:, None])  # a fresh tensor of our own
+            e.mul_(torch.neg(upstream)[:, None])
+            index = ops.convert_to_tensor(targets).long()[:, None]
+            return e.scatter_add_(1, index, upstream[:, None].to(e.dtype))
+    one_hot = ops.one_hot(targets, f.shape[-1], dtype=keras.backend.standardize_dtype(f.dtype))
+    return (one_hot - ops.exp(f - lse[:, None])) * upstream[:, None]
 
 
 def cumsum(x, axis=0):

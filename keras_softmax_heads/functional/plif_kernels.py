@@ -32,6 +32,7 @@ from keras_softmax_heads.functional.dispatch import fused_ll_gradient
 from keras_softmax_heads.functional.dispatch import knot_histogram
 from keras_softmax_heads.functional.dispatch import lookup
 from keras_softmax_heads.functional.dispatch import scan_tiles
+from keras_softmax_heads.functional.dispatch import softmax_score_gradient
 from keras_softmax_heads.functional.dispatch import tile_elements
 from keras_softmax_heads.functional.dispatch import upstream_gradient
 from keras_softmax_heads.functional.dispatch import uses_fused_ll_gradient
@@ -202,9 +203,7 @@ def _ll_tile_grad(tables, z, targets, upstream, lse):
     idx = _interval(z, tables.num_knots, tables.knot_bound)
     f, slope, offset = _scores(tables, z, idx)
     # d ll / d f = upstream * (onehot(target) - softmax(f)).
-    d_f = (
-        ops.one_hot(targets, f.shape[-1], dtype=tables.dtype) - ops.exp(f - lse[:, None])
-    ) * upstream[:, None]
+    d_f = softmax_score_gradient(f, lse, targets, upstream)
     sums = knot_histogram(idx, (d_f, d_f * offset), tables.num_knots)
     return d_f * slope, sums
 
