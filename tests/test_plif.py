@@ -224,6 +224,44 @@ def test_fused_log_likelihood_matches_dense(monkeypatch, tile_elements, compiled
         assert_close(a, b, TOL)
 
 
+@pytest.mark.parametrize("tile_elements", [40, None])
+def test_torch_tiles_match_the_keras_ops_tiles(monkeypatch, tile_elements):
+    """On PyTorch `plif_log_likelihood`'s tiles run in place
+    (`dispatch.uses_torch_tiles`, `plif_torch`); with the histogram method
+    forced to `"sorted"` they run the `keras.ops` tile. Both give the same
+    values and gradients (scores past the knot bound, repeated targets, a
+    zero cotangent); on TensorFlow and JAX the check is that the in-place
+    tiles are never chosen."""
+    from keras_softmax_heads.functional import dispatch
+
+    if tile_elements is not None:
+        monkeypatch.setattr(plif_kernels, "TILE_ELEMENTS", tile_elements)
+    rng = np.random.default_rng(8)
+    z = (rng.normal(size=(20, 9)) * 2).astype(DTYPE)
+    raw = rng.normal(size=(24,)).astype(DTYPE)
+    t = np.array([0, 8, 8, 3] * 5, "int32")
+    u = rng.normal(size=(20,)).astype(DTYPE)
+    u[3] = 0.0
+
+    def loss(z, raw):
+        return ops.sum(ops.multiply(functional.plif_log_likelihood(z, raw, 1.5, t), u))
+
+    scores = ops.convert_to_tensor(z)
+    assert dispatch.uses_torch_tiles(scores) == (BACKEND == "torch")
+    value, grads, _ = value_and_grad(loss, [z, raw])
+    with dispatch.forced_histogram_method("sorted"):
+        assert not dispatch.uses_torch_tiles(scores)
+        ref_value, ref_grads, _ = value_and_grad(loss, [z, raw])
+    assert_close(value, ref_value, TOL)
+    for a, b in zip(grads, ref_grads):
+        assert_close(a, b, TOL)
+    if BACKEND == "torch":
+        import torch
+
+        assert not dispatch.uses_torch_tiles(torch.zeros(2, requires_grad=True))
+        assert not dispatch.uses_torch_tiles(torch.zeros(2, dtype=torch.float16))
+
+
 @pytest.mark.parametrize("tile_elements", [None, 40])
 def test_jit_equals_eager(monkeypatch, tile_elements):
     if tile_elements is not None:

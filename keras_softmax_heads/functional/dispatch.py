@@ -15,6 +15,8 @@ dispatch function tested against its `keras.ops` path.
   `sorted_knot_histogram`; on a GPU under JAX the Pallas kernel of
   `plif_pallas`; as an option `spread_knot_histogram` (interleaved copies
   of the histogram);
+* `uses_torch_tiles`, `torch_ll_tile`, `torch_ll_tile_gradient`:
+  `plif_log_likelihood`'s row tiles on PyTorch in place (`plif_torch`);
 * `tile_elements`: the scores per tile of PLIF's tiled kernels, by
   platform (a CPU's cache-sized tile, or few large tiles on a GPU / TPU);
 * `lookup`: `table[idx]` for indices known to be in range (`tf.gather` on
@@ -355,6 +357,42 @@ def fused_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound
     from keras_softmax_heads.functional.plif_pallas import pallas_ll_gradient
 
     return pallas_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound)
+
+
+def uses_torch_tiles(*tensors):
+    """Whether `plif_log_likelihood`'s row tiles run as `plif_torch`'s
+    in-place functions (`torch_ll_tile`, `torch_ll_tile_gradient`): the
+    PyTorch backend, the `"scatter"` histogram method (the platform's
+    choice on PyTorch; a forced `"sorted"` / `"spread"` keeps the
+    `keras.ops` tile), float32 / float64 scores and no tensor recorded by
+    autograd (PLIF's custom gradient runs its tiles on detached tensors)."""
+    if keras.backend.backend() != "torch" or histogram_method() != "scatter":
+        return False
+    import torch
+
+    if tensors[0].dtype not in (torch.float32, torch.float64):
+        return False
+    return not (torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors))
+
+
+def torch_ll_tile(z, targets, slopes, left_values, knot_bound):
+    """`plif_log_likelihood`'s forward tile on PyTorch, in place
+    (`plif_torch.ll_tile`; the `keras.ops` tile of `plif_kernels` is its
+    reference): `(lse [n], log-likelihood [n])` of the scores `z` `[n, V]`."""
+    from keras_softmax_heads.functional.plif_torch import ll_tile
+
+    return ll_tile(z, ops.convert_to_tensor(targets), slopes, left_values, knot_bound)
+
+
+def torch_ll_tile_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound):
+    """`plif_log_likelihood`'s backward tile on PyTorch, in place
+    (`plif_torch.ll_tile_gradient`; the `keras.ops` tile of `plif_kernels`
+    is its reference): `(dL/dz [n, V], (A [K], B [K]))`."""
+    from keras_softmax_heads.functional.plif_torch import ll_tile_gradient
+
+    return ll_tile_gradient(z, ops.convert_to_tensor(targets), upstream, lse, slopes,
+                            left_values, knot_bound)
 
 
 def sorted_knot_histogram(idx, weights, num_knots):

@@ -34,8 +34,11 @@ from keras_softmax_heads.functional.dispatch import lookup
 from keras_softmax_heads.functional.dispatch import scan_tiles
 from keras_softmax_heads.functional.dispatch import softmax_score_gradient
 from keras_softmax_heads.functional.dispatch import tile_elements
+from keras_softmax_heads.functional.dispatch import torch_ll_tile
+from keras_softmax_heads.functional.dispatch import torch_ll_tile_gradient
 from keras_softmax_heads.functional.dispatch import upstream_gradient
 from keras_softmax_heads.functional.dispatch import uses_fused_ll_gradient
+from keras_softmax_heads.functional.dispatch import uses_torch_tiles
 from keras_softmax_heads.functional.dispatch import xla_in_graph
 from keras_softmax_heads.validation import check_positive
 
@@ -184,7 +187,10 @@ def _plif_tile_grad(tables, z, upstream):
 
 def _ll_tile(tables, z, targets):
     """`plif_log_likelihood` forward on rows `z` `[n, V]`: the
-    log-normaliser `[n]` and the log-likelihood `[n]`."""
+    log-normaliser `[n]` and the log-likelihood `[n]` (in place on PyTorch,
+    `dispatch.torch_ll_tile`)."""
+    if uses_torch_tiles(z, tables.slopes):
+        return torch_ll_tile(z, targets, tables.slopes, tables.left_values, tables.knot_bound)
     idx = _interval(z, tables.num_knots, tables.knot_bound)
     f, _, _ = _scores(tables, z, idx)
     lse = ops.logsumexp(f, axis=-1)
@@ -196,10 +202,14 @@ def _ll_tile_grad(tables, z, targets, upstream, lse):
     """`plif_log_likelihood` backward on rows `z` `[n, V]`: the interval
     index, PLIF scores and `softmax` recomputed, `(dL/dz, (A, B))` (one
     Pallas kernel with the `"pallas_fused"` histogram method,
-    `dispatch.fused_ll_gradient`)."""
+    `dispatch.fused_ll_gradient`; in place on PyTorch,
+    `dispatch.torch_ll_tile_gradient`)."""
     if uses_fused_ll_gradient(tables.dtype):
         return fused_ll_gradient(z, targets, upstream, lse, tables.slopes,
                                  tables.left_values, tables.knot_bound)
+    if uses_torch_tiles(z, tables.slopes, upstream, lse):
+        return torch_ll_tile_gradient(z, targets, upstream, lse, tables.slopes,
+                                      tables.left_values, tables.knot_bound)
     idx = _interval(z, tables.num_knots, tables.knot_bound)
     f, slope, offset = _scores(tables, z, idx)
     # d ll / d f = upstream * (onehot(target) - softmax(f)).
