@@ -255,6 +255,15 @@ def test_torch_tiles_match_the_keras_ops_tiles(monkeypatch, tile_elements):
     assert_close(value, ref_value, TOL)
     for a, b in zip(grads, ref_grads):
         assert_close(a, b, TOL)
+    # `plif_scores` (the summed passes' PLIF), NaN and scores past the bound too.
+    scores = ops.convert_to_tensor(np.concatenate([z, [[np.nan, 9.0, -9.0] * 3]]))
+    tables = functional.plif_tables(ops.convert_to_tensor(raw), 1.5)
+    out = [to_numpy(x) for x in functional.plif_scores(tables, scores)]
+    with dispatch.forced_histogram_method("sorted"):
+        ref = [to_numpy(x) for x in functional.plif_scores(tables, scores)]
+    assert out[2].dtype == ref[2].dtype == np.int32 and out[2].shape == ref[2].shape
+    for a, b in zip(out, ref):
+        np.testing.assert_allclose(a, b, rtol=TOL, atol=TOL, equal_nan=True)
     if BACKEND == "torch":
         import torch
 

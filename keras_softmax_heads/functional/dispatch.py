@@ -15,8 +15,9 @@ dispatch function tested against its `keras.ops` path.
   `sorted_knot_histogram`; on a GPU under JAX the Pallas kernel of
   `plif_pallas`; as an option `spread_knot_histogram` (interleaved copies
   of the histogram);
-* `uses_torch_tiles`, `torch_ll_tile`, `torch_ll_tile_gradient`:
-  `plif_log_likelihood`'s row tiles on PyTorch in place (`plif_torch`);
+* `uses_torch_tiles`, `torch_ll_tile`, `torch_ll_tile_gradient`,
+  `torch_plif_scores`: `plif_log_likelihood`'s row tiles and `plif_scores`
+  on PyTorch in place (`plif_torch`);
 * `tile_elements`: the scores per tile of PLIF's tiled kernels, by
   platform (a CPU's cache-sized tile, or few large tiles on a GPU / TPU);
 * `lookup`: `table[idx]` for indices known to be in range (`tf.gather` on
@@ -360,8 +361,9 @@ def fused_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound
 
 
 def uses_torch_tiles(*tensors):
-    """Whether `plif_log_likelihood`'s row tiles run as `plif_torch`'s
-    in-place functions (`torch_ll_tile`, `torch_ll_tile_gradient`): the
+    """Whether `plif_log_likelihood`'s row tiles and `plif_scores` run as
+    `plif_torch`'s in-place functions (`torch_ll_tile`,
+    `torch_ll_tile_gradient`, `torch_plif_scores`): the
     PyTorch backend, the `"scatter"` histogram method (the platform's
     choice on PyTorch; a forced `"sorted"` / `"spread"` keeps the
     `keras.ops` tile), float32 / float64 scores and no tensor recorded by
@@ -393,6 +395,15 @@ def torch_ll_tile_gradient(z, targets, upstream, lse, slopes, left_values, knot_
 
     return ll_tile_gradient(z, ops.convert_to_tensor(targets), upstream, lse, slopes,
                             left_values, knot_bound)
+
+
+def torch_plif_scores(z, slopes, left_values, knot_bound):
+    """`plif_scores` on PyTorch, in place (`plif_torch.scores`; the
+    `keras.ops` formulas of `plif_kernels` are its reference): `(f, slope,
+    idx, offset)` of the scores `z`."""
+    from keras_softmax_heads.functional.plif_torch import scores
+
+    return scores(z, slopes, left_values, knot_bound)
 
 
 def sorted_knot_histogram(idx, weights, num_knots):

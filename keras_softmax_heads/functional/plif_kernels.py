@@ -36,6 +36,7 @@ from keras_softmax_heads.functional.dispatch import softmax_score_gradient
 from keras_softmax_heads.functional.dispatch import tile_elements
 from keras_softmax_heads.functional.dispatch import torch_ll_tile
 from keras_softmax_heads.functional.dispatch import torch_ll_tile_gradient
+from keras_softmax_heads.functional.dispatch import torch_plif_scores
 from keras_softmax_heads.functional.dispatch import upstream_gradient
 from keras_softmax_heads.functional.dispatch import uses_fused_ll_gradient
 from keras_softmax_heads.functional.dispatch import uses_torch_tiles
@@ -323,7 +324,10 @@ def plif_tables(raw_slopes, knot_bound):
 def plif_scores(tables, z):
     """`(f, slope, idx, offset)` of scores `z` (the dtype of `tables`):
     `f = plif(z)`, `df/dz = slope`, the int32 interval index and `z - l_idx`,
-    the last two for `plif_slope_histograms`."""
+    the last two for `plif_slope_histograms` (in place on PyTorch outside a
+    recorded graph, `dispatch.torch_plif_scores`)."""
+    if uses_torch_tiles(z, tables.slopes):
+        return torch_plif_scores(z, tables.slopes, tables.left_values, tables.knot_bound)
     idx = _interval(z, tables.num_knots, tables.knot_bound)
     f, slope, offset = _scores(tables, z, idx)
     return f, slope, idx, offset

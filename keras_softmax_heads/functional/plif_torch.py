@@ -1,4 +1,4 @@
-"""`plif_log_likelihood`'s row tiles on PyTorch, eagerly and in place.
+"""`plif_log_likelihood`'s row tiles (and `plif_scores`) on PyTorch, eagerly and in place.
 
 PyTorch runs PLIF's tiles op by op. Each `keras.ops` call allocates a fresh
 `[rows, V]` tensor, and on a CPU a tile-sized tensor is a new mapping whose
@@ -10,8 +10,8 @@ buffer, the PLIF score is one `addcmul_`, and the softmax gradient is formed
 in that same buffer. On a 32 x 10,000 tile on one CPU thread the backward
 tile took 3.9 ms against 7.5 ms (`docs/plif.md`).
 
-They are called only from `dispatch.torch_ll_tile` and
-`dispatch.torch_ll_tile_gradient`, outside a recorded autograd graph
+They are called only from `dispatch.torch_ll_tile`,
+`dispatch.torch_ll_tile_gradient` and `dispatch.torch_plif_scores`, outside a recorded autograd graph
 (`dispatch.uses_torch_tiles`: PLIF's custom gradient computes its own).
 """
 
@@ -36,6 +36,15 @@ def _scores(z, slopes, left_values, knot_bound):
     slope = torch.index_select(slopes, 0, flat).reshape(z.shape)
     f = torch.index_select(left_values, 0, flat).reshape(z.shape)
     return f.addcmul_(slope, offset), slope, flat, offset
+
+
+def scores(z, slopes, left_values, knot_bound):
+    """`(f, slope, idx, offset)` of scores `z` of any shape, as
+    `plif_kernels.plif_scores` (`idx` int32 of `z`'s shape); for the
+    summed passes that differentiate PLIF themselves
+    (`chunked.summed_mixture`)."""
+    f, slope, flat, offset = _scores(z, slopes, left_values, knot_bound)
+    return f, slope, flat.reshape(z.shape), offset
 
 
 def ll_tile(z, targets, slopes, left_values, knot_bound):

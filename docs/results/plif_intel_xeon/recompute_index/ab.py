@@ -2,7 +2,7 @@
 (the backward tiles recompute the interval index) against b38904d's (the forward pass
 saved it), in one process, rows alternated, per-round ratios; `full` is FullSoftmax's step.
 The old module is read from git (`git show b38904d:...`), with its histogram as it was
-(`DenseBincount` on TensorFlow); `OLD_COMMIT=...` takes another commit's module. N = 2,048, Zipf targets (`reference_inputs`), K = 1e5.
+(`DenseBincount` on TensorFlow); `OLD_COMMIT=...` takes another commit's module, `FN=plif_scores` swaps that function instead (the summed passes' PLIF), `HEAD_KW="chunk_size=4096"` adds head arguments (both heads). N = 2,048, Zipf targets (`reference_inputs`), K = 1e5.
 
     OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 KERAS_BACKEND=tensorflow taskset -c 0 \
         python ab.py V d ROUNDS OUT.json
@@ -38,8 +38,10 @@ from reference_inputs import numpy_inputs
 N = 2048
 h_np, y_np = numpy_inputs(N, V, D)
 h, y = steps.tensor(h_np), steps.tensor(y_np)
-new_ll = functional.plif_log_likelihood
-old_ll = old.plif_log_likelihood
+FN = os.environ.get("FN", "plif_log_likelihood")  # or plif_scores (the summed passes' PLIF)
+HEAD_KW = eval(f"dict({os.environ.get('HEAD_KW', '')})")  # e.g. HEAD_KW="chunk_size=4096"
+new_ll = getattr(functional, FN)
+old_ll = getattr(old, FN)
 if keras.backend.backend() == "tensorflow":  # autograph mixes up the two modules' functions
     new_ll = tf.autograph.experimental.do_not_convert(new_ll)
     old_ll = tf.autograph.experimental.do_not_convert(old_ll)
@@ -47,21 +49,22 @@ rows, losses = {}, {}
 mode = "xla" if keras.backend.backend() != "torch" else "eager"
 for name in ["full", "old", "new"]:
     keras.utils.set_random_seed(0)
-    head = ksh.FullSoftmax(V) if name == "full" else ksh.PLIFSoftmax(V, num_knots=100_000, knot_bound=20.0)
+    head = (ksh.FullSoftmax(V, **HEAD_KW) if name == "full"
+            else ksh.PLIFSoftmax(V, num_knots=100_000, knot_bound=20.0, **HEAD_KW))
     head.build((None, D))
     step = steps.train_step(head, mode, reduction="mean", summed=True)
-    functional.plif_log_likelihood = old_ll if name == "old" else new_ll
+    setattr(functional, FN, old_ll if name == "old" else new_ll)
     try:
         losses[name] = float(step(h, y)); losses[name] = float(step(h, y))
     finally:
-        functional.plif_log_likelihood = new_ll
+        setattr(functional, FN, new_ll)
     def patched(h, y, step=step, ll=(old_ll if name == "old" else new_ll)):
         # PyTorch runs eagerly: the function is looked up at every call, not once while tracing.
-        functional.plif_log_likelihood = ll
+        setattr(functional, FN, ll)
         try:
             return step(h, y)
         finally:
-            functional.plif_log_likelihood = new_ll
+            setattr(functional, FN, new_ll)
     rows[name] = patched
     print(name, "loss after 2 steps", losses[name], flush=True)
 times = {k: [] for k in rows}; order = list(rows)
@@ -73,7 +76,7 @@ for r in range(ROUNDS):
             t = time.perf_counter(); float(rows[k](h, y)); ts.append(time.perf_counter() - t)
         times[k].append(float(np.median(ts) * 1e3))
 full, oldt = np.array(times["full"]), np.array(times["old"])
-res = {"old_commit": OLD, "backend": keras.backend.backend(), "mode": mode, "v": V, "d": D, "n": N, "knots": 100000, "rounds": ROUNDS,
+res = {"old_commit": OLD, "function": FN, "head_kwargs": HEAD_KW, "backend": keras.backend.backend(), "mode": mode, "v": V, "d": D, "n": N, "knots": 100000, "rounds": ROUNDS,
        "losses_after_2_steps": losses, "times_ms": times,
        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 for k, v in times.items():
