@@ -417,6 +417,19 @@ def _tensor_sizes_in_hlo(hlo):
     return sizes
 
 
+def _tf_gradient_step(loss_fn):
+    """`(z, raw) -> (loss, [dz, draw])` on TensorFlow, for a `tf.function`."""
+    import tensorflow as tf
+
+    def step(z, raw):
+        with tf.GradientTape() as tape:
+            tape.watch([z, raw])
+            loss = loss_fn(z, raw)
+        return loss, tape.gradient(loss, [z, raw])
+
+    return step
+
+
 @pytest.mark.skipif(BACKEND == "torch", reason="no compiled graph to inspect on PyTorch")
 @pytest.mark.parametrize("path", ["fused", "plif"])
 def test_memory_does_not_scale_with_knots_times_batch(monkeypatch, path):
@@ -451,12 +464,7 @@ def test_memory_does_not_scale_with_knots_times_batch(monkeypatch, path):
         return
     import tensorflow as tf
 
-    def step(z, raw):
-        with tf.GradientTape() as tape:
-            tape.watch([z, raw])
-            loss = loss_fn(z, raw)
-        return loss, tape.gradient(loss, [z, raw])
-
+    step = _tf_gradient_step(loss_fn)
     z, raw = tf.constant(z), tf.constant(raw)
     graph_sizes = _tensor_sizes_in_graph(tf.function(step, autograph=False), z, raw)
     assert max(graph_sizes) <= limit
@@ -494,14 +502,8 @@ def test_no_index_saved_for_the_backward_pass(monkeypatch, path):
     else:
         import tensorflow as tf
 
-        def step(z, raw):
-            with tf.GradientTape() as tape:
-                tape.watch([z, raw])
-                loss = loss_fn(z, raw)
-            return loss, tape.gradient(loss, [z, raw])
-
         z, raw = tf.constant(z), tf.constant(raw)
-        compiled = tf.function(step, autograph=False, jit_compile=True)
+        compiled = tf.function(_tf_gradient_step(loss_fn), autograph=False, jit_compile=True)
         hlo = compiled.experimental_get_compiler_ir(z, raw)(stage="optimized_hlo")
     int_sizes = [int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
                  for dims in re.findall(r"\bs32\[([0-9,]*)\]", hlo)]
