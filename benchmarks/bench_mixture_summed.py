@@ -16,9 +16,11 @@ FullSoftmax (`chunk_size=4096`) without and with the option (`full_chunked`,
 `plif_chunked`, `plif_chunked_summed`) and each mixture with PLIF
 (`mos4_plif`, `mos4_plif_summed`); with `--keras_ops` each PLIF row also
 runs with the PLIF kernels' `dispatch.segment_sum` and `dispatch.lookup`
-replaced by Keras' `ops.segment_sum` and `ops.take` (the `_keras_ops`
-rows, `ratio_to_dispatch`: on PyTorch the paths before session 34, Keras'
-ops against `index_add_` and `index_select`; on JAX the same ops; on
+replaced by Keras' `ops.segment_sum` and `ops.take`, in the `keras.ops`
+tiles (the `_keras_ops` rows, `ratio_to_dispatch`: on PyTorch the paths
+before session 34, Keras' ops against `index_add_` and `index_select`, and
+since session 50 also the `keras.ops` tiles against PyTorch's in-place
+ones, `functional/plif_torch.py`; on JAX the same ops; on
 TensorFlow `ops.take` against `tf.gather`, its histograms' `DenseBincount`
 unchanged); with `--two_exp` each `_summed` row also runs with the summed
 cores' softmax as before session 34 (`ops.logsumexp`, then `exp(s - lse)`:
@@ -139,7 +141,9 @@ def twin_scope(name):
     if name.endswith(KERAS_OPS):
         swaps = [(dispatch, "segment_sum",
                   lambda data, ids, n: ops.segment_sum(data, ids, num_segments=n)),
-                 (plif_kernels, "lookup", take), (tabulated, "lookup", take)]
+                 (plif_kernels, "lookup", take), (tabulated, "lookup", take),
+                 # The keras.ops tiles (PyTorch's in-place tiles, session 50, use neither op).
+                 (plif_kernels, "uses_torch_tiles", lambda *tensors: False)]
     elif name.endswith(TWO_EXP):
         swaps = [(module, "normaliser_and_exponentials", two_exponentials)
                  for module in (summed_cross_entropy, summed_mixture)]
