@@ -636,7 +636,10 @@ def softmax_score_gradient(f, lse, targets, upstream):
     `[rows]` int ids in `[0, V)`, not checked).
 
     On PyTorch, outside a recorded graph: the exponentials scaled in place
-    and the targets' terms added by one `scatter_add_` (Keras' PyTorch
+    and the targets' terms added by one `scatter_add_`
+    (`plif_torch.softmax_gradient_`, which PyTorch's in-place row tiles
+    also use; here for the `keras.ops` tile, e.g. with a forced
+    `"sorted"` histogram) (Keras' PyTorch
     `one_hot` writes an int64 `[rows, V]` tensor, masks it with `where` and
     converts it: three passes of 8-byte elements a tile). Elsewhere the
     `keras.ops` formula, which XLA fuses into the pass that uses it.
@@ -654,10 +657,10 @@ def softmax_score_gradient(f, lse, targets, upstream):
 
         f, lse, upstream = (ops.convert_to_tensor(x) for x in (f, lse, upstream))
         if not (torch.is_grad_enabled() and any(x.requires_grad for x in (f, lse, upstream))):
-            e = torch.exp(f - lse[:, None])  # a fresh tensor of our own
-            e.mul_(torch.neg(upstream)[:, None])
-            index = ops.convert_to_tensor(targets).long()[:, None]
-            return e.scatter_add_(1, index, upstream[:, None].to(e.dtype))
+            from keras_softmax_heads.functional.plif_torch import softmax_gradient_
+
+            # `f - lse` is a fresh tensor of our own.
+            return softmax_gradient_(f - lse[:, None], ops.convert_to_tensor(targets), upstream)
     one_hot = ops.one_hot(targets, f.shape[-1], dtype=keras.backend.standardize_dtype(f.dtype))
     return (one_hot - ops.exp(f - lse[:, None])) * upstream[:, None]
 

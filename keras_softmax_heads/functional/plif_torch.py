@@ -2,16 +2,18 @@
 
 PyTorch runs PLIF's tiles op by op. Each `keras.ops` call allocates a fresh
 `[rows, V]` tensor, and on a CPU a tile-sized tensor is a new mapping whose
-page faults cost as much as the arithmetic. These two functions run the same
-formulas as `plif_kernels._ll_tile` and `_ll_tile_grad` (their `keras.ops`
-reference, against which `tests/test_plif.py` checks them). They use buffers
+page faults cost as much as the arithmetic. `ll_tile`, `ll_tile_gradient`
+and `scores` run the same formulas as `plif_kernels._ll_tile`,
+`_ll_tile_grad` and `plif_scores` (their `keras.ops` reference, against
+which `tests/test_plif.py` checks them). They use buffers
 of their own, updated in place: the interval index and offset share one
 buffer, the PLIF score is one `addcmul_`, and the softmax gradient is formed
 in that same buffer. On a 32 x 10,000 tile on one CPU thread the backward
 tile took 3.9 ms against 7.5 ms (`docs/plif.md`).
 
 They are called only from `dispatch.torch_ll_tile`,
-`dispatch.torch_ll_tile_gradient` and `dispatch.torch_plif_scores`, outside a recorded autograd graph
+`dispatch.torch_ll_tile_gradient`, `dispatch.torch_plif_scores` and
+`dispatch.softmax_score_gradient`, outside a recorded autograd graph
 (`dispatch.uses_torch_tiles`: PLIF's custom gradient computes its own).
 """
 
@@ -47,6 +49,16 @@ def scores(z, slopes, left_values, knot_bound):
     return f, slope, flat.reshape(z.shape), offset
 
 
+def softmax_gradient_(shifted, targets, upstream):
+    """`u (onehot - exp(shifted))` in `shifted`'s buffer, which holds the
+    scores less their log-normaliser `[n, V]`: `exp_`, scaled by `-u`, and
+    `u` added at each row's target by one `scatter_add_` (no `[n, V]`
+    one-hot). Used by `ll_tile_gradient` and by
+    `dispatch.softmax_score_gradient` on PyTorch."""
+    shifted.exp_().mul_(torch.neg(upstream)[:, None])
+    return shifted.scatter_add_(1, targets.long()[:, None], upstream[:, None].to(shifted.dtype))
+
+
 def ll_tile(z, targets, slopes, left_values, knot_bound):
     """`(lse [n], log-likelihood [n])` of a tile `z` `[n, V]`, `targets` `[n]`."""
     f, _, _, _ = _scores(z, slopes, left_values, knot_bound)
@@ -60,8 +72,7 @@ def ll_tile_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound)
     `u (onehot - softmax(f)) slope[idx]` and the slopes' two histograms
     (`index_add_` in the scores' dtype, as `dispatch.segment_sum`)."""
     f, slope, flat, offset = _scores(z, slopes, left_values, knot_bound)
-    f.sub_(lse[:, None]).exp_().mul_(torch.neg(upstream)[:, None])
-    d_f = f.scatter_add_(1, targets.long()[:, None], upstream[:, None].to(f.dtype))
+    d_f = softmax_gradient_(f.sub_(lse[:, None]), targets, upstream)
     num_knots = slopes.shape[0]
     a = torch.zeros(num_knots, dtype=f.dtype, device=f.device)
     a.index_add_(0, flat, d_f.reshape(-1))
