@@ -226,12 +226,13 @@ def test_fused_log_likelihood_matches_dense(monkeypatch, tile_elements, compiled
 
 @pytest.mark.parametrize("tile_elements", [40, None])
 def test_torch_tiles_match_the_keras_ops_tiles(monkeypatch, tile_elements):
-    """On PyTorch `plif_log_likelihood`'s tiles run in place
-    (`dispatch.uses_torch_tiles`, `plif_torch`); with the histogram method
-    forced to `"sorted"` they run the `keras.ops` tile. Both give the same
-    values and gradients (scores past the knot bound, repeated targets, a
-    zero cotangent); on TensorFlow and JAX the check is that the in-place
-    tiles are never chosen."""
+    """On PyTorch the tiles of `plif_log_likelihood` and `plif` run in
+    place (`dispatch.uses_torch_tiles`, `plif_torch`'s loops); with the
+    histogram method forced to `"sorted"` they run the `keras.ops` tiles.
+    Both give the same values and gradients (several tiles and a shorter
+    last one with `tile_elements=40`, scores past the knot bound, repeated
+    targets, a zero cotangent); on TensorFlow and JAX the check is that the
+    in-place tiles are never chosen."""
     from keras_softmax_heads.functional import dispatch
 
     if tile_elements is not None:
@@ -243,18 +244,24 @@ def test_torch_tiles_match_the_keras_ops_tiles(monkeypatch, tile_elements):
     u = rng.normal(size=(20,)).astype(DTYPE)
     u[3] = 0.0
 
+    v = rng.normal(size=(20, 9)).astype(DTYPE)
+
     def loss(z, raw):
         return ops.sum(ops.multiply(functional.plif_log_likelihood(z, raw, 1.5, t), u))
 
+    def plif_loss(z, raw):  # `plif` itself: its own loop on PyTorch
+        return ops.sum(ops.multiply(functional.plif(z, raw, 1.5), v))
+
     scores = ops.convert_to_tensor(z)
     assert dispatch.uses_torch_tiles(scores) == (BACKEND == "torch")
-    value, grads, _ = value_and_grad(loss, [z, raw])
-    with dispatch.forced_histogram_method("sorted"):
-        assert not dispatch.uses_torch_tiles(scores)
-        ref_value, ref_grads, _ = value_and_grad(loss, [z, raw])
-    assert_close(value, ref_value, TOL)
-    for a, b in zip(grads, ref_grads):
-        assert_close(a, b, TOL)
+    for fn in (loss, plif_loss):
+        value, grads, _ = value_and_grad(fn, [z, raw])
+        with dispatch.forced_histogram_method("sorted"):
+            assert not dispatch.uses_torch_tiles(scores)
+            ref_value, ref_grads, _ = value_and_grad(fn, [z, raw])
+        assert_close(value, ref_value, TOL)
+        for a, b in zip(grads, ref_grads):
+            assert_close(a, b, TOL)
     # `plif_scores` (the summed passes' PLIF), NaN and scores past the bound too.
     scores = ops.convert_to_tensor(np.concatenate([z, [[np.nan, 9.0, -9.0] * 3]]))
     tables = functional.plif_tables(ops.convert_to_tensor(raw), 1.5)
@@ -269,6 +276,8 @@ def test_torch_tiles_match_the_keras_ops_tiles(monkeypatch, tile_elements):
 
         assert not dispatch.uses_torch_tiles(torch.zeros(2, requires_grad=True))
         assert not dispatch.uses_torch_tiles(torch.zeros(2, dtype=torch.float16))
+        with pytest.raises(ValueError, match="name='scores'"):
+            dispatch.torch_tiled_kernel("scores")
 
 
 @pytest.mark.parametrize("tile_elements", [None, 40])

@@ -15,9 +15,9 @@ dispatch function tested against its `keras.ops` path.
   `sorted_knot_histogram`; on a GPU under JAX the Pallas kernel of
   `plif_pallas`; as an option `spread_knot_histogram` (interleaved copies
   of the histogram);
-* `uses_torch_tiles`, `torch_ll_tile`, `torch_ll_tile_gradient`,
-  `torch_plif_scores`: `plif_log_likelihood`'s row tiles and `plif_scores`
-  on PyTorch in place (`plif_torch`);
+* `uses_torch_tiles`, `torch_tiled_kernel`, `torch_plif_scores`: the
+  tiles of `plif` and `plif_log_likelihood`, and `plif_scores`, on PyTorch
+  in place (`plif_torch`);
 * `tile_elements`: the scores per tile of PLIF's tiled kernels, by
   platform (a CPU's cache-sized tile, or few large tiles on a GPU / TPU);
 * `lookup`: `table[idx]` for indices known to be in range (`tf.gather` on
@@ -361,9 +361,9 @@ def fused_ll_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound
 
 
 def uses_torch_tiles(*tensors):
-    """Whether `plif_log_likelihood`'s row tiles and `plif_scores` run as
-    `plif_torch`'s in-place functions (`torch_ll_tile`,
-    `torch_ll_tile_gradient`, `torch_plif_scores`): the
+    """Whether the tiles of `plif` and `plif_log_likelihood`, and
+    `plif_scores`, run as `plif_torch`'s in-place functions
+    (`torch_tiled_kernel`, `torch_plif_scores`): the
     PyTorch backend, the `"scatter"` histogram method (the platform's
     choice on PyTorch; a forced `"sorted"` / `"spread"` keeps the
     `keras.ops` tile), float32 / float64 scores and no tensor recorded by
@@ -378,23 +378,16 @@ def uses_torch_tiles(*tensors):
         isinstance(t, torch.Tensor) and t.requires_grad for t in tensors))
 
 
-def torch_ll_tile(z, targets, slopes, left_values, knot_bound):
-    """`plif_log_likelihood`'s forward tile on PyTorch, in place
-    (`plif_torch.ll_tile`; the `keras.ops` tile of `plif_kernels` is its
-    reference): `(lse [n], log-likelihood [n])` of the scores `z` `[n, V]`."""
-    from keras_softmax_heads.functional.plif_torch import ll_tile
+def torch_tiled_kernel(name):
+    """The PyTorch loop over tiles of one of PLIF's tiled kernels, in place
+    (`plif_torch`; the `keras.ops` tiles of `plif_kernels` are its
+    reference): `"log_likelihood"` and `"log_likelihood_gradient"`
+    (`plif_log_likelihood`), `"plif"` and `"plif_gradient"` (`plif`)."""
+    from keras_softmax_heads.functional import plif_torch
 
-    return ll_tile(z, ops.convert_to_tensor(targets), slopes, left_values, knot_bound)
-
-
-def torch_ll_tile_gradient(z, targets, upstream, lse, slopes, left_values, knot_bound):
-    """`plif_log_likelihood`'s backward tile on PyTorch, in place
-    (`plif_torch.ll_tile_gradient`; the `keras.ops` tile of `plif_kernels`
-    is its reference): `(dL/dz [n, V], (A [K], B [K]))`."""
-    from keras_softmax_heads.functional.plif_torch import ll_tile_gradient
-
-    return ll_tile_gradient(z, ops.convert_to_tensor(targets), upstream, lse, slopes,
-                            left_values, knot_bound)
+    if name not in ("log_likelihood", "log_likelihood_gradient", "plif", "plif_gradient"):
+        raise ValueError(f"Unknown PLIF kernel. Received: name={name!r}")
+    return getattr(plif_torch, name)
 
 
 def torch_plif_scores(z, slopes, left_values, knot_bound):

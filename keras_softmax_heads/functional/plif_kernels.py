@@ -34,9 +34,8 @@ from keras_softmax_heads.functional.dispatch import lookup
 from keras_softmax_heads.functional.dispatch import scan_tiles
 from keras_softmax_heads.functional.dispatch import softmax_score_gradient
 from keras_softmax_heads.functional.dispatch import tile_elements
-from keras_softmax_heads.functional.dispatch import torch_ll_tile
-from keras_softmax_heads.functional.dispatch import torch_ll_tile_gradient
 from keras_softmax_heads.functional.dispatch import torch_plif_scores
+from keras_softmax_heads.functional.dispatch import torch_tiled_kernel
 from keras_softmax_heads.functional.dispatch import upstream_gradient
 from keras_softmax_heads.functional.dispatch import uses_fused_ll_gradient
 from keras_softmax_heads.functional.dispatch import uses_torch_tiles
@@ -188,10 +187,7 @@ def _plif_tile_grad(tables, z, upstream):
 
 def _ll_tile(tables, z, targets):
     """`plif_log_likelihood` forward on rows `z` `[n, V]`: the
-    log-normaliser `[n]` and the log-likelihood `[n]` (in place on PyTorch,
-    `dispatch.torch_ll_tile`)."""
-    if uses_torch_tiles(z, tables.slopes):
-        return torch_ll_tile(z, targets, tables.slopes, tables.left_values, tables.knot_bound)
+    log-normaliser `[n]` and the log-likelihood `[n]`."""
     idx = _interval(z, tables.num_knots, tables.knot_bound)
     f, _, _ = _scores(tables, z, idx)
     lse = ops.logsumexp(f, axis=-1)
@@ -203,14 +199,10 @@ def _ll_tile_grad(tables, z, targets, upstream, lse):
     """`plif_log_likelihood` backward on rows `z` `[n, V]`: the interval
     index, PLIF scores and `softmax` recomputed, `(dL/dz, (A, B))` (one
     Pallas kernel with the `"pallas_fused"` histogram method,
-    `dispatch.fused_ll_gradient`; in place on PyTorch,
-    `dispatch.torch_ll_tile_gradient`)."""
+    `dispatch.fused_ll_gradient`)."""
     if uses_fused_ll_gradient(tables.dtype):
         return fused_ll_gradient(z, targets, upstream, lse, tables.slopes,
                                  tables.left_values, tables.knot_bound)
-    if uses_torch_tiles(z, tables.slopes, upstream, lse):
-        return torch_ll_tile_gradient(z, targets, upstream, lse, tables.slopes,
-                                      tables.left_values, tables.knot_bound)
     idx = _interval(z, tables.num_knots, tables.knot_bound)
     f, slope, offset = _scores(tables, z, idx)
     # d ll / d f = upstream * (onehot(target) - softmax(f)).
@@ -471,7 +463,9 @@ def plif(z, raw_slopes, knot_bound):
     shape = tuple(z.shape)
     # Unknown (None) or symbolic (a JAX export's batch) dimensions: untiled.
     size = math.prod(shape) if all(isinstance(d, int) for d in shape) else None
-    if size is not None and size > tile_elements(TILE_ELEMENTS):
+    # PyTorch's in-place loop (`plif_torch`) also takes a single tile.
+    if size is not None and (size > tile_elements(TILE_ELEMENTS) 
+                             or uses_torch_tiles(ops.stop_gradient(z))):
         out = _plif_tiled(ops.reshape(z, [size]), raw, knot_bound)
         return ops.cast(ops.reshape(out, shape), out_dtype)
     return ops.cast(_plif_untiled(z, raw, knot_bound), out_dtype)
@@ -503,16 +497,16 @@ def _plif_tiled(z, raw, knot_bound):
     """`plif` of a flat vector of static size, in tiles of about
     `tile_elements(TILE_ELEMENTS)` scores (on a CPU under XLA the loop keeps
     each tile in cache and the `[K]` tables materialised, see
-    `docs/plif.md`)."""
+    `docs/plif.md`; on PyTorch `plif_torch`'s loop)."""
     tiled = _tiled_custom_gradient(
         _plif_tile, _plif_tile_grad, z.dtype, (z.dtype,),
-        _RowTiles(z.shape[0], 1), knot_bound,
+        _RowTiles(z.shape[0], 1), knot_bound, torch_kernel="plif",
     )
     return tiled(z, raw)
 
 
 def _tiled_custom_gradient(tile_fn, tile_grad_fn, dtype, ys_dtypes, tiles, knot_bound,
-                           row_shape=()):
+                           row_shape=(), torch_kernel=None):
     """A PLIF kernel over `tiles` with its custom gradient.
 
     Returns `f(z, raw, *extra)`. The forward pass runs
@@ -525,17 +519,33 @@ def _tiled_custom_gradient(tile_fn, tile_grad_fn, dtype, ys_dtypes, tiles, knot_
     `dL/draw` and None for `extra` (integer inputs such as the targets).
     `dtype` is passed in: the gradient function reads no attribute of a
     tensor of the forward pass (`torch.compile` refuses that).
+
+    On PyTorch (`dispatch.uses_torch_tiles`) the loops are
+    `torch_tiled_kernel(torch_kernel)` and its `"_gradient"` (the same
+    arguments, whole tensors, the tables' three fields and the tile size
+    instead of `tables`).
     """
+
+    def torch_loop(name, tables, *args):
+        if (torch_kernel is None or tiles.tile is None
+                or not uses_torch_tiles(*args, tables.slopes)):
+            return None
+        return torch_tiled_kernel(torch_kernel + name)(
+            *args, tables.slopes, tables.left_values, tables.knot_bound, tiles.tile)
 
     @ops.custom_gradient
     def tiled(z, raw, *extra):
         tables = _tables(ops.stop_gradient(raw), knot_bound)
 
         def forward():
+            outputs = torch_loop("", tables, ops.stop_gradient(z), *extra)
+            if outputs is not None:
+                *saved, out = outputs
+                return saved, out
             *saved, out = tiles.map(
                 partial(tile_fn, tables), _split_inputs(tiles, z, extra), ys_dtypes
             )
-            return saved, tiles.join(*out)
+            return [tiles.join(*pair) for pair in saved], tiles.join(*out)
 
         saved, out = xla_in_graph(forward)
 
@@ -543,15 +553,20 @@ def _tiled_custom_gradient(tile_fn, tile_grad_fn, dtype, ys_dtypes, tiles, knot_
             upstream = ops.cast(upstream_gradient(args, upstream), dtype)
 
             def backward():
-                zeros = ops.zeros([tables.num_knots], dtype)
-                z_tiles, *extra_tiles = _split_inputs(tiles, z, extra)
-                sums, d_z = tiles.accumulate(
-                    partial(tile_grad_fn, tables),
-                    (zeros, zeros),
-                    (z_tiles, *extra_tiles, tiles.split(upstream), *saved),
-                    dtype,
-                )
-                d_z = tiles.join(*d_z, row_shape=row_shape)
+                result = torch_loop("_gradient", tables, ops.stop_gradient(z), *extra,
+                                    upstream, *saved)
+                if result is None:
+                    zeros = ops.zeros([tables.num_knots], dtype)
+                    z_tiles, *extra_tiles = _split_inputs(tiles, z, extra)
+                    sums, d_z = tiles.accumulate(
+                        partial(tile_grad_fn, tables),
+                        (zeros, zeros),
+                        (z_tiles, *extra_tiles, tiles.split(upstream),
+                         *(tiles.split(x) for x in saved)),
+                        dtype,
+                    )
+                    result = tiles.join(*d_z, row_shape=row_shape), sums
+                d_z, sums = result
                 return d_z, _slope_gradient(*sums, raw, knot_bound)
 
             return xla_in_graph(backward) + (None,) * len(extra)
@@ -657,5 +672,6 @@ def _fused_plif_ll(z, raw, targets, knot_bound):
     fused = _tiled_custom_gradient(
         _ll_tile, _ll_tile_grad, z.dtype, (z.dtype, z.dtype),
         _RowTiles(rows, vocab_size), knot_bound, row_shape=(vocab_size,),
+        torch_kernel="log_likelihood",
     )
     return fused(z, raw, targets)
