@@ -72,8 +72,8 @@ def test_knot_histogram_paths_match_numpy():
 
 def test_segment_sum_keeps_float64(float64):
     """`dispatch.segment_sum` sums float64 in float64 on every backend (Keras'
-    PyTorch `segment_sum` sums in float32), rows of a 2-D `data` too, and
-    float32 as `ops.segment_sum` does."""
+    PyTorch `segment_sum` sums in float32), a vector and rows of a 2-D
+    `data`, int32 and int64 ids, and float32 as `ops.segment_sum` does."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 5, 200).astype("int32")
     data = 1.0 + rng.normal(size=(200, 3)) * 1e-9  # below float32's resolution
@@ -82,6 +82,11 @@ def test_segment_sum_keeps_float64(float64):
     np.add.at(expected, ids, data)
     assert out.dtype == np.float64
     np.testing.assert_allclose(out, expected, rtol=1e-14)
+    # A vector, int64 ids too.
+    for id_dtype in ("int32", "int64"):
+        out = dispatch.segment_sum(ops.convert_to_tensor(data[:, 1]), ids.astype(id_dtype), 5)
+        assert ops.convert_to_numpy(out).dtype == np.float64
+        np.testing.assert_allclose(ops.convert_to_numpy(out), expected[:, 1], rtol=1e-14)
     data32 = data.astype("float32")[:, 0]
     out32 = dispatch.segment_sum(ops.convert_to_tensor(data32), ids, 5)
     assert ops.convert_to_numpy(out32).dtype == np.float32
