@@ -8,7 +8,8 @@ backend-specific fast path of a `functional` kernel goes here, as one more
 dispatch function tested against its `keras.ops` path.
 
 * `scan_tiles`: a loop over tiles with one iteration in flight
-  (`tf.while_loop` + `TensorArray` on TensorFlow, `ops.scan` elsewhere);
+  (`tf.while_loop` + `TensorArray` on TensorFlow, a loop writing each
+  iteration into preallocated outputs on PyTorch, `ops.scan` on JAX);
 * `knot_histogram`: per-interval sums of weights, by platform
   (`histogram_method`, from `platforms.current_platform`): on the CPU `DenseBincount` on
   TensorFlow, `ops.segment_sum` elsewhere; on a TPU the scatter-free
@@ -58,8 +59,9 @@ def scan_tiles(body, carry, xs, ys_dtypes):
     """`ops.scan(body, carry, xs)` with one iteration in flight at a time.
 
     `body(carry, x) -> (carry, ys)`, `ys` a tuple of tensors (possibly
-    empty) stacked along a new leading axis. JAX and PyTorch use
-    `ops.scan`; TensorFlow a `tf.while_loop` with `parallel_iterations=1`
+    empty) stacked along a new leading axis. JAX uses `ops.scan`; PyTorch
+    a loop that writes each iteration's `ys` into preallocated outputs
+    (`_torch_scan_tiles`); TensorFlow a `tf.while_loop` with `parallel_iterations=1`
     and `TensorArray` outputs of `ys_dtypes` (Keras' TensorFlow `scan`
     needs outputs of the carry's structure, and a loop with parallel
     iterations would hold several tiles' temporaries at once).
@@ -86,6 +88,8 @@ def scan_tiles(body, carry, xs, ys_dtypes):
     >>> float(total), ops.convert_to_numpy(doubled).tolist()
     (3.0, [0.0, 2.0, 6.0])
     """
+    if keras.backend.backend() == "torch":
+        return _torch_scan_tiles(body, carry, xs)
     if keras.backend.backend() != "tensorflow":
         return ops.scan(body, carry, xs)
     import tensorflow as tf
@@ -105,6 +109,26 @@ def scan_tiles(body, carry, xs, ys_dtypes):
         parallel_iterations=1,
     )
     return carry, tuple(a.stack() for a in arrays)
+
+
+def _torch_scan_tiles(body, carry, xs):
+    """`scan_tiles` on PyTorch: each iteration's `ys` copied into its slot
+    of the `[n, ...]` outputs as soon as it is computed, where Keras'
+    `ops.scan` keeps every iteration's `ys` and stacks them at the end (one
+    more pass over the whole output, read back from memory)."""
+    import torch
+
+    n = xs[0].shape[0]
+    carry, outputs = tuple(carry), None
+    for i in range(n):
+        carry, ys = body(carry, tuple(x[i] for x in xs))
+        carry = tuple(carry)
+        if outputs is None:
+            outputs = tuple(torch.empty((n, *y.shape), dtype=y.dtype, device=y.device)
+                            for y in ys)
+        for out, y in zip(outputs, ys):
+            out[i].copy_(y)
+    return carry, outputs if outputs is not None else ()
 
 
 ACCELERATOR_TILE_ELEMENTS = {"gpu": 2**28, "tpu": 2**24}
