@@ -12,6 +12,7 @@ from backends import BACKEND
 from backends import PALLAS
 from backends import lower_for
 from backends import jit
+from backends import to_numpy
 from backends import value_and_grad
 from keras import ops
 from multibackend import float64  # noqa: F401 (fixture)
@@ -95,6 +96,55 @@ def test_segment_sum_keeps_float64(float64):
     counts = dispatch.segment_sum(ops.ones([200], "int32"), ids, 5)
     assert ops.convert_to_numpy(counts).tolist() == np.bincount(ids, minlength=5).tolist()
     assert keras.backend.standardize_dtype(counts.dtype) == "int32"
+
+
+def _python_scan(body, carry, xs):
+    """The reference of `scan_tiles`: `body` tile by tile in Python, outputs
+    stacked (Keras' TensorFlow `scan` needs outputs of the carry's structure)."""
+    ys = []
+    for i in range(xs[0].shape[0]):
+        carry, y = body(carry, tuple(x[i] for x in xs))
+        ys.append(y)
+    return carry, tuple(ops.stack(parts) for parts in zip(*ys))
+
+
+def test_scan_tiles_matches_a_python_loop():
+    """`dispatch.scan_tiles` (a `tf.while_loop` on TensorFlow, `ops.scan` on
+    JAX, a loop into preallocated outputs on PyTorch) gives the carry and
+    stacked outputs of `body` run tile by tile: two outputs of different
+    dtypes and shapes, none at all, and gradients through the outputs (on
+    PyTorch the loop's in-place copies are recorded)."""
+    rng = np.random.default_rng(3)
+    x = ops.convert_to_tensor(rng.normal(size=(5, 3, 4)).astype("float32"))
+
+    def body(carry, xs):
+        (tile,) = xs
+        total = carry[0] + ops.sum(tile)
+        return (total,), (tile * total, ops.cast(ops.argmax(tile, axis=-1), "int32"))
+
+    zero = ops.zeros(())
+    carry, ys = dispatch.scan_tiles(body, (zero,), (x,), ("float32", "int32"))
+    ref_carry, ref_ys = _python_scan(body, (zero,), (x,))
+    np.testing.assert_allclose(to_numpy(carry[0]), to_numpy(ref_carry[0]), rtol=1e-6)
+    for y, ref in zip(ys, ref_ys):
+        assert tuple(y.shape) == tuple(ref.shape) and to_numpy(y).dtype == to_numpy(ref).dtype
+        np.testing.assert_allclose(to_numpy(y), to_numpy(ref), rtol=1e-6)
+    carry, ys = dispatch.scan_tiles(lambda c, xs: ((c[0] + ops.sum(xs[0]),), ()),
+                                    (zero,), (x,), ())
+    assert len(ys) == 0
+    np.testing.assert_allclose(to_numpy(carry[0]), to_numpy(x).sum(), rtol=1e-5)
+
+    def loss(x):
+        return ops.sum(dispatch.scan_tiles(body, (ops.zeros(()),), (x,),
+                                           ("float32", "int32"))[1][0] ** 2)
+
+    def ref_loss(x):
+        return ops.sum(_python_scan(body, (ops.zeros(()),), (x,))[1][0] ** 2)
+
+    value, (grad,), _ = value_and_grad(loss, [to_numpy(x)])
+    ref_value, (ref_grad,), _ = value_and_grad(ref_loss, [to_numpy(x)])
+    np.testing.assert_allclose(to_numpy(value), to_numpy(ref_value), rtol=1e-5)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-5, atol=1e-6)
 
 
 def test_clip_matches_numpy():
