@@ -464,7 +464,7 @@ def plif(z, raw_slopes, knot_bound):
     # Unknown (None) or symbolic (a JAX export's batch) dimensions: untiled.
     size = math.prod(shape) if all(isinstance(d, int) for d in shape) else None
     # PyTorch's in-place loop (`plif_torch`) also takes a single tile.
-    if size is not None and (size > tile_elements(TILE_ELEMENTS) 
+    if size is not None and (size > tile_elements(TILE_ELEMENTS)
                              or uses_torch_tiles(ops.stop_gradient(z))):
         out = _plif_tiled(ops.reshape(z, [size]), raw, knot_bound)
         return ops.cast(ops.reshape(out, shape), out_dtype)

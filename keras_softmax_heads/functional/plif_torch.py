@@ -24,7 +24,7 @@ one CPU thread, N = 2,048, V = 10,000, PLIFSoftmax's training step took
 They compute the formulas of `plif_kernels` (`_interval`, `_offset`,
 `_scores`, `_ll_tile`, `_ll_tile_grad`, `_plif_tile`, `_plif_tile_grad`),
 their `keras.ops` reference, against which `tests/test_plif.py` checks
-them. They are called from `dispatch` (`torch_tiled_kernels`,
+them. They are called from `dispatch` (`torch_tiled_kernel`,
 `torch_plif_scores`, `softmax_score_gradient`), outside a recorded
 autograd graph (`dispatch.uses_torch_tiles`: PLIF's custom gradient
 computes its own).
@@ -83,8 +83,8 @@ def scores(z, slopes, left_values, knot_bound):
     (`chunked.summed_mixture`)."""
     z = z.contiguous()
     buffers = _Scratch(z.numel(), z, torch.int32, slopes).of(z)
-    f, slope, _, offset = _scores_into(torch.empty_like(z, dtype=left_values.dtype), z, slopes, left_values,
-                                       knot_bound, buffers)
+    out = torch.empty_like(z, dtype=left_values.dtype)
+    f, slope, _, offset = _scores_into(out, z, slopes, left_values, knot_bound, buffers)
     return f, slope, buffers[1], offset
 
 
