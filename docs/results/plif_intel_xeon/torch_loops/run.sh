@@ -3,17 +3,11 @@
 # one thread pinned to core 0 (THREADS=2: both cores, unpinned). Output: OUT/ab_v{V}_d{d}_t{THREADS}.jsonl
 #   bash run.sh V d [PROCS] [ROUNDS]
 set -e
-HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../../../.." && pwd)
-V=$1; D=$2; PROCS=${3:-3}; ROUNDS=${4:-4}; THREADS=${THREADS:-1}; OLD=${OLD:-f13bbae}; OUT=${OUT:-$HERE}
-OLD_TREE=$(mktemp -d)/old; git -C "$ROOT" worktree add -q "$OLD_TREE" "$OLD"
+source "$(dirname "$0")/alternate.sh"
+V=$1; D=$2; PROCS=${3:-3}; ROUNDS=${4:-4}; THREADS=${THREADS:-1}; OUT=${OUT:-$HERE}
 PIN="taskset -c 0"; [ "$THREADS" = 1 ] || PIN=""
-FILE="$OUT/ab_v${V}_d${D}_t${THREADS}.jsonl"; : > "$FILE"
-for i in $(seq "$PROCS"); do
-  for tree in "$OLD_TREE" "$ROOT"; do
-    PYTHONPATH="$tree" KERAS_BACKEND=torch TF_CPP_MIN_LOG_LEVEL=3 $PIN python "$HERE/step.py" "$V" "$D" "$ROUNDS" "$THREADS" 2>/dev/null | tail -1 >> "$FILE"
-  done
-done
-git -C "$ROOT" worktree remove --force "$OLD_TREE"
+FILE="$OUT/ab_v${V}_d${D}_t${THREADS}.jsonl"
+alternate "$FILE" "$PROCS" "$PIN" step.py "$V" "$D" "$ROUNDS" "$THREADS"
 python - "$FILE" <<'PY'
 import json, sys, numpy as np
 rows = [json.loads(l) for l in open(sys.argv[1])]
