@@ -187,19 +187,32 @@ def torch_flops(fn):
     return counter.get_total_flops()
 
 
+RENDEZVOUS_ATTEMPTS = 3
+"""Runs of a simulated-devices child that XLA's CPU collectives ended. On a
+2-core machine about half of the runs of the 2 x 2 model-parallel PLIF test
+(and of the package before it, f13bbae) ended in XLA's 40 s rendezvous
+timeout: two devices wait in one all-reduce for partners that never arrive
+(session 51; `NPROC`, more threads for XLA's client pool, did not help).
+The program is the same every run, so a run that ends that way is run
+again; any other failure is not."""
+
+
 def run_on_simulated_devices(script, devices, *args, timeout=600):
     """Runs `script` (a path: a test module whose `__main__` prints one JSON
     line last) with `args` in a child process on JAX with `devices`
     simulated host devices (`XLA_FLAGS` must be set before JAX starts),
     the repository on its path; asserts it succeeded and returns that
-    JSON."""
+    JSON (up to `RENDEZVOUS_ATTEMPTS` runs when XLA's collectives end it)."""
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env.update(KERAS_BACKEND="jax",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                PYTHONPATH=os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p]))
-    out = subprocess.run([sys.executable, os.path.abspath(script), *map(str, args)], env=env,
-                         capture_output=True, text=True, timeout=timeout)
+    for _ in range(RENDEZVOUS_ATTEMPTS):
+        out = subprocess.run([sys.executable, os.path.abspath(script), *map(str, args)],
+                             env=env, capture_output=True, text=True, timeout=timeout)
+        if out.returncode == 0 or "Termination timeout for `all reduce" not in out.stderr:
+            break
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
