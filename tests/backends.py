@@ -189,12 +189,13 @@ def torch_flops(fn):
 
 RENDEZVOUS_ATTEMPTS = 3
 """Runs of a simulated-devices child that XLA's CPU collectives ended. On a
-2-core machine about half of the runs of the 2 x 2 model-parallel PLIF test
-(and of the package before it, f13bbae) ended in XLA's 40 s rendezvous
-timeout: two devices wait in one all-reduce for partners that never arrive
-(session 51; `NPROC`, more threads for XLA's client pool, did not help).
-The program is the same every run, so a run that ends that way is run
-again; any other failure is not."""
+2-core machine the 2 x 2 model-parallel PLIF test's child (with f13bbae's
+package too) ended in XLA's 40 s rendezvous timeout in 1 of 3 direct runs,
+in each of 3 runs under pytest and in 3 of 4 under `pytest -n 2` with
+`NPROC=8` (more threads for XLA's client pool): two devices wait in one
+all-reduce for partners that never arrive (session 51; the root cause is
+not known). The program is the same every run, so a run that ends that way
+is run again; any other failure is not."""
 
 
 def run_on_simulated_devices(script, devices, *args, timeout=600):
