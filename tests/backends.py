@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -189,13 +190,16 @@ def torch_flops(fn):
 
 RENDEZVOUS_ATTEMPTS = 3
 """Runs of a simulated-devices child that XLA's CPU collectives ended. On a
-2-core machine the 2 x 2 model-parallel PLIF test's child (with f13bbae's
-package too) ended in XLA's 40 s rendezvous timeout in 1 of 3 direct runs,
-in each of 3 runs under pytest and in 3 of 4 under `pytest -n 2` with
-`NPROC=8` (more threads for XLA's client pool): two devices wait in one
-all-reduce for partners that never arrive (session 51; the root cause is
-not known). The program is the same every run, so a run that ends that way
-is run again; any other failure is not."""
+2-core machine the 2 x 2 model-parallel PLIF test's child ended in XLA's
+40 s rendezvous timeout in 1 of 3 direct runs and in each of 3 runs under
+pytest (session 51). The cause (session 52, `gdb`): the evaluation's
+`predict` ran ahead, and of XLA's CPU client's 4 workers (one per
+device here) two were inside an all-reduce and two blocked in later
+steps' launches, waiting for a device's in-flight slot (32 per device,
+`Semaphore::ScopedAcquire`), so no worker was left for the all-reduce's
+partners. `Evaluator` now waits for each step on JAX's CPU devices
+(`training/evaluation.py`, `_step_by_step`). A run that still ends so is
+run again, with a warning; any other failure is not."""
 
 
 def run_on_simulated_devices(script, devices, *args, timeout=600):
@@ -214,6 +218,8 @@ def run_on_simulated_devices(script, devices, *args, timeout=600):
                              env=env, capture_output=True, text=True, timeout=timeout)
         if out.returncode == 0 or "Termination timeout for `all reduce" not in out.stderr:
             break
+        warnings.warn(f"{os.path.basename(script)} {' '.join(map(str, args))}: XLA's CPU "
+                      "collectives ended the child (rendezvous timeout); running it again")
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

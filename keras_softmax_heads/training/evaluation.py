@@ -37,6 +37,40 @@ class Scorer(keras.Model):
         return ll
 
 
+class _WaitForEachStep(keras.callbacks.Callback):
+    """Makes `predict` wait for each step's outputs before it dispatches the
+    next one (see `_step_by_step`)."""
+
+    def on_predict_batch_end(self, batch, logs=None):
+        keras.tree.map_structure(np.asarray, logs)
+
+
+def _step_by_step():
+    """`predict`'s callbacks for the evaluation on several devices.
+
+    On JAX's CPU devices (`--xla_force_host_platform_device_count`, the
+    model-parallel tests) a `predict` that dispatches step after step
+    without waiting can deadlock. XLA's CPU client runs the devices'
+    programs and their launches on one pool of `max(cores, devices)`
+    workers; a launch waits, on its worker, while its device has 32
+    computations in flight. On 2 cores with 4 devices, `gdb` showed two
+    workers inside an all-reduce of one step and the other two in later
+    steps' launches (`Semaphore::ScopedAcquire`), so the all-reduce's
+    partners had no worker left to run on; the run ended in XLA's 40 s
+    rendezvous timeout. The evaluation's stateful windows chain every
+    step to the one before, so waiting for each step costs little there.
+    Elsewhere (one device, accelerators) `predict` runs ahead as Keras
+    does by default."""
+    if keras.backend.backend() != "jax":
+        return None
+    import jax
+
+    devices = jax.local_devices()
+    if len(devices) > 1 and devices[0].platform == "cpu":
+        return [_WaitForEachStep()]
+    return None
+
+
 class Evaluator:
     """Scores the splits of `corpus` exactly with the weights of `model`.
 
@@ -163,7 +197,7 @@ class Evaluator:
         # the autotuning thread at the end of every evaluation on one core.
         dataset = distribute_dataset(
             self.strategy, lambda: without_autotune(tf.data.Dataset.from_tensor_slices(sub)))
-        return scorer.predict(dataset, steps=count, verbose=0)
+        return scorer.predict(dataset, steps=count, verbose=0, callbacks=_step_by_step())
 
     @staticmethod
     def summarise(result):
