@@ -2,10 +2,10 @@
 # usage: [P=prefix] [GDB=1] [OUT=dir] drive.sh N test|stress
 # Runs the model-parallel test's child ("test": full_softmax plif) or
 # stress_child.py ("stress": full_softmax) N times on 4 host CPU devices,
-# from any directory, logs in OUT (default /tmp/rdv). At XLA's "may be
-# stuck" warning (20 s into a rendezvous) the run is counted STUCK and
-# killed; with GDB=1 the process is first stopped and every thread's
-# stack written to ${P}gdb<i>.txt.
+# from any directory (the package's Python environment active), logs in
+# OUT (default /tmp/rdv). At XLA's "may be stuck" warning (20 s into a
+# rendezvous) the run is counted STUCK and killed; with GDB=1 the process
+# is first stopped and every thread's stack written to ${P}gdb<i>.txt.
 HERE=$(cd "$(dirname "$0")" && pwd)
 cd "$HERE/../../.."
 mkdir -p "${OUT:=/tmp/rdv}"
