@@ -12,8 +12,10 @@ uninterrupted one's; with `chunk_size`, the summed objective of
 (`vocab_parallel_mixture`; `-m slow`: `SigSoftmax`, MoS) runs on each
 device's shard. The other heads train
 the same under XLA's partitioning of those layouts (`-m slow`: every
-head; and under `mixed_bfloat16`). The bad settings are refused with the
-values received."""
+head; and under `mixed_bfloat16`). The evaluation's `predict` waits for
+each step on these host devices (a callback: run ahead, it deadlocked XLA's
+CPU client now and then). The bad settings are refused with the values
+received."""
 
 import json
 import sys
@@ -82,6 +84,11 @@ def _check(result, rtol=2e-5, weights_rtol=2e-4):
     # The summed objective runs on each device's shard (traced once for
     # training; the evaluation is per-token).
     assert (result["vocab_parallel_calls"] > 0) == (result["head"] in SUMMED_ON_SHARDS), result
+    # The evaluation's `predict` waited for each step (a callback with
+    # `on_predict_batch_end`): run 32 steps ahead on host CPU devices it
+    # could deadlock XLA's CPU client (docs/results/simulated_devices_deadlock).
+    assert result["predicts_waiting"] == [True] * len(result["predicts_waiting"]), result
+    assert result["predicts_waiting"], result
 
 
 def test_model_parallel_training_matches_single_device():
@@ -151,6 +158,17 @@ def child():
 
     originals = (head_utils.vocab_parallel_summed, vocab_parallel.vocab_parallel_mixture)
 
+    # Whether each `predict` got a callback that handles its batch ends.
+    predicts = []
+    predict = keras.Model.predict
+
+    def recording_predict(self, *args, callbacks=None, **kwargs):
+        predicts.append(any(type(c).on_predict_batch_end
+                            is not keras.callbacks.Callback.on_predict_batch_end
+                            for c in callbacks or []))
+        return predict(self, *args, callbacks=callbacks, **kwargs)
+
+    keras.Model.predict = recording_predict
     out = {}
     for i, name in enumerate(sys.argv[1:]):
         # "head", "head:bf16" (both runs under mixed_bfloat16) or
@@ -165,7 +183,9 @@ def child():
                                  vocab_shards=2, **precision)
         with tempfile.TemporaryDirectory() as tmp:
             keras.distribution.set_distribution(None)
+            predicts.clear()
             sharded = training.train_and_evaluate(sharded_config, f"{tmp}/sharded")
+            predicts_waiting = list(predicts)
             # The layouts: the same model built under the distribution the
             # run set.
             layouts = _layouts(training.build_model(sharded_config, _corpus())[0])
@@ -197,6 +217,7 @@ def child():
             "first_epoch_kept": resumed["first_epoch_kept"] if i == 0 else None,
             "weights_rel_err": max(errors),
             "vocab_parallel_calls": len(calls),
+            "predicts_waiting": predicts_waiting,
             "layouts": layouts,
         }
     print(json.dumps(out))
