@@ -3,8 +3,10 @@ query every platform-dependent choice of the library makes.
 
 The choices that read it: the chunked losses' tile width
 (`chunked.platform.chunk_size_for`), PLIF's slope histogram
-(`functional.dispatch.histogram_method`) and the fused loss's Pallas kernel
-(`fused.pallas_cross_entropy.uses_kernel`). Tests and studies force a
+(`functional.dispatch.histogram_method`), the fused loss's Pallas kernel
+(`fused.pallas_cross_entropy.uses_kernel`) and whether the evaluation's
+`predict` waits for each step (`training.evaluation._step_by_step`: on JAX's
+host CPU devices). Tests and studies force a
 platform with `forced_platform`. Those GPU kernels are written for Pallas'
 Triton backend; `has_pallas_triton` says whether the installed JAX has it
 (JAX 0.11 deprecated it), and without it the GPU takes the XLA paths.

@@ -189,17 +189,12 @@ def torch_flops(fn):
 
 
 RENDEZVOUS_ATTEMPTS = 3
-"""Runs of a simulated-devices child that XLA's CPU collectives ended. On a
-2-core machine the 2 x 2 model-parallel PLIF test's child ended in XLA's
-40 s rendezvous timeout in 1 of 3 direct runs and in each of 3 runs under
-pytest (session 51). The cause (session 52, `gdb`): the evaluation's
-`predict` ran ahead, and of XLA's CPU client's 4 workers (one per
-device here) two were inside an all-reduce and two blocked in later
-steps' launches, waiting for a device's in-flight slot (32 per device,
-`Semaphore::ScopedAcquire`), so no worker was left for the all-reduce's
-partners. `Evaluator` now waits for each step on JAX's CPU devices
-(`training/evaluation.py`, `_step_by_step`). A run that still ends so is
-run again, with a warning; any other failure is not."""
+"""Runs of a simulated-devices child that XLA's CPU collectives ended (40 s
+rendezvous timeout; the 2 x 2 model-parallel PLIF test's child, on 2
+cores). The cause, `predict` running ahead, is fixed
+(`training/evaluation._step_by_step`, docs/results/simulated_devices_deadlock/);
+a run that still ends so is run again, with a warning; any other failure
+is not."""
 
 
 def run_on_simulated_devices(script, devices, *args, timeout=600):

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from keras_softmax_heads import diagnostics as ksh_diagnostics
+from keras_softmax_heads import platforms
 from keras_softmax_heads.training.builder import build_model
 from keras_softmax_heads.training.inputs import eval_windows
 
@@ -61,14 +62,11 @@ def _step_by_step():
     step to the one before, so waiting for each step costs little there.
     Elsewhere (one device, accelerators) `predict` runs ahead as Keras
     does by default."""
-    if keras.backend.backend() != "jax":
+    if keras.backend.backend() != "jax" or platforms.current_platform() != "cpu":
         return None
     import jax
 
-    devices = jax.local_devices()
-    if len(devices) > 1 and devices[0].platform == "cpu":
-        return [_WaitForEachStep()]
-    return None
+    return [_WaitForEachStep()] if jax.local_device_count() > 1 else None
 
 
 class Evaluator:
