@@ -692,3 +692,69 @@ def test_static_shapes_config_and_jit_fallback():
     model = ksh.HeadModel(backbone, head)
     model.compile(optimizer="adam")
     assert not model.jit_compile
+
+
+def test_dispatch_scatter_and_segment_max_numpy_reference():
+    """`dispatch.scatter` (duplicates summed; indices of depth 1 and 2, rows
+    of values) and `dispatch.segment_max` (rows, an empty segment) against
+    NumPy on every backend, and the scatter's gradient with respect to its
+    values (a gather of the upstream gradient). On PyTorch they are one
+    `index_put_` / `scatter_reduce_` where Keras' `scatter` loops in Python
+    and its `segment_max` repeats the ids with a data-dependent shape."""
+    from keras_softmax_heads.functional import dispatch
+
+    rng = np.random.default_rng(0)
+    idx = np.array([[2], [0], [2], [4]], "int32")
+    values = rng.normal(size=(4,)).astype("float32")
+    expected = np.zeros(6, "float32")
+    np.add.at(expected, idx[:, 0], values)
+    np.testing.assert_allclose(to_numpy(dispatch.scatter(idx, values, (6,))), expected,
+                               rtol=1e-6)
+    # Depth 2 into a [3, 4, 2] tensor: each index writes a row of 2.
+    idx2 = np.array([[0, 1], [2, 3], [0, 1]], "int32")
+    rows = rng.normal(size=(3, 2)).astype("float32")
+    expected2 = np.zeros((3, 4, 2), "float32")
+    np.add.at(expected2, (idx2[:, 0], idx2[:, 1]), rows)
+    np.testing.assert_allclose(to_numpy(dispatch.scatter(idx2, rows, (3, 4, 2))), expected2,
+                               rtol=1e-6)
+    upstream = rng.normal(size=(6,)).astype("float32")
+    _, (grad,), _ = value_and_grad(
+        lambda v: ops.sum(dispatch.scatter(idx, v, (6,)) * ops.convert_to_tensor(upstream)),
+        [values])
+    np.testing.assert_allclose(grad, upstream[idx[:, 0]], rtol=1e-6)
+
+    data = rng.normal(size=(7, 3)).astype("float32")
+    ids = np.array([3, 0, 3, 1, 0, 3, 1], "int32")  # segment 2 empty
+    out = to_numpy(dispatch.segment_max(data, ids, 4))
+    for s in (0, 1, 3):
+        np.testing.assert_array_equal(out[s], data[ids == s].max(0))
+    np.testing.assert_array_equal(np.delete(out, 2, 0),
+                                  np.delete(to_numpy(ops.segment_max(data, ids, 4)), 2, 0))
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile")
+def test_training_losses_compile_without_graph_breaks_on_torch():
+    """`torch.compile(fullgraph=True)` of `HierarchicalSoftmax`'s exact NLL
+    (its static tiles: `pack_tiles`' counts and scatters) and of
+    `SelfNormalizedSoftmax`'s Weaknorm loss: no graph break (Keras'
+    PyTorch `segment_sum` / `scatter` made several a step, and `fit` with
+    `jit_compile=True` reached dynamo's recompile limit), same values as
+    eager."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(24, D)).astype("float32")
+    t = rng.integers(0, V, 24).astype("int32")
+    hsm = HierarchicalSoftmax(V, num_clusters=4)
+    hsm.build((None, D))
+    h_t, t_t = ops.convert_to_tensor(h), ops.convert_to_tensor(t)
+    eager = to_numpy(hsm.log_likelihood(h_t, t_t))
+    compiled = torch.compile(lambda a, b: hsm.log_likelihood(a, b), fullgraph=True)
+    np.testing.assert_allclose(to_numpy(compiled(h_t, t_t)), eager, rtol=1e-5, atol=1e-6)
+    from keras_softmax_heads.heads.self_normalized_softmax import weaknorm_nll
+    scores = ops.convert_to_tensor(rng.normal(size=(24,)).astype("float32"))
+    log_z = ops.convert_to_tensor(rng.normal(size=(12,)).astype("float32"))
+    rows = ops.convert_to_tensor(np.arange(0, 24, 2).astype("int32"))
+    fn = lambda s, z, r: weaknorm_nll(s, z, r, 24, 1.0, "weaknorm")  # noqa: E731
+    np.testing.assert_allclose(to_numpy(torch.compile(fn, fullgraph=True)(scores, log_z, rows)),
+                               to_numpy(fn(scores, log_z, rows)), rtol=1e-6)

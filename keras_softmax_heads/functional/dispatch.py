@@ -33,6 +33,11 @@ dispatch function tested against its `keras.ops` path.
   PyTorch, whose Keras `segment_sum` sums float64 in float32 and copies its
   inputs several times; the knot histogram's and the hierarchical heads'
   sums);
+* `segment_max`, `scatter`: one `scatter_reduce_` / `index_put_` on
+  PyTorch, where Keras' `segment_max` repeats the ids with a data-dependent
+  shape and its `scatter` adds one index at a time in a Python loop (the
+  hierarchical heads' tiles and log-probabilities, Weaknorm's penalty rows;
+  both broke `torch.compile` graphs);
 * `upstream_gradient`: the upstream gradient inside an
   `ops.custom_gradient` gradient function (positional on TensorFlow and
   JAX, keyword on PyTorch);
@@ -719,6 +724,61 @@ def segment_sum(data, segment_ids, num_segments):
     acc = torch.float32 if data.dtype in (torch.float16, torch.bfloat16) else data.dtype
     out = torch.zeros((num_segments,) + tuple(data.shape[1:]), dtype=acc, device=data.device)
     return out.index_add_(0, ids, data.to(acc)).to(data.dtype)
+
+
+def segment_max(data, segment_ids, num_segments):
+    """`ops.segment_max(data, segment_ids, num_segments=num_segments)`. On
+    PyTorch one `scatter_reduce_("amax")` of the rows into a `-inf` buffer
+    (an empty segment is `-inf`, as on JAX): Keras' PyTorch `segment_max`
+    copies the ids once per element of a row (`repeat_interleave`, int64), a
+    data-dependent shape that also breaks a `torch.compile` graph.
+    `ops.segment_max` elsewhere. The ids must lie in `[0, num_segments)`.
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> data = np.array([[1.0, 5.0], [3.0, 2.0], [0.5, 0.5]], "float32")
+    >>> out = segment_max(data, np.array([1, 1, 0], "int32"), 2)
+    >>> ops.convert_to_numpy(out).tolist()
+    [[0.5, 0.5], [3.0, 5.0]]
+    """
+    if keras.backend.backend() != "torch":
+        return ops.segment_max(data, segment_ids, num_segments=num_segments)
+    import torch
+
+    data = ops.convert_to_tensor(data)
+    ids = _torch_indices(segment_ids).long()
+    index = ids.reshape((-1,) + (1,) * (data.dim() - 1)).expand_as(data)
+    out = torch.full((num_segments,) + tuple(data.shape[1:]), float("-inf"),
+                     dtype=data.dtype, device=data.device)
+    return out.scatter_reduce_(0, index, data, reduce="amax", include_self=True)
+
+
+def scatter(indices, values, shape):
+    """`ops.scatter(indices, values, shape)`: `values` added into zeros of
+    `shape` at `indices` (`[..., k]`, the first `k` axes), duplicates
+    summed. On PyTorch one `index_put_(accumulate=True)`: Keras' PyTorch
+    `scatter` adds one index at a time in a Python loop (a few
+    microseconds each, and a `torch.compile` graph break each).
+    `ops.scatter` elsewhere.
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> out = scatter(np.array([[2], [0], [2]], "int32"), np.array([1.0, 2.0, 3.0], "float32"), (4,))
+    >>> ops.convert_to_numpy(out).tolist()
+    [2.0, 0.0, 4.0, 0.0]
+    """
+    if keras.backend.backend() != "torch":
+        return ops.scatter(indices, values, shape)
+    import torch
+
+    indices = ops.convert_to_tensor(indices)
+    values = ops.convert_to_tensor(values)
+    shape = tuple(int(d) for d in shape)
+    depth = indices.shape[-1]
+    flat = indices.reshape(-1, depth).long()
+    values = values.reshape((flat.shape[0],) + shape[depth:])
+    out = torch.zeros(shape, dtype=values.dtype, device=values.device)
+    return out.index_put_(tuple(flat.unbind(-1)), values, accumulate=True)
 
 
 def _torch_indices(x):

@@ -20,6 +20,8 @@ import numpy as np
 from keras import ops
 
 from keras_softmax_heads import clustering
+from keras_softmax_heads.functional.dispatch import scatter
+from keras_softmax_heads.functional.dispatch import segment_sum
 from keras_softmax_heads.validation import check_int
 from keras_softmax_heads.validation import is_concrete
 
@@ -103,7 +105,9 @@ def pack_tiles(cluster, tile, num_tiles, num_clusters):
     n = ops.shape(cluster)[0]
     order = ops.cast(ops.argsort(cluster), "int32")
     sorted_cluster = ops.take(cluster, order)
-    per_cluster = ops.segment_sum(ops.ones_like(cluster), cluster, num_segments=num_clusters)
+    # `dispatch.segment_sum`: Keras' PyTorch `segment_sum` repeats the ids with
+    # a data-dependent `repeat_interleave`, a graph break under `torch.compile`.
+    per_cluster = segment_sum(ops.ones_like(cluster), cluster, num_clusters)
     first_token = ops.cumsum(per_cluster) - per_cluster
     tiles_per_cluster = (per_cluster + (tile - 1)) // tile
     first_tile = ops.cumsum(tiles_per_cluster) - tiles_per_cluster
@@ -116,9 +120,9 @@ def pack_tiles(cluster, tile, num_tiles, num_clusters):
         rank % tile
     )  # [n], distinct values in [0, num_tiles * tile)
     slot_token = (
-        ops.scatter(ops.expand_dims(slot_sorted, -1), order + 1, (num_tiles * tile,)) - 1
+        scatter(ops.expand_dims(slot_sorted, -1), order + 1, (num_tiles * tile,)) - 1
     )
-    slot_of_token = ops.scatter(ops.expand_dims(order, -1), slot_sorted, (n,))
+    slot_of_token = scatter(ops.expand_dims(order, -1), slot_sorted, (n,))
     return slot_token, slot_of_token
 
 
@@ -375,7 +379,7 @@ def slots_of_tokens(plan, num_tokens):
         [ops.reshape(tokens, (-1,)) for tokens, _, _, _ in plan], axis=0
     )
     filled = ops.cast(ops.nonzero(flat_tokens >= 0)[0], "int32")
-    return ops.scatter(
+    return scatter(
         ops.expand_dims(ops.take(flat_tokens, filled), -1), filled, (num_tokens,)
     )
 

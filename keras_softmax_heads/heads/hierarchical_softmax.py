@@ -15,6 +15,7 @@ from keras import ops
 from keras_softmax_heads import clustering
 from keras_softmax_heads.chunked.vocab_parallel import vocab_parallel_layout
 from keras_softmax_heads.clustering import CLUSTERING_STRATEGIES
+from keras_softmax_heads.functional.dispatch import segment_max
 from keras_softmax_heads.functional.dispatch import segment_sum
 from keras_softmax_heads.heads.head_utils import add_constant_weight
 from keras_softmax_heads.heads.head_utils import check_static_shapes
@@ -314,7 +315,7 @@ class HierarchicalSoftmax(SoftmaxHead):
         # Per-cluster logsumexp of the word scores, with a per-cluster max.
         cow = ops.convert_to_tensor(self.cluster_of_word)
         zt = ops.transpose(z)  # [V, N]
-        peak = ops.segment_max(zt, cow, num_segments=self.num_clusters)  # [C, N]
+        peak = segment_max(zt, cow, self.num_clusters)  # [C, N]
         peak_w = ops.take(peak, cow, axis=0)  # [V, N]
         total = segment_sum(ops.exp(zt - peak_w), cow, self.num_clusters)
         lse_w = ops.take(ops.log(total) + peak, cow, axis=0)  # [V, N]

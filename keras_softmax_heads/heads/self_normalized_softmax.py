@@ -11,6 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_softmax_heads.functional.dispatch import scatter
 from keras_softmax_heads.heads.sampling_head import SamplingHead
 from keras_softmax_heads.validation import check_bool
 from keras_softmax_heads.validation import check_choice
@@ -58,7 +59,7 @@ def weaknorm_nll(target_scores, log_partition, rows, num_rows, alpha, variant):
         num_selected, target_scores.dtype
     )
     rows = ops.reshape(ops.cast(rows, "int32"), (-1, 1))
-    scattered = ops.scatter(rows, weight * penalty, ops.shape(target_scores))
+    scattered = scatter(rows, weight * penalty, ops.shape(target_scores))
     return scattered - target_scores
 
 
